@@ -1,0 +1,8 @@
+"""The built-in node kinds a recipe declares its RL loop with."""
+
+from areal.nodes.compute_logprob import compute_logprob
+from areal.nodes.generate import generate
+from areal.nodes.ppo_update import ppo_update
+from areal.nodes.reward import reward
+
+__all__ = ["compute_logprob", "generate", "ppo_update", "reward"]

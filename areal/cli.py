@@ -1,0 +1,131 @@
+"""The `areal` command: parse, load the recipe, call one function.
+
+User errors (a bad recipe, config or message) print as the message alone and exit 2;
+`--debug` adds the traceback. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from areal.errors import ArealError
+
+app = typer.Typer(
+    name="areal",
+    help="Fully asynchronous RL for reasoning models, declared as a dataflow graph.\n\n"
+    "Examples:\n\n"
+    "  areal run recipes/code_rl.py\n\n"
+    "  areal run recipes/code_rl.py --set trainer.lr=3e-5 --set steps=20 --mode sync\n\n"
+    "  areal viz recipes/code_rl.py -o graph.svg",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+err_console = Console(stderr=True)
+_state = {"debug": False}
+
+
+@app.callback()
+def _options(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for user errors too."),
+) -> None:
+    _state["debug"] = debug
+
+
+@app.command()
+def run(
+    recipe: Path = typer.Argument(..., metavar="RECIPE", help="Recipe file that declares a Graph and a RunConfig."),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config field: --set trainer.lr=3e-6 (repeatable)."),
+    mode: Optional[str] = typer.Option(None, "--mode", metavar="async|sync", help="async (default) or sync (η = 0, no overlap)."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", metavar="DIR", help="Where to write metrics, checkpoints, logs."),
+    resume: Optional[Path] = typer.Option(None, "--resume", metavar="RUN_DIR", help="Continue the run in this directory."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress view; print the summary only."),
+) -> None:
+    """Train the graph a recipe declares.
+
+    Examples:
+
+      areal run recipes/code_rl.py
+
+      areal run recipes/code_rl.py --set steps=10 --set batch_size=4
+
+      areal run recipes/code_rl.py --mode sync
+
+      areal run recipes/code_rl.py --resume runs/code-rl-20261122-101500
+    """
+    from areal.runtime.launch import run_recipe
+
+    overrides = list(set_) + ([f"mode={mode}"] if mode else [])
+    code = run_recipe(recipe, overrides=overrides, run_dir=run_dir, resume=resume, live=not quiet)
+    raise typer.Exit(code)
+
+
+@app.command()
+def viz(
+    recipe: Path = typer.Argument(..., metavar="RECIPE", help="Recipe file to draw."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", metavar="FILE", help="Write a picture: .svg, .dot or .html."),
+    plan: bool = typer.Option(False, "--plan", help="Show the compiled plan: pools, processes, channels."),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Config overrides, as for `areal run`."),
+) -> None:
+    """Draw the graph a recipe declares (or, with --plan, how it will run).
+
+    Examples:
+
+      areal viz recipes/code_rl.py
+
+      areal viz recipes/code_rl.py -o graph.svg
+
+      areal viz recipes/code_rl.py --plan
+    """
+    from areal.graph.recipe import load_recipe
+    from areal.graph.viz import terminal_tree, write_picture
+
+    loaded = load_recipe(recipe, overrides=set_)
+    console = Console()
+    if plan:
+        from areal.runtime.compile import compile_plan
+
+        compiled = compile_plan(loaded.graph, loaded.config)
+        if out is not None:
+            out.write_text(compiled.to_json())
+            console.print(f"wrote plan to {out}")
+        else:
+            console.print(compiled.table())
+        return
+    if out is None:
+        console.print(terminal_tree(loaded.graph))
+        return
+    how = write_picture(loaded.graph, out)
+    console.print(f"wrote {out} ({how})")
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except ArealError as err:
+        if _state["debug"]:
+            raise
+        err_console.print(str(err), markup=False, highlight=False)
+        sys.exit(2)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as err:  # click usage errors arrive as ClickException
+        import click
+
+        if isinstance(err, click.ClickException):
+            err.show()
+            sys.exit(err.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""RunConfig: every knob of a run, typed at the edge.
+
+A recipe builds one `RunConfig`; `--set a.b=value` overrides go through the same pydantic
+model, so a bad override fails exactly like a bad recipe value, naming the field. The
+resolved config is written to the run directory as config.json.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
+
+from areal.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrainerConfig(_Section):
+    lr: PositiveFloat = Field(1e-4, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: PositiveFloat = Field(1.0, description="max global grad norm")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip ε")
+    behav_weight_cap: PositiveFloat | None = Field(5.0, description="cap on π_prox/π_behav; tokens over it are masked")
+    objective: Literal["decoupled", "standard", "decoupled-shortcut"] = Field(
+        "decoupled", description="decoupled PPO (AReaL), standard PPO, or decoupled with the proximal shortcut"
+    )
+    microbatch_tokens: PositiveInt = Field(4096, description="token budget of one packed micro-batch")
+    warmup_steps: NonNegativeInt = 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    threads: PositiveInt = Field(1, description="torch threads of the trainer process")
+
+
+class GenerationConfig(_Section):
+    max_new_tokens: PositiveInt = 48
+    temperature: PositiveFloat = 1.0
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_batch: PositiveInt = Field(32, description="sequences decoded together by one generate worker")
+    stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\n#", "\nprint", "\n\n"])
+    threads: PositiveInt = Field(1, description="torch threads of each generate worker")
+
+
+class RewardConfig(_Section):
+    timeout_s: PositiveFloat = 2.0
+    memory_mb: PositiveInt = 512
+    workers: PositiveInt = 1
+    mode: Literal["fraction", "all"] = "fraction"
+
+
+class DataConfig(_Section):
+    path: str | None = Field(None, description="a JSONL task file; None uses the built-in tasks")
+    seed: int = 0
+
+
+class EvalConfig(_Section):
+    interval_steps: NonNegativeInt = Field(5, description="held-out pass@1 every N steps; 0 = only at start/end")
+    tasks: PositiveInt = Field(64, description="held-out tasks scored per evaluation")
+
+
+class CheckpointConfig(_Section):
+    interval_steps: NonNegativeInt = Field(10, description="checkpoint every N steps; 0 = only at exit")
+    keep: PositiveInt = 2
+
+
+class FaultConfig(_Section):
+    policy: Literal["restart", "fail-fast"] = "restart"
+    max_restarts: NonNegativeInt = Field(3, description="restarts of one node within window_s before the run stops")
+    window_s: PositiveFloat = 300.0
+    heartbeat_s: PositiveFloat = Field(1.0, description="worker heartbeat interval")
+    dead_after_s: PositiveFloat = Field(10.0, description="a worker silent this long is declared dead")
+
+
+class TransportConfig(_Section):
+    max_frame_bytes: PositiveInt = 1 << 28
+    high_water_mark: PositiveInt = 64
+    kind: Literal["ipc", "tcp"] = "ipc"
+
+
+class RunConfig(_Section):
+    """The whole run. `batch_size` counts prompt groups; each group holds `group_size` samples."""
+
+    model: str = Field("builtin:tiny-coder", description="builtin:NAME or a local Hugging Face checkpoint dir")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    seed: int = 0
+    batch_size: PositiveInt = Field(8, description="B: prompt groups per trainer step")
+    group_size: PositiveInt = Field(8, description="G: samples generated per prompt")
+    staleness: NonNegativeInt = Field(2, description="η: no trained sample is more than η versions behind")
+    mode: Literal["async", "sync"] = Field("async", description="sync = η 0, generation waits for training")
+    steps: PositiveInt = Field(40, description="trainer steps (policy versions) to run")
+    max_minutes: PositiveFloat | None = Field(None, description="stop (with a checkpoint) after this wall-clock")
+    run_dir: str | None = Field(None, description="default: runs/<graph>-<timestamp>")
+    trainer: TrainerConfig = TrainerConfig()
+    generation: GenerationConfig = GenerationConfig()
+    reward: RewardConfig = RewardConfig()
+    data: DataConfig = DataConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    faults: FaultConfig = FaultConfig()
+    transport: TransportConfig = TransportConfig()
+    placement: dict[str, PositiveInt] = Field(
+        default_factory=dict, description="replicas per node name, overriding the recipe's pool="
+    )
+
+    @property
+    def effective_staleness(self) -> int:
+        return 0 if self.mode == "sync" else self.staleness
+
+
+def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply `a.b=value` strings; values parse as JSON when they can, else stay strings."""
+    data = config.model_dump()
+    for text in overrides:
+        key, sep, raw = text.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {text}: expected KEY=VALUE, e.g. --set trainer.lr=3e-6")
+        _assign(data, key.strip().split("."), _parse_value(raw), text, config)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, overrides)) from None
+
+
+def validate_config(data: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, [])) from None
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _assign(data: dict[str, Any], path: list[str], value: Any, text: str, config: RunConfig) -> None:
+    node: Any = data
+    model: Any = type(config)
+    for depth, part in enumerate(path):
+        fields = model.model_fields if model is not None else None
+        if fields is not None and part not in fields:
+            where = ".".join(path[:depth]) or "config"
+            raise ConfigError(
+                f"--set {text}: {'.'.join(path[: depth + 1])}: unknown field "
+                f"({where} has: {', '.join(fields)})"
+            )
+        if depth == len(path) - 1:
+            node[part] = value
+            return
+        if not isinstance(node.get(part), dict):
+            raise ConfigError(f"--set {text}: {'.'.join(path[: depth + 1])} is a value, not a section")
+        annotation = fields[part].annotation if fields is not None else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        node = node[part]
+
+
+def _describe(err: ValidationError, overrides: list[str]) -> str:
+    lines = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"])
+        origin = next((o for o in overrides if o.split("=", 1)[0].strip() == field), None)
+        prefix = f"--set {origin}: " if origin else ""
+        lines.append(f"{prefix}{field}: {e['msg'][:1].lower()}{e['msg'][1:]}")
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""Recipe loading: run a recipe file in isolation and take its Graph and RunConfig.
+
+A recipe is a plain Python file; loading it executes it in a fresh namespace (never imported
+as a module, so two recipes cannot see each other). Workers load the same file again to get
+their node implementations, which is why a recipe has no side effects beyond declaring.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from areal.config import RunConfig, apply_overrides
+from areal.errors import ArealError, RecipeError
+from areal.graph.graph import Graph
+
+
+@dataclass(frozen=True)
+class Recipe:
+    path: Path
+    graph: Graph
+    config: RunConfig
+    overrides: tuple[str, ...] = ()
+
+
+def load_recipe(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = (),
+                validate: bool = True) -> Recipe:
+    """Execute the recipe, find exactly one Graph (and at most one RunConfig), apply overrides."""
+    recipe = Path(path)
+    if not recipe.is_file():
+        raise RecipeError(f"{recipe}: no such recipe file")
+    namespace = _execute(recipe)
+    graphs = [v for v in namespace.values() if isinstance(v, Graph)]
+    configs = [v for v in namespace.values() if isinstance(v, RunConfig)]
+    if len(graphs) != 1:
+        found = ", ".join(f"'{g.name}'" for g in graphs)
+        raise RecipeError(
+            f"{recipe}: a recipe declares exactly one Graph, found {len(graphs)}"
+            + (f" ({found}); keep one per file" if graphs else "; add g = Graph('name') and its nodes")
+        )
+    if len(configs) > 1:
+        raise RecipeError(f"{recipe}: a recipe declares at most one RunConfig, found {len(configs)}")
+    config = apply_overrides(configs[0] if configs else RunConfig(), list(overrides))
+    graph = graphs[0]
+    if validate:
+        graph.validate()
+    return Recipe(recipe.resolve(), graph, config, tuple(overrides))
+
+
+def _execute(recipe: Path) -> dict[str, object]:
+    try:
+        return runpy.run_path(str(recipe), run_name="__areal_recipe__")
+    except SyntaxError as err:
+        line = f":{err.lineno}" if err.lineno else ""
+        raise RecipeError(f"{_shown(recipe)}{line}: syntax error: {err.msg}") from None
+    except ArealError:
+        raise
+    except Exception as err:
+        raise RecipeError(f"{_recipe_line(recipe, err)}: {type(err).__name__}: {err}") from err
+
+
+def _recipe_line(recipe: Path, err: Exception) -> str:
+    """`recipe.py:LINE` of the deepest frame inside the recipe, where the error surfaced."""
+    target = os.path.abspath(recipe)
+    line = None
+    for frame in traceback.extract_tb(err.__traceback__):
+        if os.path.abspath(frame.filename) == target:
+            line = frame.lineno
+    return f"{_shown(recipe)}:{line}" if line else _shown(recipe)
+
+
+def _shown(recipe: Path) -> str:
+    rel = os.path.relpath(recipe)
+    return rel if not rel.startswith("..") else str(recipe)

@@ -1,0 +1,126 @@
+"""Graph validation: every problem at once, each naming the node, the port and the recipe line.
+
+Checks, in the order a reader fixes them: duplicate names, ports a node kind requires,
+inputs produced by nobody or by several nodes, type mismatches along edges, cycles, and
+trainers that generate / compute-logprob nodes refer to.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import networkx as nx
+
+from areal.graph.node import REQUIRED_PORTS, Location, Node
+
+if TYPE_CHECKING:
+    from areal.graph.graph import Graph
+
+
+def problems(graph: Graph, duplicates: list[tuple[str, Location | None]]) -> list[str]:
+    found: list[str] = []
+    for name, where in duplicates:
+        first = graph.nodes[name]
+        at = f"{where}: " if where else ""
+        found.append(
+            f"{at}node name '{name}' is already used by {first.describe()}; give one of them another name"
+        )
+    if not graph.nodes:
+        found.append(f"graph '{graph.name}' has no nodes; add a source with g.source(...) and nodes with g.add(...)")
+    if graph.nodes and not any(n.kind == "source" for n in graph.nodes.values()):
+        found.append(f"graph '{graph.name}' has no source; add one with g.source(name, tasks)")
+    for n in graph.nodes.values():
+        found += _required_ports(n)
+        found += _pool(n)
+        for port in n.inputs:
+            found += _input(graph, n, port)
+    found += _cycles(graph)
+    found += _models(graph)
+    return found
+
+
+def _required_ports(n: Node) -> list[str]:
+    needed_in, needed_out = REQUIRED_PORTS.get(n.kind, (frozenset(), frozenset()))
+    out = []
+    for port in sorted(needed_in - set(n.inputs)):
+        out.append(f"{n.describe()}: a {n.kind} node needs input port '{port}'; declare it in inputs=")
+    for port in sorted(needed_out - set(n.outputs)):
+        out.append(f"{n.describe()}: a {n.kind} node needs output port '{port}'; declare it in outputs=")
+    return out
+
+
+def _pool(n: Node) -> list[str]:
+    if n.pool is not None and (not isinstance(n.pool, int) or n.pool < 1):
+        return [f"{n.describe()}: pool={n.pool!r} must be a positive number of replicas"]
+    return []
+
+
+def _input(graph: Graph, n: Node, port: str) -> list[str]:
+    want = n.inputs[port]
+    if port in n.take:
+        src_name, _, src_port = n.take[port].partition(".")
+        src_port = src_port or port
+        src = graph.nodes.get(src_name)
+        if src is None:
+            known = ", ".join(graph.nodes)
+            return [f"{n.describe()}: take={{'{port}': '{n.take[port]}'}} names no node (nodes: {known})"]
+        if src_port not in src.outputs:
+            return [
+                f"{n.describe()}: take={{'{port}': '{n.take[port]}'}}: node '{src_name}' has no output "
+                f"'{src_port}' (it outputs: {', '.join(src.outputs) or 'nothing'})"
+            ]
+        return _mismatch(src, src_port, n, port)
+    producers = [p for p in graph.producers(port) if p.name != n.name]
+    if not producers:
+        offered = "; ".join(
+            f"{', '.join(p.outputs)} (from '{p.name}')" for p in graph.nodes.values() if p.outputs and p is not n
+        )
+        return [
+            f"{n.describe()}: input port '{port}' is produced by no node\n"
+            f"  the graph produces: {offered or 'nothing'}. "
+            f"Add a node that outputs '{port}', or feed it from another port with take={{'{port}': 'node.port'}}"
+        ]
+    if len(producers) > 1:
+        names = ", ".join(f"'{p.name}' ({p.where})" for p in producers)
+        return [
+            f"{n.describe()}: input port '{port}' is produced by {len(producers)} nodes: {names}; "
+            f"pick one with take={{'{port}': '{producers[0].name}'}}"
+        ]
+    return _mismatch(producers[0], port, n, port)
+
+
+def _mismatch(src: Node, src_port: str, dst: Node, dst_port: str) -> list[str]:
+    have, want = src.outputs[src_port], dst.inputs[dst_port]
+    if have == want:
+        return []
+    return [f"{dst.describe()}: '{src.name}'.{src_port} is {have}; '{dst.name}' expects {want} on '{dst_port}'"]
+
+
+def _cycles(graph: Graph) -> list[str]:
+    g = graph.to_networkx()
+    out = []
+    for cycle in nx.simple_cycles(g):
+        path = " -> ".join([*cycle, cycle[0]])
+        lines = ", ".join(str(graph.nodes[name].where or "?") for name in cycle)
+        out.append(f"cycle: {path} ({lines}); data must flow one way (weights go back on control edges)")
+        if len(out) >= 5:
+            break
+    return out
+
+
+def _models(graph: Graph) -> list[str]:
+    trainers = [n.name for n in graph.nodes.values() if n.kind == "ppo-update"]
+    out = []
+    for n in graph.nodes.values():
+        if n.kind not in ("generate", "compute-logprob"):
+            continue
+        named = n.spec.params.get("model")
+        if named and named not in trainers:
+            have = ", ".join(f"'{t}'" for t in trainers) or "none"
+            out.append(f"{n.describe()}: model='{named}' is no ppo-update node (ppo-update nodes: {have})")
+        elif not named and len(trainers) > 1:
+            out.append(
+                f"{n.describe()}: {len(trainers)} ppo-update nodes ({', '.join(trainers)}); "
+                "say which model this node uses with model='...'"
+            )
+    return out

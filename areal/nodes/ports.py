@@ -1,0 +1,16 @@
+"""The port types of the built-in node kinds, in one place so recipes and nodes agree."""
+
+from __future__ import annotations
+
+from areal.graph.ports import Float, Int, Int32, Json
+
+PROMPT = Json["S"]  # task text the policy completes
+TESTS = Json["S"]  # hidden tests, one dict per sample
+COMPLETION = Json["S"]  # decoded output text
+PROMPT_IDS = Int["S", "T"]
+OUTPUT_IDS = Int["S", "T"]
+BEHAV_LOGP = Float["S", "T"]  # log π_behav of each output token, recorded while sampling
+PROX_LOGP = Float["S", "T"]  # log π_prox: the trainer's weights before this update
+VERSIONS = Int32["S", "T"]  # policy version that produced each output token
+REWARD = Float["S"]
+ADVANTAGE = Float["S"]

@@ -1,0 +1,57 @@
+"""The `areal` command as a user runs it: a real subprocess, exit codes and messages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+from tests.graph import recipes
+
+
+def areal(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "areal.cli", *args], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
+
+
+def test_help_lists_commands_and_examples():
+    done = areal("--help")
+    assert done.returncode == 0
+    assert "run" in done.stdout and "viz" in done.stdout and "areal viz recipes/code_rl.py -o graph.svg" in done.stdout
+    viz_help = areal("viz", "--help").stdout
+    assert "-o, --out FILE" in viz_help and "--plan" in viz_help
+    run_help = areal("run", "--help").stdout
+    assert "--set KEY=VALUE" in run_help and "--resume RUN_DIR" in run_help
+
+
+def test_viz_writes_a_valid_svg(write_recipe, tmp_path):
+    path = write_recipe(recipes.GOOD)
+    out = tmp_path / "g.svg"
+    done = areal("viz", str(path), "-o", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    root = ET.parse(out).getroot()
+    assert root.tag.endswith("svg") and "score" in "".join(root.itertext())
+
+
+def test_viz_prints_the_tree(write_recipe, tmp_path):
+    done = areal("viz", str(write_recipe(recipes.GOOD)), cwd=tmp_path)
+    assert done.returncode == 0 and "graph ok" in done.stdout and "← gen.output_ids" in done.stdout
+
+
+def test_user_error_is_the_message_alone_and_exit_2(write_recipe, tmp_path):
+    done = areal("viz", str(write_recipe(recipes.MISSING_PRODUCER)), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith("x.py:32: node 'score' (custom): input port 'output_ids' is produced by no node")
+    assert "Traceback" not in done.stderr
+
+
+def test_debug_flag_shows_the_traceback(write_recipe, tmp_path):
+    done = areal("--debug", "viz", str(write_recipe(recipes.MISSING_PRODUCER)), cwd=tmp_path)
+    assert done.returncode != 0 and "Traceback" in done.stderr and "GraphError" in done.stderr
+
+
+def test_bad_set_override_is_reported_with_its_field(write_recipe, tmp_path):
+    done = areal("viz", str(write_recipe(recipes.GOOD)), "--set", "trainer.lr=fast", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith("--set trainer.lr=fast: trainer.lr: input should be a valid number")
