@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -41,10 +40,16 @@ def _options(
 @app.command()
 def run(
     recipe: Path = typer.Argument(..., metavar="RECIPE", help="Recipe file that declares a Graph and a RunConfig."),
-    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config field: --set trainer.lr=3e-6 (repeatable)."),
-    mode: Optional[str] = typer.Option(None, "--mode", metavar="async|sync", help="async (default) or sync (η = 0, no overlap)."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", metavar="DIR", help="Where to write metrics, checkpoints, logs."),
-    resume: Optional[Path] = typer.Option(None, "--resume", metavar="RUN_DIR", help="Continue the run in this directory."),
+    set_: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE", help="Override a config field: --set trainer.lr=3e-6 (repeatable)."
+    ),
+    mode: str | None = typer.Option(
+        None, "--mode", metavar="async|sync", help="async (default) or sync (η = 0, no overlap)."
+    ),
+    run_dir: Path | None = typer.Option(
+        None, "--run-dir", metavar="DIR", help="Where to write metrics, checkpoints, logs."
+    ),
+    resume: Path | None = typer.Option(None, "--resume", metavar="RUN_DIR", help="Continue the run in this directory."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress view; print the summary only."),
 ) -> None:
     """Train the graph a recipe declares.
@@ -69,7 +74,7 @@ def run(
 @app.command()
 def viz(
     recipe: Path = typer.Argument(..., metavar="RECIPE", help="Recipe file to draw."),
-    out: Optional[Path] = typer.Option(None, "-o", "--out", metavar="FILE", help="Write a picture: .svg, .dot or .html."),
+    out: Path | None = typer.Option(None, "-o", "--out", metavar="FILE", help="Write a picture: .svg, .dot or .html."),
     plan: bool = typer.Option(False, "--plan", help="Show the compiled plan: pools, processes, channels."),
     set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Config overrides, as for `areal run`."),
 ) -> None:

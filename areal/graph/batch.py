@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -76,7 +76,7 @@ class Ragged:
         return torch.repeat_interleave(torch.arange(len(self)), self.lengths)
 
 
-Field = Union[Tensor, Ragged, list]
+Field = Tensor | Ragged | list
 
 
 def _rows(field: Field) -> int:

@@ -16,7 +16,7 @@ import networkx as nx
 
 from areal.errors import GraphError
 from areal.graph.node import IMPLICIT_INPUTS, Location, Node, NodeSpec, caller_location, returns
-from areal.graph.ports import PortType
+from areal.graph.ports import Json, PortType
 
 
 @dataclass(frozen=True)
@@ -46,14 +46,28 @@ class Graph:
         self.where = caller_location()
         self.nodes: dict[str, Node] = {}
         self._duplicates: list[tuple[str, Location | None]] = []
+        self.heldout: dict[str, Any] = {}  # source name -> held-out tasks for pass@1
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, nodes={list(self.nodes)})"
 
-    def source(self, name: str, tasks: Any, *, outputs: Mapping[str, PortType] | None = None) -> Node:
-        """Add a replayable task stream; its ports come from `outputs` or `tasks.ports`."""
-        ports = dict(outputs if outputs is not None else getattr(tasks, "ports", {}) or {})
+    def source(
+        self, name: str, tasks: Any, *, outputs: Mapping[str, PortType] | None = None, heldout: Any = None
+    ) -> Node:
+        """Add a replayable task stream.
+
+        Its ports come from `outputs`, else `tasks.ports`, else `tasks.fields` (names of json
+        fields). `heldout` is a task collection the runtime scores pass@1 on at intervals.
+        """
+        if outputs is not None:
+            ports = dict(outputs)
+        elif getattr(tasks, "ports", None):
+            ports = dict(tasks.ports)
+        else:
+            ports = {f: Json["S"] for f in getattr(tasks, "fields", ())}
         ports.update(IMPLICIT_INPUTS)
+        if heldout is not None:
+            self.heldout[name] = heldout
         spec = NodeSpec("source", name, {}, ports, returns(tasks), {}, type(tasks).__name__)
         return self._place(spec, name, pool=1, take={}, where=caller_location())
 

@@ -30,6 +30,10 @@ REQUIRED_PORTS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     ),
 }
 
+# A node may return this key, mapping row index -> reason, to mark samples failed: the runtime
+# removes them from the batch and reports them with their sample_id (never a silent 0.0).
+FAILED = "__failed__"
+
 # Fields the runtime attaches to every sample: any node may read them without a producer.
 IMPLICIT_INPUTS: dict[str, PortType] = {"sample_id": Int["S"], "group_id": Int["S"]}
 
@@ -166,6 +170,6 @@ def returns(obj: Any) -> Callable[[], Any]:
     """A factory that hands back `obj` itself (function nodes and sources are built by the recipe)."""
 
     def factory() -> Any:
-        return fn
+        return obj
 
     return factory

@@ -56,7 +56,6 @@ def _pool(n: Node) -> list[str]:
 
 
 def _input(graph: Graph, n: Node, port: str) -> list[str]:
-    want = n.inputs[port]
     if port in n.take:
         src_name, _, src_port = n.take[port].partition(".")
         src_port = src_port or port

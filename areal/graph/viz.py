@@ -56,7 +56,8 @@ def to_dot(graph: Graph) -> str:
     for n in graph.nodes.values():
         fill, shape, _ = KIND_STYLE[n.kind]
         pool = f"\\npool ×{n.pool}" if n.pool else ""
-        lines.append(f'  "{_esc(n.name)}" [label="{_esc(n.name)}\\n({n.kind}){pool}", shape={shape}, fillcolor="{fill}"];')
+        label = f"{_esc(n.name)}\\n({n.kind}){pool}"
+        lines.append(f'  "{_esc(n.name)}" [label="{label}", shape={shape}, fillcolor="{fill}"];')
     for (src, dst), ports in _edge_labels(graph).items():
         lines.append(f'  "{_esc(src)}" -> "{_esc(dst)}" [label="{_esc(", ".join(ports))}"];')
     for c in graph.control_edges():
@@ -157,7 +158,8 @@ def _layered_svg(graph: Graph) -> str:
     for c in graph.control_edges():
         (x1, y1), (x2, y2) = pos[c.src], pos[c.dst]
         right = width - 120
-        path = f"M{x1 + _W:.0f},{y1 + _H / 2:.0f} C{right:.0f},{y1:.0f} {right:.0f},{y2 + _H:.0f} {x2 + _W:.0f},{y2 + _H / 2:.0f}"
+        path = (f"M{x1 + _W:.0f},{y1 + _H / 2:.0f} C{right:.0f},{y1:.0f} "
+                f"{right:.0f},{y2 + _H:.0f} {x2 + _W:.0f},{y2 + _H / 2:.0f}")
         parts.append(f'<path d="{path}" fill="none" stroke="#c0392b" stroke-dasharray="6,4" '
                      'marker-end="url(#arrow)"><title>weights</title></path>')
         parts.append(f'<text x="{right - 10:.0f}" y="{(y1 + y2) / 2 + _H / 2:.0f}" fill="#c0392b">weights</text>')

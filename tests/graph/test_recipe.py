@@ -4,7 +4,6 @@ import pytest
 
 from areal.errors import ConfigError, RecipeError
 from areal.graph.recipe import load_recipe
-
 from tests.graph import recipes
 
 

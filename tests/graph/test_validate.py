@@ -6,7 +6,6 @@ from areal.errors import GraphError
 from areal.graph import Float, Graph, Int, Json, node
 from areal.graph.recipe import load_recipe
 from areal.nodes import compute_logprob, generate, ppo_update
-
 from tests.graph import recipes
 
 

@@ -6,8 +6,7 @@ import xml.etree.ElementTree as ET
 import pytest
 from rich.console import Console
 
-from areal.graph import Float, Graph, Int, Json, node
-from areal.graph import viz
+from areal.graph import Float, Graph, Int, Json, node, viz
 from areal.nodes import compute_logprob, generate, ppo_update
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -1,0 +1,158 @@
+"""The code reward: run model-written programs against hidden tests, in the sandbox, in parallel.
+
+Expected outputs never enter the sandbox: the harness there reports what each test produced,
+and this trusted side compares. A program that exits early, patches `print` or the harness, or
+kills its runner just leaves results missing, and a missing result is a failure. An error in the
+machinery itself comes back as reason "sandbox_error", never as a silent 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Literal
+
+from areal.rewards.sandbox import Limits, SandboxRun, detect_layers, run_in_sandbox
+
+REASONS = (
+    "wrong_answer",
+    "timeout",
+    "crash",
+    "syntax_error",
+    "memory",
+    "killed",
+    "output_limit",
+    "sandbox_error",
+)
+_FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_DETAIL_CHARS = 200
+
+
+@dataclass(frozen=True)
+class CodeResult:
+    reward: float
+    passed: int
+    total: int
+    reason: str | None  # first failure's reason (one of REASONS), None if all passed
+    detail: str  # short text: the exception line, or expected vs got
+
+
+def extract_code(completion: str) -> str:
+    """The last fenced block (a python one if any is labelled so), else the text as is."""
+    blocks = _FENCE.findall(completion)
+    python = [code for lang, code in blocks if lang.lower() in ("python", "py", "python3")]
+    chosen = python or [code for _, code in blocks]
+    return chosen[-1] if chosen else completion
+
+
+def normalise_stdout(text: str) -> str:
+    """Strip trailing whitespace per line and trailing blank lines."""
+    return "\n".join(line.rstrip() for line in text.splitlines()).rstrip("\n")
+
+
+class CodeTests:
+    """Scores programs against their tests; one sandbox per program, `workers` at a time."""
+
+    def __init__(
+        self,
+        timeout_s: float = 2.0,
+        memory_mb: int = 512,
+        mode: Literal["fraction", "all"] = "fraction",
+        workers: int | None = None,
+        allow_weaker: bool = False,
+    ) -> None:
+        if mode not in ("fraction", "all"):
+            raise ValueError(f"code_tests: mode must be 'fraction' or 'all', got {mode!r}")
+        self.layers = detect_layers()
+        self.layers.require(allow_weaker)
+        self.limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
+        self.mode = mode
+        self._pool = ThreadPoolExecutor(workers or len(os.sched_getaffinity(0)), "code-sandbox")
+
+    def __call__(self, programs: list[str], tests: list[dict]) -> list[CodeResult]:
+        if len(programs) != len(tests):
+            raise ValueError(f"code_tests: {len(programs)} programs but {len(tests)} test dicts")
+        return list(self._pool.map(self.score, programs, tests))
+
+    def score(self, program: str, tests: dict) -> CodeResult:
+        """Score one completion against one sample's tests dict."""
+        kind = tests.get("kind")
+        inputs, outputs = list(tests.get("inputs", ())), list(tests.get("outputs", ()))
+        if kind not in ("call", "stdio") or len(inputs) != len(outputs) or not inputs:
+            raise ValueError(
+                "code_tests: tests must be {'kind': 'call'|'stdio', 'inputs': [...], "
+                f"'outputs': [...]}} with as many outputs as inputs (>= 1), got {tests!r:.200}"
+            )
+        if kind == "call" and not isinstance(tests.get("fn_name"), str):
+            raise ValueError(f"code_tests: a 'call' test needs 'fn_name', got {tests!r:.200}")
+        job = {"kind": kind, "code": extract_code(program), "inputs": inputs, "fn_name": tests.get("fn_name")}
+        try:
+            run = run_in_sandbox(job, self.limits, self.layers)
+        except OSError as exc:
+            return self._result([("sandbox_error", f"sandbox failed to start: {exc}")] * len(inputs))
+        return self._result(_verdicts(run, kind, outputs))
+
+    def _result(self, verdicts: list[tuple[str | None, str]]) -> CodeResult:
+        passed = sum(reason is None for reason, _ in verdicts)
+        total = len(verdicts)
+        failure = next(((r, d) for r, d in verdicts if r is not None), (None, ""))
+        if self.mode == "all":
+            reward = 1.0 if passed == total else 0.0
+        else:
+            reward = passed / total
+        return CodeResult(reward, passed, total, failure[0], failure[1][:_DETAIL_CHARS])
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> CodeTests:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def code_tests(timeout_s: float = 2.0, **kw) -> CodeTests:
+    """The code reward a recipe plugs in: `reward("score", code_tests(timeout_s=2.0))`."""
+    return CodeTests(timeout_s=timeout_s, **kw)
+
+
+def _verdicts(run: SandboxRun, kind: str, outputs: list) -> list[tuple[str | None, str]]:
+    """One (reason or None, detail) per test, from the harness's untrusted records."""
+    if run.syntax_error is not None:
+        return [("syntax_error", run.syntax_error)] * len(outputs)
+    if not run.ready:
+        why = run.stderr.strip().splitlines()[-1:] or [f"exit status {run.exit_status}"]
+        return [("sandbox_error", f"sandbox did not start: {why[0]}")] * len(outputs)
+    missing = {
+        "timeout": ("timeout", "the run exceeded its wall-clock budget"),
+        "output_limit": ("output_limit", "the run exceeded its output budget"),
+    }.get(run.ended, ("killed", "the test runner was killed before reporting"))
+    return [_verdict(run.records.get(i), kind, expected, missing) for i, expected in enumerate(outputs)]
+
+
+def _verdict(
+    record: dict | None, kind: str, expected: object, missing: tuple[str, str]
+) -> tuple[str | None, str]:
+    if record is None:
+        return missing
+    status, detail = record.get("status"), str(record.get("detail", ""))
+    if status == "bad_result":
+        return "wrong_answer", detail
+    if status != "ok":
+        return (status if status in REASONS else "killed"), detail
+    got = str(record.get("out", ""))
+    if kind == "stdio":
+        if normalise_stdout(got) == normalise_stdout(str(expected)):
+            return None, ""
+        return "wrong_answer", f"expected {str(expected)!r:.80}, got {got!r:.80}"
+    try:
+        value = json.loads(got)
+    except (ValueError, RecursionError):
+        return "wrong_answer", f"result is not JSON: {got!r:.80}"
+    if value == json.loads(json.dumps(expected)):
+        return None, ""
+    return "wrong_answer", f"expected {expected!r:.80}, got {value!r:.80}"

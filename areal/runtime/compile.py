@@ -1,0 +1,134 @@
+"""Compile a validated graph and its config into a `Plan`.
+
+The pools form a pipeline in data order. Rules, in the order they apply:
+- the source runs inside the controller, behind the staleness gate;
+- a generate, reward or ppo-update node starts a pool of its own;
+- a compute-logprob node joins the pool of the ppo-update that owns its model, just before it
+  (π_prox must come from the trainer's current weights, in the same process);
+- a custom node joins the pool before it unless the recipe gives it `pool=`.
+Batches carry every field produced so far, so each node finds its inputs however the pools fall.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from areal.config import RunConfig
+from areal.errors import GraphError
+from areal.graph.graph import Graph
+from areal.graph.node import Node
+from areal.runtime.plan import Plan, PoolSpec
+
+OWN_POOL_KINDS = ("generate", "reward", "ppo-update")
+
+
+def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides: tuple[str, ...] = (),
+                 run_dir: str | os.PathLike[str] = "RUN_DIR") -> Plan:
+    order = _pipeline_order(graph)
+    groups: list[list[Node]] = []
+    for n in order:
+        if groups and n.kind == "ppo-update" and groups[-1][-1].kind == "compute-logprob":
+            groups[-1].append(n)  # the proximal pass runs in the trainer's process
+            continue
+        starts_pool = (
+            not groups
+            or n.kind in OWN_POOL_KINDS
+            or n.kind == "compute-logprob"
+            or groups[-1][0].kind == "source"
+            or (n.kind == "custom" and n.pool is not None)
+        )
+        if starts_pool:
+            groups.append([n])
+        else:
+            groups[-1].append(n)
+    run = Path(run_dir)
+    pools = tuple(_pool(i, members, graph, config, run) for i, members in enumerate(groups))
+    route = tuple(
+        (p.name, q.name)
+        for p in pools
+        if p.role == "train"
+        for q in pools
+        if any(graph.nodes[n].kind == "generate" for n in q.nodes)
+    )
+    return Plan(
+        graph=graph.name,
+        recipe=recipe,
+        overrides=tuple(overrides),
+        run_dir=str(run),
+        pools=pools,
+        control_endpoint=_endpoint(run, "control", config),
+        weights_route=route,
+        weights_dir=str(run / "weights"),
+        high_water_mark=config.transport.high_water_mark,
+        max_frame_bytes=config.transport.max_frame_bytes,
+        colocated=tuple(p.nodes for p in pools if len(p.nodes) > 1),
+    )
+
+
+def _pipeline_order(graph: Graph) -> list[Node]:
+    """Topological order with each compute-logprob moved just before its trainer."""
+    order = graph.topological()
+    trainers = {n.name for n in order if n.kind == "ppo-update"}
+    moved: dict[str, list[Node]] = {}
+    kept = []
+    for n in order:
+        model = graph.model_of(n) if n.kind == "compute-logprob" else None
+        if model in trainers:
+            consumers = [e.dst for e in graph.edges() if e.src == n.name]
+            if any(c != model for c in consumers):
+                raise GraphError([
+                    f"{n.describe()}: it runs inside trainer '{model}' (colocated, to see its current weights), "
+                    f"so only '{model}' may read its outputs; read by: {', '.join(sorted(set(consumers)))}"
+                ])
+            moved.setdefault(model, []).append(n)
+        else:
+            kept.append(n)
+    out = []
+    for n in kept:
+        out += moved.get(n.name, [])
+        out.append(n)
+    return out
+
+
+def _pool(index: int, members: list[Node], graph: Graph, config: RunConfig, run: Path) -> PoolSpec:
+    head = members[0]
+    kinds = tuple(n.kind for n in members)
+    if head.kind == "source":
+        role = "source"
+    elif "ppo-update" in kinds:
+        role = "train"
+    elif head.kind == "generate":
+        role = "stream"
+    else:
+        role = "map"
+    if role in ("source", "train"):
+        replicas = 1  # one source cursor; one trainer (data-parallel training is the FSDP engine's job)
+    else:
+        replicas = config.placement.get(head.name) or head.pool or 1
+    threads = {"train": config.trainer.threads, "stream": config.generation.threads}.get(role, 1)
+    name = head.name if role != "train" else next(n.name for n in members if n.kind == "ppo-update")
+    endpoints = () if role == "source" else tuple(_endpoint(run, f"{name}-{r}", config) for r in range(replicas))
+    return PoolSpec(
+        name=name,
+        nodes=tuple(n.name for n in members),
+        kinds=kinds,
+        role=role,
+        replicas=replicas,
+        threads=threads,
+        endpoints=endpoints,
+        gather_groups=config.batch_size if role == "train" else 1,
+    )
+
+
+def _endpoint(run: Path, name: str, config: RunConfig) -> str:
+    if config.transport.kind == "tcp":
+        return f"tcp://127.0.0.1:{_free_port()}"
+    return f"ipc://{run / 'sockets' / name}"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,35 @@
+"""What a node sees of the runtime when its worker starts: the config and where to write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from areal.config import RunConfig
+from areal.runtime.control import ControlClient
+from areal.runtime.plan import Plan, PoolSpec
+
+
+@dataclass
+class WorkerContext:
+    config: RunConfig
+    plan: Plan
+    pool: PoolSpec
+    replica: int
+    node: str  # the node being set up
+    version: int  # the policy version the run is at (non-zero after a resume)
+    resume_dir: Path | None  # the checkpoint to restore from, when resuming
+    control: ControlClient
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.plan.run_dir)
+
+    @property
+    def worker_id(self) -> str:
+        return f"{self.pool.name}[{self.replica}]"
+
+    def report(self, kind: str, **fields: Any) -> None:
+        """Send an event to the controller (metrics, progress) tagged with this node."""
+        self.control.send(kind, node=self.node, **fields)

@@ -1,0 +1,86 @@
+"""The control plane: small msgpack dicts between the controller and every worker.
+
+Workers hold a DEALER socket named by their worker id (`score[1]`); the controller holds the
+ROUTER. Messages are plain maps with a "type" (ready, heartbeat, version, failed, eval, error,
+stats from workers; weights and stop from the controller). Like the data plane, nothing here
+is ever unpickled: msgpack with tight limits, and a malformed message is dropped with a log line.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgpack
+import zmq
+
+log = logging.getLogger(__name__)
+
+_LIMITS = dict(max_bin_len=1 << 20, max_str_len=1 << 20, max_array_len=1 << 20, max_map_len=1 << 16)
+
+
+def pack(message: dict[str, Any]) -> bytes:
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def unpack(data: bytes, sender: str) -> dict[str, Any] | None:
+    try:
+        message = msgpack.unpackb(data, raw=False, strict_map_key=True, **_LIMITS)
+    except Exception as err:  # msgpack raises several unrelated types on garbage
+        log.warning("control message from %s is not msgpack: %s", sender, err)
+        return None
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        log.warning("control message from %s has no 'type': %r", sender, str(message)[:200])
+        return None
+    return message
+
+
+class ControlClient:
+    """A worker's end: send events, receive commands."""
+
+    def __init__(self, endpoint: str, worker_id: str, context: zmq.Context | None = None) -> None:
+        self.worker_id = worker_id
+        self.socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.IDENTITY, worker_id.encode())
+        self.socket.setsockopt(zmq.LINGER, 2000)  # let the last events (error, version) reach the controller
+        self.socket.connect(endpoint)
+
+    def send(self, kind: str, **fields: Any) -> None:
+        self.socket.send(pack({"type": kind, **fields}))
+
+    def recv(self, timeout_ms: int = 0) -> dict[str, Any] | None:
+        if not self.socket.poll(timeout_ms, zmq.POLLIN):
+            return None
+        return unpack(self.socket.recv(), "controller")
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+class ControlServer:
+    """The controller's end: one ROUTER bound for all workers."""
+
+    def __init__(self, endpoint: str, context: zmq.Context | None = None) -> None:
+        self.socket = (context or zmq.Context.instance()).socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished worker raises, not drops
+        self.socket.bind(endpoint)
+
+    def recv(self, timeout_ms: int) -> tuple[str, dict[str, Any]] | None:
+        if not self.socket.poll(timeout_ms, zmq.POLLIN):
+            return None
+        identity, data = self.socket.recv_multipart()
+        sender = identity.decode(errors="replace")
+        message = unpack(data, sender)
+        return (sender, message) if message is not None else None
+
+    def send(self, worker_id: str, kind: str, **fields: Any) -> bool:
+        """False when the worker is not connected (it died or has not started yet)."""
+        try:
+            self.socket.send_multipart([worker_id.encode(), pack({"type": kind, **fields})], zmq.NOBLOCK)
+            return True
+        except (zmq.Again, zmq.ZMQError):
+            return False
+
+    def close(self) -> None:
+        self.socket.close()

@@ -1,0 +1,435 @@
+"""The controller: starts the workers, feeds the source through the staleness gate, listens.
+
+It owns the run's truth: the current policy version, where every sample is (accounting), the
+metrics stream, evaluation rounds and shutdown. It never runs a node's code except the source's
+iterator. On Ctrl-C, SIGTERM or a worker's error it stops every worker, asks the trainer for a
+final checkpoint when the run is healthy, and kills whatever is left by pid.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from areal.config import RunConfig
+from areal.errors import RunError
+from areal.graph.batch import Batch
+from areal.graph.graph import Graph
+from areal.runtime.accounting import Accounting
+from areal.runtime.channels import BatchSender
+from areal.runtime.control import ControlServer
+from areal.runtime.metrics import MetricsWriter
+from areal.runtime.plan import Plan
+from areal.runtime.staleness import StalenessGate
+
+log = logging.getLogger("areal.controller")
+
+READY_TIMEOUT_S = 600.0  # a worker may build the warm-start model on first use
+STOP_TIMEOUT_S = 60.0
+
+
+@dataclass
+class WorkerProcess:
+    worker_id: str
+    pool: str
+    replica: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    ready: bool = False
+    last_seen: float = field(default_factory=time.monotonic)
+    busy: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RunState:
+    """What the progress view and the summary read."""
+
+    version: int = 0
+    steps: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+    last_step: dict[str, Any] = field(default_factory=dict)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    staleness: Counter[int] = field(default_factory=Counter)
+    trained_tokens: int = 0
+    startup_s: float = 0.0
+    status: str = "starting"
+
+
+class Controller:
+    def __init__(self, plan: Plan, graph: Graph, config: RunConfig, *, start_version: int = 0,
+                 source_state: dict[str, Any] | None = None, resume_dir: Path | None = None,
+                 on_event: Callable[[Controller], None] | None = None) -> None:
+        self.plan = plan
+        self.graph = graph
+        self.config = config
+        self.run_dir = Path(plan.run_dir)
+        self.resume_dir = resume_dir
+        self.on_event = on_event or (lambda _: None)
+        source_pool = plan.pools[0]
+        self.source_node = graph.nodes[source_pool.nodes[0]]
+        self.tasks = self.source_node.spec.instantiate()
+        if source_state is not None:
+            self.tasks.restore(source_state)
+        self.heldout = graph.heldout.get(self.source_node.name)
+        self.group_size = config.group_size
+        self.state = RunState(version=start_version, steps=config.steps)
+        started = start_version * config.batch_size  # after a resume: i·B, never the old count
+        self.gate = StalenessGate(config.batch_size, config.effective_staleness, started=started)
+        self.accounting = Accounting(config.batch_size, config.group_size, started_groups=started)
+        self.source_snapshots: dict[int, dict[str, Any]] = {}
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+        self.workers: dict[str, WorkerProcess] = {}
+        self._task_iter: Iterator[dict[str, Any]] | None = None
+        self._eval_round = 0
+        self._eval_pending: dict[int, dict[str, Any]] = {}
+        self._stopping = False
+        self._checkpoints: list[str] = []
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def run(self) -> RunState:
+        (self.run_dir / "sockets").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        plan_path = self.run_dir / "plan.json"
+        plan_path.write_text(self.plan.to_json())
+        (self.run_dir / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
+        self.control = ControlServer(self.plan.control_endpoint)
+        first = self.plan.pools[1]
+        self.source_out = BatchSender(first.endpoints[0], bind=False, hwm=self.plan.high_water_mark)
+        for endpoint in first.endpoints[1:]:
+            self.source_out.socket.connect(endpoint)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        error: BaseException | None = None
+        try:
+            self._spawn_all(plan_path)
+            self._await_ready()
+            self.state.startup_s = time.monotonic() - self.state.started_at
+            self.state.started_at = time.monotonic()  # throughput counts from here: startup is reported apart
+            self.state.status = "running"
+            self._loop()
+        except BaseException as err:
+            error = err
+        finally:
+            self._shutdown(healthy=error is None or isinstance(error, KeyboardInterrupt))
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.source_out.close()
+            self.control.close()
+            self.metrics.close()
+        if error is not None:
+            raise error
+        return self.state
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def _spawn_all(self, plan_path: Path) -> None:
+        for pool in self.plan.pools[1:]:
+            for replica in range(pool.replicas):
+                self._spawn(plan_path, pool.name, replica)
+
+    def _spawn(self, plan_path: Path, pool: str, replica: int) -> None:
+        worker_id = f"{pool}[{replica}]"
+        log_path = self.run_dir / "logs" / f"{pool}-{replica}.log"
+        argv = [sys.executable, "-m", "areal.runtime.worker", str(plan_path), pool, str(replica),
+                str(self.state.version)] + ([str(self.resume_dir)] if self.resume_dir else [])
+        with open(log_path, "ab") as out:
+            # own session: the worker and whatever it starts (sandbox processes) die together
+            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.workers[worker_id] = WorkerProcess(worker_id, pool, replica, process, log_path)
+
+    def _await_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not all(w.ready for w in self.workers.values()):
+            if time.monotonic() > deadline:
+                late = [w.worker_id for w in self.workers.values() if not w.ready]
+                raise RunError(f"workers not ready after {READY_TIMEOUT_S:.0f} s: {', '.join(late)}")
+            self._listen(200)
+            self._check_processes()
+
+    def _loop(self) -> None:
+        limit = self.config.max_minutes * 60 if self.config.max_minutes else None
+        if self.heldout is not None:
+            self._start_eval()
+        while self.state.version < self.state.steps:
+            self._admit()
+            self._listen(50)
+            self._check_processes()
+            if limit is not None and time.monotonic() - self.state.started_at > limit:
+                log.info("max_minutes reached at version %d", self.state.version)
+                break
+        if self.heldout is not None and self.state.version > 0:
+            self._start_eval()
+            self._drain_evals(timeout_s=300)
+
+    def _shutdown(self, healthy: bool) -> None:
+        self._stopping = True
+        self.state.status = "stopping"
+        self.on_event(self)
+        checkpoint = self._checkpoint_dir(self.state.version) if healthy and self.state.version > 0 else None
+        trainer_pool = next((p.name for p in self.plan.pools if p.role == "train"), None)
+        for w in self.workers.values():
+            fields = {"checkpoint": str(checkpoint)} if checkpoint and w.pool == trainer_pool else {}
+            self.control.send(w.worker_id, "stop", **fields)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while any(w.process.poll() is None for w in self.workers.values()) and time.monotonic() < deadline:
+            try:
+                self._listen(100)
+            except RunError as err:
+                log.error("while stopping: %s", err)
+        for w in self.workers.values():
+            if w.process.poll() is None:
+                log.warning("killing %s (pid %d): it did not stop within %.0f s", w.worker_id, w.process.pid,
+                            STOP_TIMEOUT_S)
+            _kill_group(w.process)
+        self.state.status = "stopped"
+
+    # -- the source -----------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        while not self._stopping and self.gate.allows(self.state.version):
+            group = self.gate.started
+            if group % self.config.batch_size == 0:
+                self.source_snapshots[group // self.config.batch_size] = self._source_state()
+            task = self._next_task()
+            self.gate.try_start(self.state.version)
+            self.accounting.started_groups += 1
+            self._send_source(self._task_batch([task], [group]), {"group": group, "samples": self.group_size})
+
+    def _next_task(self) -> dict[str, Any]:
+        if self._task_iter is None:
+            self._task_iter = iter(self.tasks)
+        try:
+            return next(self._task_iter)
+        except StopIteration:
+            self._task_iter = iter(self.tasks)  # a finite source replays: a new epoch
+            try:
+                return next(self._task_iter)
+            except StopIteration:
+                raise RunError(f"{self.source_node.describe()}: the task source is empty") from None
+
+    def _source_state(self) -> dict[str, Any]:
+        return self.tasks.state() if hasattr(self.tasks, "state") else {}
+
+    def _task_batch(self, tasks: list[dict[str, Any]], groups: list[int]) -> Batch:
+        fields: dict[str, Any] = {}
+        for port in self.source_node.outputs:
+            if port in ("sample_id", "group_id"):
+                continue
+            try:
+                fields[port] = [task[port] for task in tasks]
+            except KeyError:
+                raise RunError(f"{self.source_node.describe()}: a task has no field '{port}' "
+                               f"(it has: {', '.join(tasks[0])})") from None
+        ids = torch.tensor(groups, dtype=torch.int64)
+        fields["group_id"] = ids
+        fields["sample_id"] = ids.clone()
+        return Batch(fields)
+
+    def _send_source(self, batch: Batch, meta: dict[str, Any]) -> None:
+        while True:
+            try:
+                self.source_out.send(batch, meta, timeout_ms=200)
+                return
+            except TimeoutError:
+                self._listen(0)
+                self._check_processes()
+
+    # -- evaluation -----------------------------------------------------------------------
+
+    def _start_eval(self) -> None:
+        tasks = list(self.heldout)[: self.config.eval.tasks]
+        round_id = self._eval_round
+        self._eval_round += 1
+        # negative ids keep held-out samples apart from training samples
+        groups = [-(round_id * 100_000 + i) - 1 for i in range(len(tasks))]
+        self._eval_pending[round_id] = {"version": self.state.version, "n": len(tasks), "rewards": [],
+                                        "failed": 0, "started": time.monotonic()}
+        meta = {"eval": True, "round": round_id, "samples": 1, "group": groups[0],
+                "task_ids": [str(t.get("task_id", i)) for i, t in enumerate(tasks)]}
+        self._send_source(self._task_batch(tasks, groups), meta)
+
+    def _drain_evals(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self._eval_pending and time.monotonic() < deadline:
+            self._listen(100)
+            self._check_processes()
+
+    def _eval_done(self, round_id: int) -> None:
+        pending = self._eval_pending.pop(round_id)
+        rewards = pending["rewards"]
+        passed = sum(1 for r in rewards if r >= 1.0 - 1e-9)
+        record = {"kind": "eval", "round": round_id, "version": pending["version"], "tasks": pending["n"],
+                  "pass@1": passed / max(pending["n"], 1), "reward_mean": sum(rewards) / max(pending["n"], 1),
+                  "failed": pending["failed"], "wall_s": self._elapsed()}
+        self.state.evals.append(record)
+        self.metrics.write(record)
+        self.on_event(self)
+
+    # -- events ---------------------------------------------------------------------------
+
+    def _listen(self, timeout_ms: int) -> None:
+        got = self.control.recv(timeout_ms)
+        while got is not None:
+            self._handle(*got)
+            got = self.control.recv(0)
+
+    def _handle(self, sender: str, message: dict[str, Any]) -> None:
+        worker = self.workers.get(sender)
+        if worker is None:
+            log.warning("control message from unknown worker %r ignored", sender)
+            return
+        worker.last_seen = time.monotonic()
+        kind = message["type"]
+        if kind == "ready":
+            worker.ready = True
+        elif kind in ("heartbeat", "stopped"):
+            worker.busy = float(message.get("busy", worker.busy))
+            worker.counts = {k: int(v) for k, v in message.items() if k in ("batches", "samples", "tokens")}
+        elif kind == "version":
+            self._on_version(message)
+        elif kind == "failed":
+            self._on_failed(message)
+        elif kind == "eval":
+            self._on_eval(message)
+        elif kind == "checkpoint":
+            self._on_checkpoint(message)
+        elif kind == "duplicate":
+            self.accounting.duplicates += 1
+        elif kind == "error":
+            where = f"node '{message['node']}'" if message.get("node") else f"worker {sender}"
+            text = str(message.get("message", ""))
+            prefix = "" if text.startswith(("node '", "recipe")) or ": node '" in text else f"{where}: "
+            raise RunError(f"{prefix}{text}\n  (worker {sender}; log: {worker.log_path})")
+        self.on_event(self)
+
+    def _on_version(self, message: dict[str, Any]) -> None:
+        version = int(message["version"])
+        self.state.version = version
+        self.accounting.on_trained([int(s) for s in message.get("sample_ids", [])])
+        self.accounting.check(version)
+        hist = {int(k): int(v) for k, v in message.get("staleness", {}).items()}
+        self.state.staleness.update(hist)
+        self.state.trained_tokens += int(message.get("tokens", 0))
+        rewards = message.get("rewards", [])
+        elapsed = self._elapsed()
+        record = {
+            "kind": "step", "version": version, "wall_s": elapsed,
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "solved": sum(1 for r in rewards if r >= 1.0 - 1e-9) / len(rewards) if rewards else None,
+            "samples": len(rewards), "trained_samples": len(self.accounting.trained),
+            "samples_per_s": len(self.accounting.trained) / elapsed,
+            "generated_tokens_per_s": self._generated_tokens() / elapsed,
+            "trained_tokens_per_s": self.state.trained_tokens / elapsed,
+            "staleness": {str(k): v for k, v in sorted(hist.items())},
+            "busy": {w.worker_id: round(w.busy, 3) for w in self.workers.values()},
+            **self.accounting.summary(version),
+            **{k: v for k, v in message.get("stats", {}).items() if isinstance(v, (int, float))},
+        }
+        self.state.last_step = record
+        self.metrics.write(record)
+        if message.get("path"):
+            for w in self.workers.values():
+                if any(dst == w.pool for _, dst in self.plan.weights_route):
+                    self.control.send(w.worker_id, "weights", version=version, path=message["path"])
+        every = self.config.eval.interval_steps
+        if self.heldout is not None and every and version % every == 0 and version < self.state.steps:
+            self._start_eval()
+
+    def _on_failed(self, message: dict[str, Any]) -> None:
+        ids = [int(s) for s in message.get("sample_ids", [])]
+        reasons = [f"{message.get('node')}: {r}" for r in message.get("reasons", [])]
+        if message.get("eval"):
+            for sid in ids:
+                round_id = (-sid - 1) // 100_000
+                if round_id in self._eval_pending:
+                    self._eval_pending[round_id]["failed"] += 1
+            return
+        self.accounting.on_failed(ids, reasons)
+        for sid, reason in zip(ids, reasons):
+            log.warning("sample %d failed: %s", sid, reason)
+            self.metrics.write({"kind": "failed", "sample_id": sid, "reason": reason, "wall_s": self._elapsed()})
+
+    def _on_eval(self, message: dict[str, Any]) -> None:
+        round_id = int(message["round"])
+        pending = self._eval_pending.get(round_id)
+        if pending is None:
+            return
+        pending["rewards"] += [float(r) for r in message.get("rewards", [])]
+        if len(pending["rewards"]) + pending["failed"] >= pending["n"]:
+            self._eval_done(round_id)
+
+    def _on_checkpoint(self, message: dict[str, Any]) -> None:
+        version = int(message["version"])
+        folder = Path(message["path"])
+        closed = version * self.config.batch_size * self.group_size
+        state = {
+            "version": version,
+            "source": self.source_snapshots.get(version, self._source_state()),
+            "accounting": self.accounting.summary(version),
+            "trained_ids": sorted(s for s in self.accounting.trained),
+            "failed": {str(k): v for k, v in self.accounting.failed.items() if k < closed},
+            "metrics_lines": self.metrics.lines,
+            "eval_round": self._eval_round,
+        }
+        tmp = folder / "controller.json.tmp"
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(state) + "\n")
+        os.replace(tmp, folder / "controller.json")  # the checkpoint counts only once this file exists
+        self._checkpoints.append(str(folder))
+        for old in self._checkpoints[: -self.config.checkpoint.keep]:
+            _remove_tree(Path(old))
+        self._checkpoints = self._checkpoints[-self.config.checkpoint.keep:]
+
+    def _checkpoint_dir(self, version: int) -> Path:
+        return self.run_dir / "checkpoints" / f"step-{version:06d}"
+
+    def _check_processes(self) -> None:
+        for w in self.workers.values():
+            code = w.process.poll()
+            if code is not None and not self._stopping:
+                self._listen(200)  # its last words (an "error" event) may still be in flight
+                raise RunError(f"worker {w.worker_id} exited with code {code} (log: {w.log_path}):\n"
+                               f"{_tail(w.log_path)}")
+
+    def _generated_tokens(self) -> int:
+        return sum(w.counts.get("tokens", 0) for w in self.workers.values())
+
+    def _elapsed(self) -> float:
+        return max(time.monotonic() - self.state.started_at, 1e-9)
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    """Kill the worker's whole session (it and the processes it started) by its pid."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.wait(timeout=10)
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join("    " + line for line in path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "    (no log)"
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)

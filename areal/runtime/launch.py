@@ -1,0 +1,124 @@
+"""`areal run`: load a recipe, compile it, run the controller with a live view, print a summary.
+
+A fresh run gets a new directory (runs/<graph>-<timestamp> unless told); `--resume RUN_DIR`
+continues from that directory's newest complete checkpoint with the recipe and overrides
+recorded in its plan.json.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from areal.errors import RecipeError, RunError
+from areal.graph.recipe import Recipe, load_recipe
+from areal.runtime.compile import compile_plan
+from areal.runtime.controller import Controller
+from areal.runtime.progress import live_table, summary_table
+
+log = logging.getLogger("areal")
+
+
+def run_recipe(recipe_path: Path | str, *, overrides: list[str] | None = None, run_dir: Path | None = None,
+               resume: Path | None = None, live: bool = True, console: Console | None = None) -> int:
+    console = console or Console(stderr=True)
+    overrides = list(overrides or [])
+    checkpoint = None
+    if resume is not None:
+        recipe_path, saved, checkpoint = _resume_point(resume)
+        overrides = saved + overrides
+        run_dir = resume
+    if checkpoint is not None:
+        console.print(f"resuming {run_dir} from {checkpoint.name}")
+    view: Live | None = None
+
+    def refresh(controller: Controller) -> None:
+        if view is not None:
+            view.update(live_table(controller))
+
+    controller = build_controller(recipe_path, overrides, run_dir, checkpoint, console, _throttled(refresh))
+    code = 0
+    try:
+        if live:
+            with Live(live_table(controller), console=console, refresh_per_second=4) as view:
+                controller.run()
+        else:
+            controller.run()
+    except RunError as err:
+        console.print(f"[red]run failed:[/] {err}", highlight=False)
+        code = 1
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: workers stopped, last checkpoint kept")
+        code = 130
+    console.print(summary_table(controller))
+    return code
+
+
+def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Path | None,
+                     checkpoint: Path | None = None, console: Console | None = None,
+                     on_event: Any = None) -> Controller:
+    """Load, compile and wire a run without starting it (tests drive the controller directly)."""
+    recipe = load_recipe(recipe_path, overrides)
+    start_version, source_state = 0, None
+    if checkpoint is not None:
+        state = json.loads((checkpoint / "controller.json").read_text())
+        start_version, source_state = int(state["version"]), state["source"]
+    folder = Path(run_dir or recipe.config.run_dir or _default_run_dir(recipe))
+    folder.mkdir(parents=True, exist_ok=True)
+    _log_to(folder / "logs" / "controller.log")
+    plan = compile_plan(recipe.graph, recipe.config, recipe=str(recipe.path), overrides=tuple(overrides),
+                        run_dir=folder.resolve())
+    _prepare_models(recipe, console or Console(stderr=True))
+    return Controller(plan, recipe.graph, recipe.config, start_version=start_version, source_state=source_state,
+                      resume_dir=checkpoint / "trainer" if checkpoint else None, on_event=on_event)
+
+
+def _default_run_dir(recipe: Recipe) -> Path:
+    return Path("runs") / f"{recipe.graph.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _resume_point(run_dir: Path) -> tuple[str, list[str], Path | None]:
+    plan_path = run_dir / "plan.json"
+    if not plan_path.exists():
+        raise RecipeError(f"--resume {run_dir}: no plan.json there; is it a run directory?")
+    plan = json.loads(plan_path.read_text())
+    complete = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if (p / "controller.json").exists())
+    return plan["recipe"], list(plan["overrides"]), complete[-1] if complete else None
+
+
+def _prepare_models(recipe: Recipe, console: Console) -> None:
+    """Build the warm-start model once, here, before workers race to build it."""
+    builtin = [n for n in recipe.graph.nodes.values()
+               if n.kind in ("generate", "ppo-update") and n.spec.factory.__module__.startswith("areal.nodes")]
+    if not builtin:
+        return  # custom policy nodes bring their own models
+    from areal.models.loading import prepare_policy
+
+    prepare_policy(recipe.config, console)
+
+
+def _throttled(fn: Any, every_s: float = 0.25) -> Any:
+    last = [0.0]
+
+    def call(controller: Controller) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every_s:
+            last[0] = now
+            fn(controller)
+
+    return call
+
+
+def _log_to(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)

@@ -1,0 +1,47 @@
+"""The metrics stream: one JSON object per line, flushed as it is written.
+
+Lines have a "kind": step (one per policy version), eval (held-out pass@1), failed (one per
+failed sample, with its reason). TensorBoard scalars are written too when it is installed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class MetricsWriter:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.lines = sum(1 for _ in path.open()) if path.exists() else 0
+        self._file = path.open("a")
+        self._board = _tensorboard(path.parent / "tensorboard")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        self.lines += 1
+        if self._board is not None and record.get("kind") in ("step", "eval"):
+            step = int(record.get("version", 0))
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "version":
+                    self._board.add_scalar(f"{record['kind']}/{key}", value, step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._board is not None:
+            self._board.close()
+
+
+def _tensorboard(folder: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(folder))
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

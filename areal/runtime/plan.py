@@ -1,0 +1,88 @@
+"""The compiled plan: which process runs which nodes, and how they are wired.
+
+A `Plan` is plain data (frozen dataclasses of strings and ints), printable as a table and
+serialisable to JSON, so `plan.json` in the run directory is enough to read or repeat a run.
+Pools form a pipeline in data order; each replica of a pool binds one PULL endpoint and every
+replica of the pool before it connects a PUSH to all of them (ZeroMQ load-balances).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from rich.table import Table
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    name: str
+    nodes: tuple[str, ...]  # run in this order inside one process, batch by batch
+    kinds: tuple[str, ...]
+    role: str  # "source" (the controller), "stream" (generate first), "train" (has ppo-update), "map"
+    replicas: int
+    threads: int
+    endpoints: tuple[str, ...] = ()  # one PULL endpoint per replica (none for the source)
+    gather_groups: int = 1  # groups gathered before the pool's nodes run (B for a trainer)
+
+    def worker_ids(self) -> list[str]:
+        return [f"{self.name}[{r}]" for r in range(self.replicas)]
+
+
+@dataclass(frozen=True)
+class Plan:
+    graph: str
+    recipe: str
+    overrides: tuple[str, ...]
+    run_dir: str
+    pools: tuple[PoolSpec, ...]
+    control_endpoint: str
+    weights_route: tuple[tuple[str, str], ...]  # (trainer pool, pool that receives its weights)
+    weights_dir: str
+    high_water_mark: int
+    max_frame_bytes: int
+    colocated: tuple[tuple[str, ...], ...] = field(default=())
+
+    def pool(self, name: str) -> PoolSpec:
+        return next(p for p in self.pools if p.name == name)
+
+    def next_pool(self, name: str) -> PoolSpec | None:
+        names = [p.name for p in self.pools]
+        i = names.index(name)
+        return self.pools[i + 1] if i + 1 < len(self.pools) else None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        raw = json.loads(text)
+        pools = tuple(
+            PoolSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in p.items()}) for p in raw.pop("pools")
+        )
+        return cls(
+            pools=pools,
+            overrides=tuple(raw.pop("overrides")),
+            weights_route=tuple(tuple(r) for r in raw.pop("weights_route")),
+            colocated=tuple(tuple(c) for c in raw.pop("colocated")),
+            **raw,
+        )
+
+    def table(self) -> Table:
+        t = Table(title=f"plan of graph '{self.graph}'  (run dir {self.run_dir})", show_lines=True)
+        for col in ("pool", "nodes", "role", "replicas", "threads", "receives on", "sends to"):
+            t.add_column(col)
+        for p in self.pools:
+            nxt = self.next_pool(p.name)
+            t.add_row(
+                p.name,
+                "\n".join(f"{n} ({k})" for n, k in zip(p.nodes, p.kinds)),
+                p.role + (f", gathers {p.gather_groups} groups" if p.gather_groups > 1 else ""),
+                str(p.replicas),
+                str(p.threads),
+                "\n".join(p.endpoints) or "—",
+                f"{nxt.name} (PUSH, hwm {self.high_water_mark})" if nxt else "—",
+            )
+        route = ", ".join(f"{a} ⇢ {b}" for a, b in self.weights_route) or "none"
+        t.caption = f"control: {self.control_endpoint}   weights: {route} via {self.weights_dir}"
+        return t

@@ -1,0 +1,61 @@
+"""The live view of a run, and the summary table at its end (rich)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from areal.runtime.controller import Controller
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def live_table(controller: Controller) -> Table:
+    s = controller.state
+    step = s.last_step
+    t = Table(title=f"areal · {controller.plan.graph} · {s.status}", show_header=False, min_width=60)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    t.add_row("policy version", f"{s.version} / {s.steps}")
+    t.add_row("elapsed", f"{controller._elapsed():.0f} s")
+    t.add_row("samples/s (trained)", _fmt(step.get("samples_per_s"), ".2f"))
+    t.add_row("tokens/s (generated)", _fmt(step.get("generated_tokens_per_s"), ".0f"))
+    t.add_row("reward mean (last batch)", _fmt(step.get("reward_mean")))
+    last_eval = s.evals[-1] if s.evals else None
+    if last_eval:
+        t.add_row("held-out pass@1", f"{last_eval['pass@1']:.3f} at version {last_eval['version']}"
+                  f" (first {s.evals[0]['pass@1']:.3f})")
+    t.add_row("staleness (lag: samples)", ", ".join(f"{k}: {v}" for k, v in sorted(s.staleness.items())) or "—")
+    acc = controller.accounting.summary(s.version)
+    t.add_row("samples", f"started {acc['started']} · trained {acc['trained']} · failed {acc['failed']}"
+              f" · in flight {acc['in_flight']}")
+    busy = " · ".join(f"{w.worker_id} {w.busy:.0%}" for w in controller.workers.values())
+    t.add_row("busy", busy or "—")
+    return t
+
+
+def summary_table(controller: Controller) -> Table:
+    s = controller.state
+    step = s.last_step
+    t = Table(title="run summary", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    t.add_row("run directory", str(controller.run_dir))
+    t.add_row("mode", f"{controller.config.mode} (η = {controller.config.effective_staleness})")
+    t.add_row("policy versions", str(s.version))
+    t.add_row("wall-clock", f"{controller._elapsed():.1f} s")
+    t.add_row("trained samples/s", _fmt(step.get("samples_per_s"), ".2f"))
+    t.add_row("generated tokens/s", _fmt(step.get("generated_tokens_per_s"), ".0f"))
+    if s.evals:
+        t.add_row("held-out pass@1", " → ".join(f"{e['pass@1']:.3f}@v{e['version']}" for e in s.evals))
+    t.add_row("staleness histogram", ", ".join(f"lag {k}: {v}" for k, v in sorted(s.staleness.items())) or "—")
+    acc = controller.accounting.summary(s.version)
+    t.add_row("accounting", " · ".join(f"{k} {v}" for k, v in acc.items()))
+    reasons = controller.accounting.fail_reasons
+    if reasons:
+        t.add_row("failures", ", ".join(f"{k}: {v}" for k, v in reasons.most_common()))
+    return t

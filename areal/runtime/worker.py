@@ -1,0 +1,324 @@
+"""One worker process: receive a batch, run its pool's nodes in order, send it downstream.
+
+    python -m areal.runtime.worker PLAN_JSON POOL REPLICA [VERSION [RESUME_DIR]]
+
+A worker rebuilds its nodes by loading the recipe named in the plan (no code crosses a socket),
+then runs one loop chosen by its pool's role:
+- map: one batch in, the nodes run, one batch out;
+- stream: a generate node is stepped one decode step at a time, taking prompts and new weights
+  between steps, and each finished group goes through the rest of the pool's nodes;
+- train: groups are gathered until batch k (groups [kB, (k+1)B)) is complete, then the
+  proximal pass and the update run and version k+1 is published.
+A node that raises stops the worker with an "error" event naming it; the controller stops the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import zmq
+
+from areal.config import RunConfig
+from areal.errors import RunError
+from areal.graph.batch import Batch, Ragged
+from areal.graph.node import FAILED, Node
+from areal.graph.ports import PortType
+from areal.graph.recipe import load_recipe
+from areal.runtime.channels import BatchReceiver, BatchSender
+from areal.runtime.context import WorkerContext
+from areal.runtime.control import ControlClient
+from areal.runtime.plan import Plan
+from areal.runtime.staleness import staleness_histogram
+
+log = logging.getLogger("areal.worker")
+
+SEND_RETRY_MS = 500
+
+
+class NodeFailure(Exception):
+    """A node's own code raised: the message names the node, the cause keeps the traceback."""
+
+    def __init__(self, node: str, err: BaseException) -> None:
+        self.node = node
+        super().__init__(f"node '{node}' raised {type(err).__name__}: {err}")
+
+
+class Worker:
+    def __init__(self, plan: Plan, pool_name: str, replica: int, version: int, resume_dir: Path | None) -> None:
+        self.plan = plan
+        self.pool = plan.pool(pool_name)
+        self.replica = replica
+        self.version = version
+        self.worker_id = f"{pool_name}[{replica}]"
+        self.control = ControlClient(plan.control_endpoint, self.worker_id)
+        recipe = load_recipe(plan.recipe, plan.overrides)
+        self.config: RunConfig = recipe.config
+        self.nodes: list[Node] = [recipe.graph.nodes[name] for name in self.pool.nodes]
+        self.impls: list[Any] = []
+        for n in self.nodes:
+            impl = n.spec.instantiate()
+            if hasattr(impl, "setup"):
+                context = WorkerContext(self.config, plan, self.pool, replica, n.name, version, resume_dir,
+                                        self.control)
+                _guard(n.name, impl.setup, context)
+            self.impls.append(impl)
+        upstream = plan.pools[[p.name for p in plan.pools].index(pool_name) - 1].name
+        self.inbox = BatchReceiver(self.pool.endpoints[replica], bind=True, hwm=plan.high_water_mark,
+                                   max_frame_bytes=plan.max_frame_bytes, name=f"'{upstream}'")
+        downstream = plan.next_pool(pool_name)
+        self.outbox: BatchSender | None = None
+        if downstream is not None:
+            self.outbox = BatchSender(downstream.endpoints[0], bind=False, hwm=plan.high_water_mark)
+            for endpoint in downstream.endpoints[1:]:
+                self.outbox.socket.connect(endpoint)
+        self.poller = zmq.Poller()
+        self.poller.register(self.inbox.socket, zmq.POLLIN)
+        self.poller.register(self.control.socket, zmq.POLLIN)
+        self.stopping = False
+        self.busy_s = 0.0
+        self.counts: dict[str, int] = {"batches": 0, "samples": 0, "tokens": 0}
+        self._last_beat = time.monotonic()
+        self._latest_weights: dict[str, Any] | None = None
+
+    # -- loop pieces ------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.control.send("ready", pid=os.getpid())
+        loop = {"map": self._map_loop, "stream": self._stream_loop, "train": self._train_loop}[self.pool.role]
+        loop()
+        self.control.send("stopped", **self.counts)
+
+    def _wait(self, timeout_ms: int) -> None:
+        self.poller.poll(timeout_ms)
+        self._commands()
+        now = time.monotonic()
+        if now - self._last_beat >= self.config.faults.heartbeat_s:
+            self.control.send("heartbeat", busy=self.busy_s / max(now - self._last_beat, 1e-9), **self.counts)
+            self._last_beat, self.busy_s = now, 0.0
+
+    def _commands(self) -> None:
+        while (message := self.control.recv(0)) is not None:
+            if message["type"] == "stop":
+                self.stopping = True
+                self._on_stop(message)
+            elif message["type"] == "weights":
+                self._latest_weights = message  # only the newest matters
+
+    def _on_stop(self, message: Mapping[str, Any]) -> None:
+        """Trainer: write the final checkpoint when the controller asks for it."""
+        if self.pool.role == "train" and message.get("checkpoint"):
+            self._checkpoint(Path(message["checkpoint"]))
+
+    def _drain(self) -> list[tuple[Batch, dict[str, Any]]]:
+        got = []
+        while (item := self.inbox.recv(timeout_ms=0)) is not None:
+            got.append(item)
+        return got
+
+    def _send(self, batch: Batch, meta: dict[str, Any]) -> None:
+        if self.outbox is None:
+            return
+        while True:
+            try:
+                self.outbox.send(batch, meta, timeout_ms=SEND_RETRY_MS)
+                return
+            except TimeoutError:
+                self._wait(0)  # back-pressure: keep answering the controller while downstream is full
+                if self.stopping:
+                    return
+
+    def _run_chain(self, nodes: list[Node], impls: list[Any], batch: Batch, meta: dict[str, Any]) -> Batch:
+        for n, impl in zip(nodes, impls):
+            start = time.monotonic()
+            out = dict(_guard(n.name, impl, batch))
+            self.busy_s += time.monotonic() - start
+            failed = out.pop(FAILED, None) or {}
+            _check_outputs(n, batch, out)
+            batch = batch.merge(out)
+            if failed:
+                rows = sorted(failed)
+                self.control.send("failed", node=n.name, sample_ids=batch["sample_id"][rows].tolist(),
+                                  reasons=[str(failed[r]) for r in rows], eval=bool(meta.get("eval")))
+                batch = batch.select([i for i in range(batch.size) if i not in failed])
+        self.counts["batches"] += 1
+        self.counts["samples"] += batch.size
+        return batch
+
+    # -- the three loops --------------------------------------------------------------
+
+    def _map_loop(self) -> None:
+        while not self.stopping:
+            self._wait(int(self.config.faults.heartbeat_s * 1000))
+            for batch, meta in self._drain():
+                self._send(self._run_chain(self.nodes, self.impls, batch, meta), meta)
+
+    def _stream_loop(self) -> None:
+        gen, head = self.impls[0], self.nodes[0]
+        while not self.stopping:
+            busy = gen.pending() > 0
+            self._wait(0 if busy else int(self.config.faults.heartbeat_s * 1000))
+            if self._latest_weights is not None:
+                weights, self._latest_weights = self._latest_weights, None
+                _guard(head.name, gen.load_weights, weights.get("path"), int(weights["version"]))
+            for batch, meta in self._drain():
+                _guard(head.name, gen.submit, batch, meta)
+            if gen.pending() > 0:
+                start = time.monotonic()
+                finished = _guard(head.name, gen.step)
+                self.busy_s += time.monotonic() - start
+                for batch, meta in finished:
+                    _check_outputs(head, batch, {k: batch[k] for k in head.outputs if k in batch})
+                    if "output_ids" in batch:
+                        self.counts["tokens"] += int(batch["output_ids"].values.numel())
+                    self._send(self._run_chain(self.nodes[1:], self.impls[1:], batch, meta), meta)
+
+    def _train_loop(self) -> None:
+        per_step = self.pool.gather_groups
+        waiting: dict[int, Batch] = {}
+        while not self.stopping:
+            self._wait(int(self.config.faults.heartbeat_s * 1000))
+            for batch, meta in self._drain():
+                if meta.get("eval"):
+                    self._report_eval(batch, meta)
+                    continue
+                group = int(meta["group"])
+                if group in waiting or group < self.version * per_step:
+                    self.control.send("duplicate", group=group)  # a re-issued group that already arrived
+                    continue
+                waiting[group] = batch
+            while self.version < self.config.steps and all(
+                g in waiting for g in range(self.version * per_step, (self.version + 1) * per_step)
+            ):
+                wanted = range(self.version * per_step, (self.version + 1) * per_step)
+                parts = [waiting.pop(g) for g in wanted]  # oldest first: group ids are admission order
+                self._train(Batch.concat([p for p in parts if p.size]) if any(p.size for p in parts) else None)
+                if self.stopping:
+                    break
+
+    def _train(self, batch: Batch | None) -> None:
+        eta = self.config.effective_staleness
+        step = self.version
+        stats: dict[str, Any] = {}
+        hist: dict[int, int] = {}
+        if batch is not None:
+            lags = staleness_histogram(step, [int(r.min()) if len(r) else step for r in batch["versions"].rows()])
+            hist = dict(lags)
+            if any(lag > eta for lag in lags):
+                raise RunError(f"staleness bound broken at version {step}: lags {hist} exceed η={eta}")
+            batch = self._run_chain(self.nodes[:-1], self.impls[:-1], batch, {})
+            start = time.monotonic()
+            stats = dict(_guard(self.nodes[-1].name, self.impls[-1], batch))
+            self.busy_s += time.monotonic() - start
+        self.version = step + 1
+        path = self._publish()
+        self.control.send(
+            "version", version=self.version, path=path, stats=stats, staleness={str(k): v for k, v in hist.items()},
+            sample_ids=batch["sample_id"].tolist() if batch is not None else [],
+            rewards=batch["reward"].tolist() if batch is not None and "reward" in batch else [],
+            tokens=int(batch["output_ids"].values.numel()) if batch is not None else 0,
+        )
+        every = self.config.checkpoint.interval_steps
+        if every and self.version % every == 0:
+            self._checkpoint(Path(self.plan.run_dir) / "checkpoints" / f"step-{self.version:06d}")
+
+    def _publish(self) -> str | None:
+        trainer = self.impls[-1]
+        if not hasattr(trainer, "save_weights"):
+            return None
+        folder = Path(self.plan.weights_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        final = folder / f"v{self.version:06d}.safetensors"
+        tmp = folder / f".v{self.version:06d}.tmp"
+        _guard(self.nodes[-1].name, trainer.save_weights, str(tmp))
+        os.replace(tmp, final)  # readers never see a half-written file
+        for old in sorted(folder.glob("v*.safetensors"))[:-3]:
+            old.unlink(missing_ok=True)
+        return str(final)
+
+    def _checkpoint(self, folder: Path) -> None:
+        trainer = self.impls[-1]
+        if hasattr(trainer, "save_checkpoint"):
+            target = folder / "trainer"
+            target.mkdir(parents=True, exist_ok=True)
+            _guard(self.nodes[-1].name, trainer.save_checkpoint, str(target))
+        self.control.send("checkpoint", version=self.version, path=str(folder))
+
+    def _report_eval(self, batch: Batch, meta: dict[str, Any]) -> None:
+        rewards = batch["reward"].tolist() if "reward" in batch else []
+        self.control.send("eval", round=int(meta["round"]), task_ids=list(meta.get("task_ids", [])),
+                          rewards=rewards, sample_ids=batch["sample_id"].tolist())
+
+
+def _guard(node: str, fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except (NodeFailure, RunError):
+        raise
+    except Exception as err:
+        raise NodeFailure(node, err) from err
+
+
+def _check_outputs(n: Node, batch: Batch, out: Mapping[str, Any]) -> None:
+    """A node must return every declared output, of the declared kind and row count."""
+    missing = [p for p in n.outputs if p not in out and p not in batch]
+    if missing:
+        raise RunError(f"{n.describe()}: returned no '{missing[0]}' (declared outputs: {', '.join(n.outputs)})")
+    for port, value in out.items():
+        ptype = n.outputs.get(port)
+        if ptype is None:
+            continue
+        problem = _field_problem(ptype, value, batch.size)
+        if problem:
+            raise RunError(f"{n.describe()}: output '{port}' {problem}")
+
+
+def _field_problem(ptype: PortType, value: Any, rows: int) -> str | None:
+    if ptype.dtype == "json":
+        ok, kind = isinstance(value, list), "a list"
+    elif ptype.level == "token":
+        ok, kind = isinstance(value, Ragged), "a Ragged (per-token)"
+    else:
+        ok, kind = isinstance(value, torch.Tensor), "a tensor"
+    if not ok:
+        return f"is declared {ptype} and must be {kind}, got {type(value).__name__}"
+    if len(value) != rows:
+        return f"has {len(value)} rows for a batch of {rows}"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    plan_path, pool_name, replica = argv[0], argv[1], int(argv[2])
+    version = int(argv[3]) if len(argv) > 3 else 0
+    resume_dir = Path(argv[4]) if len(argv) > 4 else None
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {pool_name}[{replica}] %(levelname)s %(message)s")
+    plan = Plan.from_json(Path(plan_path).read_text())
+    torch.set_num_threads(plan.pool(pool_name).threads)
+    worker: Worker | None = None
+    control = None
+    try:
+        worker = Worker(plan, pool_name, replica, version, resume_dir)
+        control = worker.control
+        worker.run()
+        return 0
+    except BaseException as err:  # report everything, even KeyboardInterrupt, before exiting non-zero
+        node = err.node if isinstance(err, NodeFailure) else None
+        text = str(err) if isinstance(err, (NodeFailure, RunError)) else f"{type(err).__name__}: {err}"
+        log.error("%s", traceback.format_exc())
+        control = control or ControlClient(plan.control_endpoint, f"{pool_name}[{replica}]")
+        control.send("error", node=node, message=text, traceback=traceback.format_exc())
+        return 1
+    finally:
+        if control is not None:
+            control.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

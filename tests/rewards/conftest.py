@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from areal.rewards import CodeTests, detect_layers
+from areal.rewards.sandbox import SANDBOX_UID
+
+
+def sandbox_pids() -> set[int]:
+    """Host pids of every live process running as the sandbox uid (no account uses it).
+
+    Zombies are left out: a dead namespace init waits there for the host's init to reap it.
+    """
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if int(fields["Uid"].split()[0]) == SANDBOX_UID and not fields["State"].strip().startswith("Z"):
+            pids.add(int(entry.name))
+    return pids
+
+
+def pids_with_marker(marker: str) -> set[int]:
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                pids.add(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+class ProcessWatch:
+    """Samples the host's sandbox processes while a run is in flight (observation, not sync)."""
+
+    def __init__(self, marker: str | None = None) -> None:
+        self.marker = marker
+        self.seen_marker: set[int] = set()
+        self.max_sandbox_procs = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.02):
+            self.max_sandbox_procs = max(self.max_sandbox_procs, len(sandbox_pids()))
+            if self.marker:
+                self.seen_marker |= pids_with_marker(self.marker)
+
+    def __enter__(self) -> ProcessWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[CodeTests]:
+    layers = detect_layers()
+    if layers.missing:
+        pytest.skip(f"full sandbox unavailable here: {layers.describe()}")
+    with CodeTests(timeout_s=1.0, memory_mb=256, workers=2) as scorer:
+        yield scorer
+    assert sandbox_pids() == set(), "sandbox processes outlived the suite"
+
+
+def run_one(scorer: CodeTests, program: str, tests: dict):
+    (result,) = scorer([program], [tests])
+    return result
+
+
+def host_pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

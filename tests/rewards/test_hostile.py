@@ -1,0 +1,182 @@
+"""Hostile programs: each is contained, scores 0 and fails for the right reason."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from areal.rewards.sandbox import Limits
+from tests.rewards.conftest import ProcessWatch, host_pid_alive, pids_with_marker, run_one, sandbox_pids
+
+MARKER = f"areal-hostile-{uuid.uuid4().hex[:12]}"
+ONE_LINE = {"kind": "stdio", "inputs": ["\n"], "outputs": ["done"]}
+CALL_ADD = {"kind": "call", "fn_name": "add", "inputs": [[3, 4]], "outputs": [7]}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nothing_left_behind():
+    yield
+    assert sandbox_pids() == set()
+    assert pids_with_marker(MARKER) == set()
+    places = [Path.cwd(), Path.home(), Path("/tmp"), Path("/work"), Path("/etc"), Path("/usr")]
+    assert [p for place in places for p in place.glob(f"*{MARKER}*")] == []
+
+
+def test_fork_bomb_is_capped_by_the_process_limit_and_times_out(sandbox):
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    with ProcessWatch() as watch:
+        result = run_one(sandbox, bomb, ONE_LINE)
+    assert (result.reward, result.reason) == (0.0, "timeout")
+    # the harness, the namespace's init and the outer bwrap count too
+    assert 10 < watch.max_sandbox_procs <= Limits().max_processes + 1
+    assert sandbox_pids() == set()
+
+
+def test_memory_bomb_hits_the_address_space_limit(sandbox):
+    bomb = "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))\n"
+    result = run_one(sandbox, bomb, ONE_LINE)
+    assert (result.reward, result.reason) == (0.0, "memory")
+
+
+@pytest.mark.parametrize("program", ["while True:\n    pass\n", "import time\ntime.sleep(1e9)\n"])
+def test_a_program_that_never_ends_is_stopped_at_the_wall_clock(sandbox, program):
+    start = time.monotonic()
+    result = run_one(sandbox, program, ONE_LINE)
+    assert (result.reward, result.reason) == (0.0, "timeout")
+    assert time.monotonic() - start < 5.0
+
+
+def test_a_setsid_grandchild_dies_with_the_sandbox(sandbox):
+    program = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(1000)', {MARKER!r}])\n"
+        "time.sleep(1000)\n"
+    )
+    with ProcessWatch(marker=MARKER) as watch:
+        result = run_one(sandbox, program, ONE_LINE)
+    assert (result.reward, result.reason) == (0.0, "timeout")
+    assert watch.seen_marker, "the grandchild never started, so the test proves nothing"
+    assert [pid for pid in watch.seen_marker if host_pid_alive(pid)] == []
+
+
+def test_writes_outside_the_work_dir_never_reach_the_host(sandbox, tmp_path):
+    targets = [tmp_path / MARKER, Path.cwd() / MARKER, Path.home() / MARKER, Path("/usr") / MARKER]
+    program = (
+        "wrote = 0\n"
+        f"for path in {[str(t) for t in targets]!r}:\n"
+        "    try:\n"
+        "        open(path, 'w').write('escaped')\n"
+        "        wrote += 1\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(wrote)\n"
+    )
+    result = run_one(sandbox, program, {"kind": "stdio", "inputs": [""], "outputs": [str(len(targets))]})
+    assert (result.reward, result.reason) == (0.0, "wrong_answer")
+    assert "got '0\\n'" in result.detail
+    assert [t for t in targets if t.exists()] == []
+
+
+def test_secrets_in_the_parent_environment_are_unreadable(sandbox, monkeypatch):
+    secret = f"s3cret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AREAL_TEST_SECRET", secret)
+    program = (
+        "import os, glob\n"
+        "found = os.environ.get('AREAL_TEST_SECRET')\n"
+        "for path in glob.glob('/proc/*/environ'):\n"
+        "    try:\n"
+        "        for item in open(path, 'rb').read().split(b'\\0'):\n"
+        "            if item.startswith(b'AREAL_TEST_SECRET='):\n"
+        "                found = item.split(b'=', 1)[1].decode()\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(found or 'not found')\n"
+    )
+    result = run_one(sandbox, program, {"kind": "stdio", "inputs": [""], "outputs": [secret]})
+    assert (result.reward, result.reason) == (0.0, "wrong_answer")
+    assert "got 'not found\\n'" in result.detail
+
+
+def test_no_connection_reaches_a_listener_on_the_host(sandbox):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        program = (
+            "import socket\n"
+            "try:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=0.5)\n"
+            "    print('connected')\n"
+            "except OSError as exc:\n"
+            "    print(type(exc).__name__)\n"
+        )
+        result = run_one(sandbox, program, {"kind": "stdio", "inputs": [""], "outputs": ["connected"]})
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    assert (result.reward, result.reason) == (0.0, "wrong_answer")
+
+
+def test_100_mb_of_output_is_cut_at_the_output_limit(sandbox):
+    program = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 2**20)\n"
+    result = run_one(sandbox, program, ONE_LINE)
+    assert (result.reward, result.reason) == (0.0, "output_limit")
+
+
+def test_killing_the_parent_leaves_the_test_failed_as_killed(sandbox):
+    program = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('done')\n"
+    result = run_one(sandbox, program, ONE_LINE)
+    assert (result.reward, result.reason) == (0.0, "killed")
+
+
+@pytest.mark.parametrize(
+    "program",
+    ["import sys\nsys.exit(0)\ndef add(a, b):\n    return a + b\n", "import os\nos._exit(0)\n"],
+)
+def test_exiting_before_the_tests_run_is_not_a_pass(sandbox, program):
+    result = run_one(sandbox, program, CALL_ADD)
+    assert (result.reward, result.passed, result.reason) == (0.0, 0, "crash")
+
+
+def test_patching_the_checker_print_and_json_is_not_a_pass(sandbox):
+    program = (
+        "import builtins, json, os, sys\n"
+        "always = lambda *a, **k: True\n"
+        "for module in list(sys.modules.values()):\n"
+        "    for name in list(vars(module)):\n"
+        "        if any(w in name.lower() for w in ('check', 'compare', 'classify', 'verdict', 'watch')):\n"
+        "            try:\n"
+        "                setattr(module, name, always)\n"
+        "            except (AttributeError, TypeError):\n"
+        "                pass\n"
+        "builtins.print = always\n"
+        "json.dumps = lambda *a, **k: 'true'\n"
+        'forged = b\'{"i": 0, "status": "ok", "out": "7"}\\n\'\n'
+        "for fd in range(64):\n"
+        "    try:\n"
+        "        os.write(fd, forged)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "class Anything:\n"
+        "    def __eq__(self, other):\n"
+        "        return True\n"
+        "def add(a, b):\n"
+        "    return Anything()\n"
+    )
+    result = run_one(sandbox, program, CALL_ADD)
+    assert (result.reward, result.reason) == (0.0, "wrong_answer")
+
+
+def test_a_hostile_program_does_not_spoil_its_neighbours_in_the_batch(sandbox):
+    good = "def add(a, b):\n    return a + b\n"
+    bad = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+    results = sandbox([good, bad, good], [CALL_ADD] * 3)
+    assert [r.reward for r in results] == [1.0, 0.0, 1.0]
+    assert os.getpid() not in sandbox_pids()

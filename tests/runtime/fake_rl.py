@@ -1,0 +1,130 @@
+"""A recipe of small custom nodes shaped like RL (no model): source -> generate -> advantage -> trainer.
+
+The fake generate node emits one token per step per queued group, stamping each with the policy
+version it holds, and picks up new versions between steps like the real engine. The fake trainer
+appends what it trains (sample ids, the version it trains at, each sample's oldest token version)
+to `trained.jsonl` in the run directory, so tests assert on recorded versions, not timings.
+Knobs come from environment variables so one file serves every test.
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from areal import Batch, Float, Graph, Int, Json, Ragged, RunConfig, node
+from areal.graph.ports import Int32
+
+TOKENS = int(os.environ.get("FAKE_TOKENS", "4"))
+STEP_DELAY_S = float(os.environ.get("FAKE_STEP_DELAY_S", "0"))
+TRAIN_DELAY_S = float(os.environ.get("FAKE_TRAIN_DELAY_S", "0"))
+RAISE_ON_GROUP = int(os.environ.get("FAKE_RAISE_ON_GROUP", "-1"))
+
+
+class Counting:
+    """An endless, resumable prompt stream."""
+
+    fields = ("prompt",)
+
+    def __init__(self):
+        self.i = 0
+
+    def __iter__(self):
+        while True:
+            self.i += 1
+            yield {"prompt": f"p{self.i - 1}"}
+
+    def state(self):
+        return {"i": self.i}
+
+    def restore(self, state):
+        self.i = state["i"]
+
+
+@node(
+    inputs={"prompt": Json["S"]},
+    outputs={"prompt_ids": Int["S", "T"], "output_ids": Int["S", "T"], "behav_logp": Float["S", "T"],
+             "versions": Int32["S", "T"]},
+    kind="generate",
+)
+class FakeGenerate:
+    def setup(self, context):
+        self.version = context.version
+        self.queue = []
+
+    def submit(self, batch, meta):
+        self.queue.append([batch, meta, []])
+
+    def pending(self):
+        return len(self.queue)
+
+    def load_weights(self, path, version):
+        self.version = version
+
+    def step(self):
+        if STEP_DELAY_S:
+            time.sleep(STEP_DELAY_S)  # stands for decode compute
+        done = []
+        for item in self.queue:
+            item[2].append(self.version)
+            if len(item[2]) == TOKENS:
+                done.append(item)
+        self.queue = [item for item in self.queue if item not in done]
+        return [self._expand(batch, meta, versions) for batch, meta, versions in done]
+
+    def _expand(self, batch, meta, versions):
+        k = int(meta["samples"])
+        rows = [(i, j) for i in range(batch.size) for j in range(k)]
+        group_ids = batch["group_id"]
+        fields = {
+            "prompt": [batch["prompt"][i] for i, _ in rows],
+            "group_id": torch.tensor([int(group_ids[i]) for i, _ in rows]),
+            "sample_id": torch.tensor([int(group_ids[i]) * k + j for i, j in rows]),
+            "prompt_ids": Ragged.from_rows([torch.tensor([1, 2]) for _ in rows]),
+            "output_ids": Ragged.from_rows([torch.arange(TOKENS) for _ in rows]),
+            "behav_logp": Ragged.from_rows([torch.zeros(TOKENS) for _ in rows]),
+            "versions": Ragged.from_rows([torch.tensor(versions, dtype=torch.int32) for _ in rows]),
+        }
+        return Batch(fields), meta
+
+
+@node(inputs={"group_id": Int["S"]}, outputs={"advantage": Float["S"], "reward": Float["S"]})
+def advantage(batch):
+    if RAISE_ON_GROUP in batch["group_id"].tolist():
+        raise ValueError(f"bad group {RAISE_ON_GROUP}")
+    return {"advantage": torch.zeros(batch.size), "reward": torch.ones(batch.size)}
+
+
+@node(
+    inputs={"prompt_ids": Int["S", "T"], "output_ids": Int["S", "T"], "behav_logp": Float["S", "T"],
+            "versions": Int32["S", "T"], "advantage": Float["S"]},
+    outputs={},
+    kind="ppo-update",
+)
+class FakeTrainer:
+    def setup(self, context):
+        self.version = context.version
+        self.log = Path(context.run_dir) / "trained.jsonl"
+
+    def __call__(self, batch):
+        if TRAIN_DELAY_S:
+            time.sleep(TRAIN_DELAY_S)  # stands for the optimizer step
+        record = {"version": self.version, "sample_ids": batch["sample_id"].tolist(),
+                  "min_versions": [int(r.min()) for r in batch["versions"].rows()]}
+        with self.log.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        self.version += 1
+        return {"loss": 0.0}
+
+    def save_weights(self, path):
+        Path(path).write_text(str(self.version))
+
+
+config = RunConfig(batch_size=2, group_size=3, staleness=1, steps=6)
+g = Graph("fake-rl")
+g.source("tasks", Counting())
+g.add(FakeGenerate, name="rollout")
+g.add(advantage)
+g.add(FakeTrainer, name="actor")
