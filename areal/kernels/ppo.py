@@ -1,0 +1,161 @@
+"""The decoupled PPO objective (AReaL) and its standard-PPO special case.
+
+Three policies meet per token t: π_behav wrote the token (its logprob was recorded at
+generation, possibly several versions ago), π_prox is the trainer's policy at the start of this
+update, π_θ is the policy being optimised. The importance weight w_t = π_prox / π_behav corrects
+for staleness outside the trust region; the clipped ratio u_t = π_θ / π_prox keeps each update
+proximal to a recent policy rather than to a stale one. With π_prox = π_behav, w_t = 1 and the
+loss is exactly standard PPO.
+
+All inputs are per-token [N] tensors (packed, no padding). This module computes the loss only;
+it does not pick the minibatches or call the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class PPOStats:
+    """Detached summary of one loss evaluation (plain Python numbers, ready for metrics)."""
+
+    loss: float
+    clip_fraction: float  # kept tokens whose clipped term was the active one
+    importance_weight_mean: float  # w over valid tokens, before the cap
+    importance_weight_max: float
+    capped_tokens: int  # valid tokens with w > cap, masked out of the loss
+    approx_kl: float  # mean(log π_prox − log π_θ) over kept tokens
+    valid_tokens: int = 0
+    dual_clip_fraction: float | None = None  # None unless dual_clip is set
+    kl_to_ref: float | None = None  # mean k3 KL(π_θ ‖ π_ref) over valid tokens; None without ref_logp
+
+
+def decoupled_ppo_loss(
+    logp: Tensor,
+    prox_logp: Tensor,
+    behav_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    behav_weight_cap: float | None = 5.0,
+    dual_clip: float | None = None,
+    ref_logp: Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[Tensor, PPOStats]:
+    """L = −Σ_t w_t · min(u_t A_t, clip(u_t, 1−ε, 1+ε) A_t) / (number of valid tokens).
+
+    w_t = π_prox / π_behav carries no gradient; tokens with w_t > behav_weight_cap are masked out
+    (not clipped) and counted. u_t = π_θ / π_prox. With dual_clip = c > 1, a token with A_t < 0
+    has its objective floored at c·A_t, so its loss term is at most −c·A_t (Ye et al., 2020).
+    With ref_logp, kl_coef · k3 is added, k3 = π_ref/π_θ − log(π_ref/π_θ) − 1 per valid token.
+    Gradients flow through logp only.
+    """
+    if logp.dim() != 1:
+        raise ValueError(f"decoupled_ppo_loss: logp must be per-token [N], got shape {tuple(logp.shape)}")
+    n = logp.shape[0]
+    for name, t in (
+        ("prox_logp", prox_logp),
+        ("behav_logp", behav_logp),
+        ("advantages", advantages),
+        ("mask", mask),
+    ) + ((("ref_logp", ref_logp),) if ref_logp is not None else ()):
+        if t.shape != logp.shape:
+            raise ValueError(f"decoupled_ppo_loss: {name} has shape {tuple(t.shape)}, expected [N]={n} like logp")
+    if not 0 < clip_eps < 1:
+        raise ValueError(f"decoupled_ppo_loss: clip_eps must be in (0, 1), got {clip_eps}")
+    if behav_weight_cap is not None and behav_weight_cap <= 0:
+        raise ValueError(f"decoupled_ppo_loss: behav_weight_cap must be > 0 or None, got {behav_weight_cap}")
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(f"decoupled_ppo_loss: dual_clip must be > 1 (e.g. 3.0) or None, got {dual_clip}")
+
+    valid = mask.bool()
+    prox_logp = prox_logp.detach()
+    adv = advantages.detach().to(logp.dtype)
+    w = torch.exp(prox_logp - behav_logp.detach()).to(logp.dtype)
+    capped = valid & (w > behav_weight_cap) if behav_weight_cap is not None else torch.zeros_like(valid)
+    kept = valid & ~capped
+    # divide by the valid tokens counted BEFORE the cap: masking a stale token lowers its weight in
+    # this batch to 0 rather than re-weighting every other token up (AReaL counts the same way)
+    n_valid = valid.sum()
+    denom = n_valid.clamp(min=1).to(logp.dtype)
+
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    # mask with torch.where BEFORE exp and products: a masked token's ratio may overflow to inf, and
+    # where() backward would still send 0 · inf = nan into logp
+    log_u = torch.where(kept, logp - prox_logp, zero)
+    u = torch.exp(log_u)
+    unclipped = u * adv
+    clipped = torch.clamp(u, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    objective = torch.minimum(unclipped, clipped)
+    dual_active = None
+    if dual_clip is not None:
+        floor = dual_clip * adv
+        dual_active = (adv < 0) & (objective < floor)
+        objective = torch.where(dual_active, floor, objective)
+    loss = -(torch.where(kept, w, zero) * objective).sum() / denom
+
+    kl_to_ref = None
+    if ref_logp is not None:
+        log_ref_ratio = torch.where(valid, ref_logp.detach() - logp, zero)
+        kl_sum = (torch.exp(log_ref_ratio) - log_ref_ratio - 1.0).sum()
+        loss = loss + kl_coef * kl_sum / denom
+        kl_to_ref = float(kl_sum.detach()) / max(int(n_valid), 1)
+
+    with torch.no_grad():
+        n_kept = max(int(kept.sum()), 1)
+        n_valid_int = int(n_valid)
+        w_valid = w[valid]
+        stats = PPOStats(
+            loss=float(loss.detach()),
+            clip_fraction=int((kept & (clipped < unclipped)).sum()) / n_kept,
+            importance_weight_mean=float(w_valid.mean()) if n_valid_int else 0.0,
+            importance_weight_max=float(w_valid.max()) if n_valid_int else 0.0,
+            capped_tokens=int(capped.sum()),
+            approx_kl=float(-log_u.sum()) / n_kept,
+            valid_tokens=n_valid_int,
+            dual_clip_fraction=int((kept & dual_active).sum()) / n_kept if dual_active is not None else None,
+            kl_to_ref=kl_to_ref,
+        )
+    return loss, stats
+
+
+def standard_ppo_loss(
+    logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tensor, **kw: object
+) -> tuple[Tensor, PPOStats]:
+    """Standard clipped PPO: the decoupled loss with π_prox = π_behav (w = 1, no proximal pass)."""
+    return decoupled_ppo_loss(logp, behav_logp, behav_logp, advantages, mask, **kw)  # type: ignore[arg-type]
+
+
+def approx_prox_logp(behav_logp: Tensor, logp: Tensor, behav_versions: Tensor, current_version: int) -> Tensor:
+    """log π_prox ≈ log π_behav + α (log π_θ − log π_behav), α = (v_θ − 1 − v_behav) / (v_θ − v_behav).
+
+    Skips the proximal forward pass by interpolating in version space. `current_version` is v_θ,
+    the version this update will publish; π_prox is version v_θ − 1 (the weights at the update's
+    start). Per token, by v_behav:
+      v_behav = v_θ − 1: α = 0, the token came from π_prox itself, so the result is exact;
+      v_behav ≪ v_θ: α → 1, π_prox ≈ π_θ;
+      v_behav = v_θ: the formula is −1/0; such a token is on-policy for π_θ, α = 0 (π_prox = π_behav);
+      v_behav > v_θ: a token from the future is a version bookkeeping bug: ValueError.
+    No gradient flows through the result.
+    """
+    if behav_versions.shape != behav_logp.shape or logp.shape != behav_logp.shape:
+        raise ValueError(
+            f"approx_prox_logp: behav_logp {tuple(behav_logp.shape)}, logp {tuple(logp.shape)} and "
+            f"behav_versions {tuple(behav_versions.shape)} must have the same shape"
+        )
+    versions = behav_versions.long()
+    if versions.numel() and int(versions.max()) > current_version:
+        raise ValueError(
+            f"approx_prox_logp: {int((versions > current_version).sum())} token(s) carry version "
+            f"up to {int(versions.max())}, newer than current_version={current_version}; "
+            "current_version must be the version this update publishes (weights version + 1)"
+        )
+    gap = (current_version - versions).to(behav_logp.dtype)  # v_θ − v_behav ≥ 0
+    alpha = torch.where(gap > 0, (gap - 1) / gap.clamp(min=1), torch.zeros_like(gap))
+    behav = behav_logp.detach()
+    return behav + alpha * (logp.detach() - behav)
