@@ -1,0 +1,48 @@
+"""Token sampling that depends on the request, not on the batch it happens to share.
+
+Each request owns a stream of uniforms drawn from a generator seeded from (engine seed,
+request_id); its t-th token is the inverse CDF of its t-th uniform. So the same request gives
+the same tokens whether it ran alone, in a full batch, or was re-prefilled after a weight update
+(up to float rounding of the logits). The logprob returned is that of the temperature-scaled
+distribution, not of the top-p-renormalised one: it is what a trainer's forward pass computes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def request_seed(seed: int, request_id: int) -> int:
+    """Mix (seed, request_id) into one 63-bit seed (splitmix64 finaliser), so nearby ids decorrelate."""
+    z = (seed * 0x9E3779B97F4A7C15 + request_id + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+def request_uniforms(seed: int, request_id: int, n: int) -> list[float]:
+    """The n uniforms in [0, 1) that decide request_id's tokens 0..n-1."""
+    generator = torch.Generator().manual_seed(request_seed(seed, request_id))
+    return torch.rand(n, generator=generator).tolist()
+
+
+def sample_tokens(logits: Tensor, u: Tensor, *, temperature: float, top_p: float) -> tuple[Tensor, Tensor]:
+    """One token per row by inverse CDF of softmax(logits / T), nucleus-truncated when top_p < 1.
+
+    logits: [B, V]; u: [B] float64 in [0, 1). Returns tokens [B] int64 and their logprobs [B]
+    float32 under softmax(logits / T). The CDF is float64 and the target u·total with u < 1 is
+    below the total, so the draw always lands on a token of positive probability.
+    """
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    probs, order = logp_all.exp(), None
+    if top_p < 1.0:
+        probs, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the token that crosses it included)
+        probs = probs.masked_fill((probs.cumsum(-1) - probs) >= top_p, 0.0)
+    cdf = probs.double().cumsum(-1)
+    index = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=cdf.shape[1] - 1)
+    tokens = (index if order is None else order.gather(1, index)).squeeze(1)
+    return tokens, logp_all.gather(1, tokens[:, None]).squeeze(1)

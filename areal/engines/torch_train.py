@@ -1,0 +1,312 @@
+"""Training and log-probability passes on a Hugging Face causal LM, in plain torch.
+
+One engine serves the `compute-logprob` node (π_prox: `sequence_logprobs`) and the `ppo-update`
+node (`train_step`: one AdamW step over a whole batch, accumulated over micro-batches).
+
+Micro-batches: sequences are grouped under a token budget by `areal.kernels.packing`, and each
+group runs as right-padded rows of one [rows, longest] forward. Right padding needs no attention
+mask (causal attention never lets a real token see the pads after it). The alternative, one
+packed row with a block-diagonal mask, was measured 3-9x slower on this CPU (SDPA with an
+arbitrary mask is dense over all N² token pairs of the pack): 16 sequences of 32-256 tokens,
+1.6 M params: padded 120 ms, packed 348 ms; 16-512 tokens: 365 ms vs 1771 ms. The budget counts
+real tokens, so a padded forward may hold up to rows x longest positions.
+
+Loss weighting: `loss_fn` sees one micro-batch and returns its loss as a mean over that
+micro-batch's output tokens (`loss_reduction="mean"`, what the kernels return) or as a sum
+(`"sum"`); the engine scales it by n_mb / N (or 1 / N), N = output tokens in the whole batch, so
+the accumulated gradient is that of the token-weighted mean over the batch, the same for any
+micro-batch split.
+
+Checkpoints hold no pickle: weights via `save_pretrained` (safetensors, Hugging Face layout),
+optimizer moments via safetensors keyed by parameter name, and step, version and hyperparameters
+as JSON. The lr schedule is a pure function of the step, so the step is its whole state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Union
+
+import safetensors.torch
+import torch
+from torch import Tensor
+
+from areal.kernels.logprob import token_logprobs
+from areal.kernels.packing import pack_microbatches
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+ExtraField = Union[Sequence[Tensor], Tensor]  # noqa: UP007 (a runtime alias: `|` fails on py3.10 generics)
+LossFn = Callable[[Tensor, "MicroBatch"], tuple[Tensor, dict[str, Union[float, Tensor]]]]  # noqa: UP007
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """What `loss_fn` sees of one micro-batch, aligned with its packed `logp` [N_mb].
+
+    Per-token extras (given as a list of per-sample tensors, or a Ragged) arrive packed in the
+    same order as logp: `mb["advantage"]` is [N_mb]. Per-sample extras (given as a Tensor whose
+    first dim is S) arrive as [s], one row per sample of this micro-batch;
+    `mb.per_token(mb["reward"])` spreads one onto the tokens.
+    """
+
+    index: list[int]  # positions in the batch of this micro-batch's samples, in packed order
+    cu_seqlens: Tensor  # [s+1] int64: sample j owns logp[cu_seqlens[j]:cu_seqlens[j+1]]
+    fields: dict[str, Tensor]
+    batch_tokens: int  # output tokens in the whole batch (N of the token-weighted mean)
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.fields[name]
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.cu_seqlens[-1])
+
+    def per_token(self, per_sample: Tensor) -> Tensor:
+        """[s, ...] -> [N_mb, ...]: each sample's value repeated over its output tokens."""
+        return torch.repeat_interleave(per_sample, self.cu_seqlens[1:] - self.cu_seqlens[:-1], dim=0)
+
+
+class TorchTrainEngine:
+    """AdamW over an HF causal LM with token-budgeted micro-batches; see the module doc."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        grad_clip: float | None = 1.0,
+        microbatch_tokens: int = 8192,
+        warmup_steps: int = 0,
+        lr_schedule: Literal["constant", "cosine"] = "constant",
+        total_steps: int | None = None,
+        temperature: float = 1.0,
+    ) -> None:
+        if lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"TorchTrainEngine: lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
+        if lr_schedule == "cosine" and (total_steps is None or total_steps <= warmup_steps):
+            raise ValueError(
+                f"TorchTrainEngine: lr_schedule='cosine' needs total_steps > warmup_steps ({warmup_steps}), "
+                f"got total_steps={total_steps}"
+            )
+        if temperature <= 0:
+            raise ValueError(f"TorchTrainEngine: temperature must be > 0, got {temperature}")
+        self.model = model
+        self.lr, self.grad_clip = lr, grad_clip
+        self.microbatch_tokens = microbatch_tokens
+        self.warmup_steps, self.lr_schedule, self.total_steps = warmup_steps, lr_schedule, total_steps
+        self.temperature = temperature
+        self.device = next(model.parameters()).device
+        self._named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self._named_params], lr=lr, betas=betas, weight_decay=weight_decay
+        )
+        self.step = 0  # optimizer steps taken
+        self.version = 0  # policy version: +1 per train_step
+
+    # ---- forward passes -------------------------------------------------------------------------
+
+    def sequence_logprobs(self, sequences: Sequence[Tensor], no_grad: bool = True) -> list[Tensor]:
+        """For each sequence, log π_θ(token_t | tokens before t) for t = 1..L-1: [L-1] float32."""
+        self.model.eval()
+        out: list[Tensor] = [torch.empty(0)] * len(sequences)
+        lengths = [len(s) for s in sequences]
+        with torch.set_grad_enabled(not no_grad):
+            for index in pack_microbatches(lengths, self.microbatch_tokens):
+                logp, cu = self._logprobs(sequences, [1] * len(sequences), index)
+                for j, i in enumerate(index):
+                    out[i] = logp[int(cu[j]) : int(cu[j + 1])]
+        return out
+
+    def _logprobs(self, sequences: Sequence[Tensor], starts: Sequence[int], index: list[int]) -> tuple[Tensor, Tensor]:
+        """Packed log π_θ of tokens starts[i]..L_i-1 of each sequence in `index`, and their cu_seqlens."""
+        rows = [torch.as_tensor(sequences[i], dtype=torch.int64) for i in index]
+        width = max(len(r) for r in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.int64)
+        for j, r in enumerate(rows):
+            ids[j, : len(r)] = r  # right padding: no real token attends to a later pad
+        logits = self.model(input_ids=ids.to(self.device), use_cache=False).logits
+        # logits at position t predict token t + 1
+        predict = torch.cat(
+            [
+                j * width + torch.arange(starts[i] - 1, len(r) - 1)
+                for j, (i, r) in enumerate(zip(index, rows, strict=True))
+            ]
+        )
+        targets = torch.cat([r[starts[i] :] for i, r in zip(index, rows, strict=True)])
+        counts = torch.tensor([len(r) - starts[i] for i, r in zip(index, rows, strict=True)], dtype=torch.int64)
+        cu = torch.zeros(len(rows) + 1, dtype=torch.int64)
+        cu[1:] = counts.cumsum(0)
+        flat = logits.flatten(0, 1)[predict.to(self.device)]
+        logp = token_logprobs(flat, targets.to(self.device), temperature=self.temperature)
+        assert isinstance(logp, Tensor)
+        return logp, cu
+
+    # ---- training ---------------------------------------------------------------------------------
+
+    def train_step(
+        self,
+        sequences: Sequence[Tensor],
+        prompt_lens: Sequence[int],
+        loss_fn: LossFn,
+        extra: dict[str, ExtraField] | None = None,
+        *,
+        loss_reduction: Literal["mean", "sum"] = "mean",
+    ) -> dict[str, float]:
+        """One optimizer step over the batch; the loss is the token-weighted mean over output tokens.
+
+        sequences[i] is prompt + output ids; positions >= prompt_lens[i] are the output tokens
+        that logp covers. Returns loss, grad_norm, lr, tokens, sequences, microbatches, time_s,
+        and loss_fn's own stats, each a token-weighted mean over the micro-batches.
+        """
+        start = time.perf_counter()
+        per_token, per_sample = self._check_batch(sequences, prompt_lens, extra or {})
+        out_lens = [len(s) - p for s, p in zip(sequences, prompt_lens, strict=True)]
+        total = sum(out_lens)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        microbatches = pack_microbatches([len(s) for s in sequences], self.microbatch_tokens)
+        for index in microbatches:
+            logp, cu = self._logprobs(sequences, prompt_lens, index)
+            fields = {k: torch.cat([rows[i] for i in index]).to(self.device) for k, rows in per_token.items()}
+            fields |= {k: v[index].to(self.device) for k, v in per_sample.items()}
+            mb = MicroBatch(index=list(index), cu_seqlens=cu, fields=fields, batch_tokens=total)
+            loss, stats = loss_fn(logp, mb)
+            weight = 1.0 / total if loss_reduction == "sum" else mb.n_tokens / total
+            (loss * weight).backward()
+            for k, v in {
+                "loss": loss.detach() * (1.0 / mb.n_tokens if loss_reduction == "sum" else 1.0),
+                **stats,
+            }.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * mb.n_tokens
+        params = [p for _, p in self._named_params]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf)
+        lr = self.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.step += 1
+        self.version += 1
+        result = {k: v / total for k, v in sums.items()}
+        result |= {
+            "grad_norm": float(grad_norm),
+            "lr": lr,
+            "tokens": float(total),
+            "sequences": float(len(sequences)),
+            "microbatches": float(len(microbatches)),
+            "time_s": time.perf_counter() - start,
+        }
+        return result
+
+    def lr_at(self, step: int) -> float:
+        """The lr of optimizer step `step` (0-based): linear warmup, then constant or cosine to 0."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.lr_schedule == "constant":
+            return self.lr
+        assert self.total_steps is not None
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def _check_batch(
+        self, sequences: Sequence[Tensor], prompt_lens: Sequence[int], extra: dict[str, ExtraField]
+    ) -> tuple[dict[str, list[Tensor]], dict[str, Tensor]]:
+        """Validate the batch; split extras into per-token rows and per-sample tensors."""
+        if len(sequences) != len(prompt_lens) or not sequences:
+            raise ValueError(
+                f"train_step: need one prompt_len per sequence and at least one sequence, "
+                f"got {len(sequences)} sequences and {len(prompt_lens)} prompt_lens"
+            )
+        for i, (s, p) in enumerate(zip(sequences, prompt_lens, strict=True)):
+            if not 1 <= p < len(s):
+                raise ValueError(
+                    f"train_step: sequence {i} has {len(s)} tokens and prompt_len {p}; "
+                    "need 1 <= prompt_len < len(sequence) (a prompt token and at least one output token)"
+                )
+        per_token: dict[str, list[Tensor]] = {}
+        per_sample: dict[str, Tensor] = {}
+        for name, value in extra.items():
+            if isinstance(value, Tensor):
+                if value.dim() == 0 or value.shape[0] != len(sequences):
+                    raise ValueError(
+                        f"train_step: extra[{name!r}] is a Tensor, read as per-sample, so its first dim "
+                        f"must be S={len(sequences)}; got shape {tuple(value.shape)}. Give per-token values "
+                        "as a list of per-sample tensors or a Ragged"
+                    )
+                per_sample[name] = value
+                continue
+            rows = [torch.as_tensor(r) for r in value]  # a list of rows, or a Ragged (it indexes its rows)
+            for i, (row, s, p) in enumerate(zip(rows, sequences, prompt_lens, strict=True)):
+                if len(row) != len(s) - p:
+                    raise ValueError(
+                        f"train_step: extra[{name!r}] row {i} has {len(row)} values but sequence {i} has "
+                        f"{len(s) - p} output tokens (len {len(s)} - prompt_len {p})"
+                    )
+            if len(rows) != len(sequences):
+                raise ValueError(f"train_step: extra[{name!r}] has {len(rows)} rows for {len(sequences)} sequences")
+            per_token[name] = rows
+        return per_token, per_sample
+
+    # ---- weights and checkpoints -----------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The model's weights (detached, aliasing the live parameters: copy before the next step if kept)."""
+        return self.model.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Tensor]) -> None:
+        self.model.load_state_dict(state_dict)
+
+    def save(self, directory: str | Path) -> None:
+        """Write model/ (HF layout), optimizer.safetensors and trainer_state.json under directory."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(directory / "model")
+        index = {id(p): name for name, p in self._named_params}
+        moments: dict[str, Tensor] = {}
+        for p, state in self.optimizer.state.items():
+            for key, value in state.items():
+                moments[f"{index[id(p)]}::{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
+        safetensors.torch.save_file(moments, str(directory / "optimizer.safetensors"))
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        scalars = {
+            "format": CHECKPOINT_FORMAT,
+            "step": self.step,
+            "version": self.version,
+            "param_groups": groups,
+        }
+        (directory / "trainer_state.json").write_text(json.dumps(scalars, indent=1))
+
+    def load(self, directory: str | Path) -> None:
+        """Restore what `save` wrote into this engine's model and optimizer."""
+        directory = Path(directory)
+        scalars = json.loads((directory / "trainer_state.json").read_text())
+        if scalars.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(
+                f"{directory / 'trainer_state.json'}: checkpoint format {scalars.get('format')!r}, "
+                f"this areal reads format {CHECKPOINT_FORMAT}"
+            )
+        safetensors.torch.load_model(
+            self.model, str(directory / "model" / "model.safetensors"), device=str(self.device)
+        )
+        # on CPU: the optimizer moves each moment to its parameter's device and keeps `step` as it is
+        moments = safetensors.torch.load_file(str(directory / "optimizer.safetensors"))
+        position = {name: i for i, (name, _) in enumerate(self._named_params)}
+        state: dict[int, dict[str, Tensor]] = {}
+        for key, value in moments.items():
+            name, _, field = key.rpartition("::")
+            if name not in position:
+                raise ValueError(f"{directory / 'optimizer.safetensors'}: state for unknown parameter {name!r}")
+            state.setdefault(position[name], {})[field] = value
+        groups = [dict(g, params=list(range(len(position)))) for g in scalars["param_groups"]]
+        self.optimizer.load_state_dict({"state": state, "param_groups": groups})
+        self.step, self.version = int(scalars["step"]), int(scalars["version"])

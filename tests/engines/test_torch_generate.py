@@ -1,0 +1,148 @@
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import Tensor
+
+from areal.engines import GenRequest, GenResult, TorchGenerationEngine
+
+NEVER = 100  # an eos id outside the 100-token vocabulary: generation ends by length only
+
+
+def forward_logprobs(model: torch.nn.Module, result: GenResult, temperature: float = 1.0) -> Tensor:
+    """log softmax(logits / T) of each output token, from one fresh forward over prompt + output."""
+    tokens = torch.cat([result.prompt_ids, result.output_ids])
+    with torch.no_grad():
+        logits = model(tokens[None]).logits[0]
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    start = len(result.prompt_ids) - 1
+    return logp[start:-1].gather(1, result.output_ids[:, None]).squeeze(1)
+
+
+def requests(lengths: list[tuple[int, int]], seed: int = 7) -> list[GenRequest]:
+    """One request per (prompt length, max_new_tokens), prompts drawn from ids 1..99."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        GenRequest(i, torch.randint(1, 100, (p,), generator=g).tolist(), max_new_tokens=n)
+        for i, (p, n) in enumerate(lengths)
+    ]
+
+
+HEAVY_TAIL = [(3, 1), (1, 2), (6, 30), (9, 3), (2, 5), (4, 25), (7, 1), (5, 8), (8, 2), (3, 40)]
+
+
+def test_fixed_seed_reproduces_output_and_another_seed_changes_it(make_model):
+    model = make_model(0)
+    reqs = requests([(4, 20)] * 4)
+
+    def run(seed: int) -> list[list[int]]:
+        engine = TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0, max_batch=2, seed=seed)
+        return [r.output_ids.tolist() for r in engine.generate(reqs)]
+
+    assert run(3) == run(3)
+    assert run(3) != run(4)
+
+
+def test_logprobs_equal_a_fresh_forward_pass_after_temperature(make_model):
+    model = make_model(0)
+    engine = TorchGenerationEngine(model, eos_token_id=0, pad_token_id=0, temperature=0.7, top_p=0.9, max_batch=4)
+    results = engine.generate(requests(HEAVY_TAIL))
+    for r in results:
+        assert r.logprobs.dtype == torch.float32 and r.versions.dtype == torch.int32
+        torch.testing.assert_close(r.logprobs, forward_logprobs(model, r, 0.7), atol=1e-5, rtol=0)
+
+
+def test_continuous_refill_gives_the_same_completions_as_generating_each_alone(make_model):
+    model = make_model(0)
+    reqs = requests(HEAVY_TAIL)
+    alone = [
+        TorchGenerationEngine(model, eos_token_id=0, pad_token_id=0, top_p=0.9, max_batch=1).generate([r])[0]
+        for r in reqs
+    ]
+    for refill_min_free in (1, 3):
+        engine = TorchGenerationEngine(
+            model, eos_token_id=0, pad_token_id=0, top_p=0.9, max_batch=3, refill_min_free=refill_min_free
+        )
+        engine.submit(reqs)
+        done, steps = {}, 0
+        while engine.pending():
+            done |= {r.request_id: r for r in engine.step()}
+            steps += 1
+        if refill_min_free == 1:  # (3 waits for the whole batch to drain: static batching)
+            assert steps < sum(len(r.output_ids) for r in alone) / 2, "requests should share decode steps"
+        for a in alone:
+            b = done[a.request_id]
+            assert b.output_ids.tolist() == a.output_ids.tolist() and b.finish_reason == a.finish_reason
+            torch.testing.assert_close(b.logprobs, a.logprobs, atol=1e-5, rtol=0)
+
+
+def test_weight_update_mid_generation_versions_and_logprobs_follow_the_weights(make_model):
+    old, new = make_model(0), make_model(1)
+    engine = TorchGenerationEngine(copy.deepcopy(old), eos_token_id=NEVER, pad_token_id=0, max_batch=4)
+    engine.submit(requests([(3, 12), (5, 12), (1, 12), (8, 12), (4, 12), (2, 12)]))
+    results: list[GenResult] = []
+    for _ in range(4):
+        results += engine.step()
+    engine.update_weights(new.state_dict(), version=1)
+    while engine.pending():
+        results += engine.step()
+    assert sorted(r.request_id for r in results) == list(range(6))
+    for r in results:
+        # the first step prefills (1 token) then decodes (1 token): 5 tokens in 4 steps before the update
+        before = 5 if r.request_id < 4 else 0
+        assert r.versions.tolist() == [0] * before + [1] * (12 - before)
+        torch.testing.assert_close(r.logprobs[:before], forward_logprobs(old, r)[:before], atol=1e-5, rtol=0)
+        torch.testing.assert_close(r.logprobs[before:], forward_logprobs(new, r)[before:], atol=1e-5, rtol=0)
+        assert (r.logprobs[before:] - forward_logprobs(old, r)[before:]).abs().max() > 1e-2
+
+
+def test_tiny_top_p_is_greedy(make_model):
+    model = make_model(0)
+    engine = TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0, top_p=1e-9, max_batch=4)
+    for r in engine.generate(requests([(3, 10), (6, 10)])):
+        tokens = torch.cat([r.prompt_ids, r.output_ids])
+        with torch.no_grad():
+            argmax = model(tokens[None]).logits[0, len(r.prompt_ids) - 1 : -1].argmax(-1)
+        assert r.output_ids.tolist() == argmax.tolist()
+
+
+def test_eos_stop_sequences_and_stop_strings_end_at_their_first_occurrence(make_model):
+    model = make_model(0)
+    req = requests([(4, 30)])
+    full = TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0).generate(req)[0].output_ids.tolist()
+    assert full[3] not in full[:3] and full[2:4] not in [full[i : i + 2] for i in range(2)]
+
+    eos = TorchGenerationEngine(model, eos_token_id=full[3], pad_token_id=0).generate(req)[0]
+    assert (eos.output_ids.tolist(), eos.finish_reason) == (full[:4], "eos")
+
+    stop = TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0, stop_sequences=[full[2:4]])
+    result = stop.generate(req)[0]
+    assert (result.output_ids.tolist(), result.finish_reason) == (full[:4], "stop")
+
+    text = TorchGenerationEngine(
+        model,
+        eos_token_id=NEVER,
+        pad_token_id=0,
+        stop_strings=[f"<{full[2]}><{full[3]}>"],
+        decode=lambda ids: "".join(f"<{i}>" for i in ids),
+    )
+    result = text.generate(req)[0]
+    assert (result.output_ids.tolist(), result.finish_reason) == (full[:4], "stop")
+
+    length = TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0, max_new_tokens=30).generate(
+        [GenRequest(0, req[0].prompt_ids)]
+    )[0]
+    assert (length.output_ids.tolist(), length.finish_reason) == (full, "length")
+
+
+def test_bad_requests_are_refused_with_the_request_id(make_model):
+    engine = TorchGenerationEngine(make_model(0), eos_token_id=0, pad_token_id=0)
+    with pytest.raises(ValueError, match="request 5: empty prompt"):
+        engine.submit([GenRequest(5, [])])
+    engine.submit([GenRequest(1, [3, 4])])
+    with pytest.raises(ValueError, match="request 1: this request_id is already in flight"):
+        engine.submit([GenRequest(1, [3, 4])])
+    with pytest.raises(ValueError, match="stop_strings need a decode function"):
+        TorchGenerationEngine(make_model(0), eos_token_id=0, pad_token_id=0, stop_strings=["\n"])

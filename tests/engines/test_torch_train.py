@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import Tensor
+
+from areal.engines import MicroBatch, TorchTrainEngine
+from areal.graph.batch import Ragged
+
+LENGTHS = [(2, 5), (4, 12), (1, 17), (3, 4), (5, 9), (6, 20)]  # (prompt_len, total length)
+
+
+def batch(seed: int = 0) -> tuple[list[Tensor], list[int], dict]:
+    """Random sequences, their prompt lengths, a per-token advantage and a per-sample scale."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, 100, (n,), generator=g) for _, n in LENGTHS]
+    prompts = [p for p, _ in LENGTHS]
+    advantage = [torch.randn(n - p, generator=g) for p, n in LENGTHS]
+    scale = torch.rand(len(LENGTHS), generator=g) + 0.5
+    return seqs, prompts, {"advantage": advantage, "scale": scale}
+
+
+def pg_loss_mean(logp: Tensor, mb: MicroBatch) -> tuple[Tensor, dict]:
+    """A policy-gradient-shaped loss using a per-token and a per-sample extra field."""
+    per_token = -mb.per_token(mb["scale"]) * mb["advantage"] * logp
+    return per_token.mean(), {"logp": logp.detach().mean()}
+
+
+def pg_loss_sum(logp: Tensor, mb: MicroBatch) -> tuple[Tensor, dict]:
+    return (-mb.per_token(mb["scale"]) * mb["advantage"] * logp).sum(), {}
+
+
+def reference_output_logp(model64: torch.nn.Module, seq: Tensor, start: int, temperature: float) -> Tensor:
+    """float64 log π of tokens start..L-1 of one sequence, from its own unpadded forward."""
+    logits = model64(seq[None]).logits[0]
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    return logp[start - 1 : -1].gather(1, seq[start:, None]).squeeze(1)
+
+
+def test_sequence_logprobs_equal_a_float64_reference_across_microbatches(make_model):
+    model = make_model(0)
+    seqs, _, _ = batch()
+    engine = TorchTrainEngine(model, microbatch_tokens=24, temperature=0.7)
+    got = engine.sequence_logprobs(seqs)
+    model64 = copy.deepcopy(model).double()
+    with torch.no_grad():
+        for s, logp in zip(seqs, got, strict=True):
+            assert logp.shape == (len(s) - 1,) and not logp.requires_grad
+            torch.testing.assert_close(logp.double(), reference_output_logp(model64, s, 1, 0.7), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("microbatch_tokens", "loss_fn", "reduction"),
+    [(10_000, pg_loss_mean, "mean"), (24, pg_loss_mean, "mean"), (24, pg_loss_sum, "sum")],
+)
+def test_train_step_gradient_is_the_token_weighted_mean_for_any_microbatch_split(
+    make_model, microbatch_tokens, loss_fn, reduction
+):
+    model = make_model(0)
+    seqs, prompts, extra = batch()
+    extra["advantage"] = Ragged.from_rows(extra["advantage"]) if reduction == "sum" else extra["advantage"]
+    engine = TorchTrainEngine(copy.deepcopy(model), lr=1e-3, grad_clip=None, microbatch_tokens=microbatch_tokens)
+    stats = engine.train_step(seqs, prompts, loss_fn, extra, loss_reduction=reduction)
+    assert stats["microbatches"] == (1 if microbatch_tokens > 100 else 3)
+
+    model64 = copy.deepcopy(model).double()
+    _, _, ref_extra = batch()
+    terms = [
+        -ref_extra["scale"][i].double() * ref_extra["advantage"][i].double() * reference_output_logp(model64, s, p, 1.0)
+        for i, (s, p) in enumerate(zip(seqs, prompts, strict=True))
+    ]
+    ref_loss = torch.cat(terms).mean()  # the token-weighted mean over every output token of the batch
+    ref_loss.backward()
+    assert stats["loss"] == pytest.approx(float(ref_loss.detach()), abs=1e-6)
+    assert stats["tokens"] == sum(n - p for p, n in LENGTHS)
+    assert stats["grad_norm"] == pytest.approx(
+        math.sqrt(sum(float(p.grad.square().sum()) for p in model64.parameters())), rel=1e-5
+    )
+    for (name, p), p64 in zip(engine.model.named_parameters(), model64.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.double(), p64.grad, atol=1e-6, rtol=1e-4, msg=name)
+    assert engine.version == 1
+
+
+def test_checkpoint_round_trip_restores_outputs_and_the_next_step(make_model, tmp_path):
+    settings = dict(
+        lr=1e-3, weight_decay=0.1, microbatch_tokens=24, warmup_steps=2, lr_schedule="cosine", total_steps=6
+    )
+    seqs, prompts, extra = batch(0)
+    first = TorchTrainEngine(make_model(0), **settings)
+    first.train_step(seqs, prompts, pg_loss_mean, extra)
+    first.save(tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").rglob("*") if p.is_file()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "trainer_state.json",
+    ]
+
+    second = TorchTrainEngine(make_model(1), **settings)
+    second.load(tmp_path / "ckpt")
+    assert (second.step, second.version) == (1, 1)
+    for a, b in zip(first.sequence_logprobs(seqs), second.sequence_logprobs(seqs), strict=True):
+        assert torch.equal(a, b)
+
+    seqs2, prompts2, extra2 = batch(1)
+    stats = [e.train_step(seqs2, prompts2, pg_loss_mean, extra2) for e in (first, second)]
+    assert stats[0]["loss"] == stats[1]["loss"] and stats[0]["lr"] == stats[1]["lr"] == first.lr_at(1)
+    for (name, a), b in zip(first.model.named_parameters(), second.model.parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_lr_warms_up_linearly_then_follows_a_cosine_to_zero(make_model):
+    engine = TorchTrainEngine(make_model(0), lr=1.0, warmup_steps=2, lr_schedule="cosine", total_steps=6)
+    # warmup: (k+1)/2; then 0.5 (1 + cos(pi (k-2)/4)) for k = 2..6
+    expected = [0.5, 1.0, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4)), 0.0]
+    assert [engine.lr_at(k) for k in range(7)] == pytest.approx(expected, abs=1e-12)
+    with pytest.raises(ValueError, match="lr_schedule='cosine' needs total_steps"):
+        TorchTrainEngine(make_model(0), lr_schedule="cosine")
+
+
+def test_extra_fields_of_the_wrong_length_are_refused_with_their_name(make_model):
+    engine = TorchTrainEngine(make_model(0))
+    seqs, prompts, extra = batch()
+    extra["advantage"][2] = extra["advantage"][2][:-1]
+    with pytest.raises(ValueError, match=r"extra\['advantage'\] row 2 has 15 values but sequence 2 has 16 output"):
+        engine.train_step(seqs, prompts, pg_loss_mean, extra)
+    with pytest.raises(ValueError, match=r"extra\['scale'\] is a Tensor, read as per-sample"):
+        engine.train_step(seqs, prompts, pg_loss_mean, {"scale": torch.ones(3)})
