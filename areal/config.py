@@ -29,6 +29,7 @@ class TrainerConfig(_Section):
         "decoupled", description="decoupled PPO (AReaL), standard PPO, or decoupled with the proximal shortcut"
     )
     microbatch_tokens: PositiveInt = Field(4096, description="token budget of one packed micro-batch")
+    minibatches: PositiveInt = Field(1, description="optimizer steps per batch (PPO minibatches); one version")
     warmup_steps: NonNegativeInt = 0
     lr_schedule: Literal["constant", "cosine"] = "constant"
     threads: PositiveInt = Field(1, description="torch threads of the trainer process")
@@ -41,13 +42,6 @@ class GenerationConfig(_Section):
     max_batch: PositiveInt = Field(32, description="sequences decoded together by one generate worker")
     stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\n#", "\nprint", "\n\n"])
     threads: PositiveInt = Field(1, description="torch threads of each generate worker")
-
-
-class RewardConfig(_Section):
-    timeout_s: PositiveFloat = 2.0
-    memory_mb: PositiveInt = 512
-    workers: PositiveInt = 1
-    mode: Literal["fraction", "all"] = "fraction"
 
 
 class DataConfig(_Section):
@@ -94,7 +88,6 @@ class RunConfig(_Section):
     run_dir: str | None = Field(None, description="default: runs/<graph>-<timestamp>")
     trainer: TrainerConfig = TrainerConfig()
     generation: GenerationConfig = GenerationConfig()
-    reward: RewardConfig = RewardConfig()
     data: DataConfig = DataConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()

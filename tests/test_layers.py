@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1] / "areal"
 ALLOWED = {
     "graph": {"graph"},
     "kernels": {"kernels"},
-    "models": {"models"},
+    "models": {"models", "data"},  # the warm start learns from the built-in tasks
     "data": {"data"},
     "rewards": {"rewards"},
     "engines": {"engines", "kernels", "models"},

@@ -1,11 +1,16 @@
 """Reward functions. The code reward runs model-written programs in a sandbox (`code_tests`)."""
 
-from areal.rewards.code_tests import CodeResult, CodeTests, code_tests, extract_code
+from areal.rewards.code_reward import CodeResult, CodeTests, code_tests, extract_code
+from areal.rewards.math_answer import MathResult, MathReward, answers_equivalent, extract_answer, math_reward
 from areal.rewards.sandbox import SandboxError, SandboxLayers, detect_layers
 
 __all__ = [
     "CodeResult",
     "CodeTests",
+    "MathResult",
+    "MathReward",
+    "answers_equivalent",
+    "math_reward",
     "SandboxError",
     "SandboxLayers",
     "code_tests",

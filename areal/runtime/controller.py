@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +71,9 @@ class RunState:
 
 
 class Controller:
-    def __init__(self, plan: Plan, graph: Graph, config: RunConfig, *, start_version: int = 0,
-                 source_state: dict[str, Any] | None = None, resume_dir: Path | None = None,
-                 on_event: Callable[[Controller], None] | None = None) -> None:
+    def __init__(self, plan: Plan, graph: Graph, config: RunConfig, *, saved: dict[str, Any] | None = None,
+                 resume_dir: Path | None = None, on_event: Callable[[Controller], None] | None = None) -> None:
+        """`saved` is a checkpoint's controller.json when resuming: version, source cursor, accounting."""
         self.plan = plan
         self.graph = graph
         self.config = config
@@ -81,19 +83,25 @@ class Controller:
         source_pool = plan.pools[0]
         self.source_node = graph.nodes[source_pool.nodes[0]]
         self.tasks = self.source_node.spec.instantiate()
-        if source_state is not None:
-            self.tasks.restore(source_state)
-        self.heldout = graph.heldout.get(self.source_node.name)
+        start_version = int(saved["version"]) if saved else 0
+        if saved and saved.get("source"):
+            self.tasks.restore(saved["source"])
+        heldout = graph.heldout.get(self.source_node.name)
+        # the same held-out tasks every round, so pass@1 is comparable across versions
+        self.heldout = list(islice(iter(heldout), config.eval.tasks)) if heldout is not None else None
         self.group_size = config.group_size
         self.state = RunState(version=start_version, steps=config.steps)
         started = start_version * config.batch_size  # after a resume: i·B, never the old count
         self.gate = StalenessGate(config.batch_size, config.effective_staleness, started=started)
         self.accounting = Accounting(config.batch_size, config.group_size, started_groups=started)
+        if saved:
+            self.accounting.trained = set(saved.get("trained_ids", []))
+            self.accounting.failed = {int(k): v for k, v in saved.get("failed", {}).items()}
         self.source_snapshots: dict[int, dict[str, Any]] = {}
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
         self.workers: dict[str, WorkerProcess] = {}
         self._task_iter: Iterator[dict[str, Any]] | None = None
-        self._eval_round = 0
+        self._eval_round = int(saved.get("eval_round", 0)) if saved else 0
         self._eval_pending: dict[int, dict[str, Any]] = {}
         self._stopping = False
         self._checkpoints: list[str] = []
@@ -148,8 +156,10 @@ class Controller:
                 str(self.state.version)] + ([str(self.resume_dir)] if self.resume_dir else [])
         with open(log_path, "ab") as out:
             # own session: the worker and whatever it starts (sandbox processes) die together
+            # and die with the controller: a kill -9 of the run must not leave workers behind
             process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                       start_new_session=True, preexec_fn=_die_with_parent,
+                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.workers[worker_id] = WorkerProcess(worker_id, pool, replica, process, log_path)
 
     def _await_ready(self) -> None:
@@ -252,7 +262,7 @@ class Controller:
     # -- evaluation -----------------------------------------------------------------------
 
     def _start_eval(self) -> None:
-        tasks = list(self.heldout)[: self.config.eval.tasks]
+        tasks = self.heldout or []
         round_id = self._eval_round
         self._eval_round += 1
         # negative ids keep held-out samples apart from training samples
@@ -388,6 +398,9 @@ class Controller:
         }
         tmp = folder / "controller.json.tmp"
         folder.mkdir(parents=True, exist_ok=True)
+        policy = Path(self.plan.weights_dir) / f"v{version:06d}.safetensors"
+        if policy.exists():  # the published weights of this version, for generators after a resume
+            shutil.copyfile(policy, folder / "policy.safetensors")
         tmp.write_text(json.dumps(state) + "\n")
         os.replace(tmp, folder / "controller.json")  # the checkpoint counts only once this file exists
         self._checkpoints.append(str(folder))
@@ -413,6 +426,15 @@ class Controller:
         return max(time.monotonic() - self.state.started_at, 1e-9)
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGKILL us when the controller dies."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 def _kill_group(process: subprocess.Popen[bytes]) -> None:
     """Kill the worker's whole session (it and the processes it started) by its pid."""
     try:
@@ -430,6 +452,4 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def _remove_tree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)

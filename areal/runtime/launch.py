@@ -65,18 +65,15 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
                      on_event: Any = None) -> Controller:
     """Load, compile and wire a run without starting it (tests drive the controller directly)."""
     recipe = load_recipe(recipe_path, overrides)
-    start_version, source_state = 0, None
-    if checkpoint is not None:
-        state = json.loads((checkpoint / "controller.json").read_text())
-        start_version, source_state = int(state["version"]), state["source"]
+    saved = json.loads((checkpoint / "controller.json").read_text()) if checkpoint is not None else None
     folder = Path(run_dir or recipe.config.run_dir or _default_run_dir(recipe))
     folder.mkdir(parents=True, exist_ok=True)
     _log_to(folder / "logs" / "controller.log")
     plan = compile_plan(recipe.graph, recipe.config, recipe=str(recipe.path), overrides=tuple(overrides),
                         run_dir=folder.resolve())
-    _prepare_models(recipe, console or Console(stderr=True))
-    return Controller(plan, recipe.graph, recipe.config, start_version=start_version, source_state=source_state,
-                      resume_dir=checkpoint / "trainer" if checkpoint else None, on_event=on_event)
+    _prepare_models(recipe)
+    return Controller(plan, recipe.graph, recipe.config, saved=saved,
+                      resume_dir=checkpoint, on_event=on_event)
 
 
 def _default_run_dir(recipe: Recipe) -> Path:
@@ -92,15 +89,15 @@ def _resume_point(run_dir: Path) -> tuple[str, list[str], Path | None]:
     return plan["recipe"], list(plan["overrides"]), complete[-1] if complete else None
 
 
-def _prepare_models(recipe: Recipe, console: Console) -> None:
+def _prepare_models(recipe: Recipe) -> None:
     """Build the warm-start model once, here, before workers race to build it."""
     builtin = [n for n in recipe.graph.nodes.values()
                if n.kind in ("generate", "ppo-update") and n.spec.factory.__module__.startswith("areal.nodes")]
     if not builtin:
         return  # custom policy nodes bring their own models
-    from areal.models.loading import prepare_policy
+    from areal.models.loading import load_policy
 
-    prepare_policy(recipe.config, console)
+    load_policy(recipe.config.model, dtype=recipe.config.dtype, seed=recipe.config.seed)
 
 
 def _throttled(fn: Any, every_s: float = 0.25) -> Any:

@@ -1,0 +1,53 @@
+"""What runs inside a reward worker: call the reward function, sort outcomes from failures.
+
+A wrong, crashing or timed-out program earns its reward (usually 0): that is the program's
+doing. A NaN, an exception from the reward function, or an outcome whose reason says the
+machinery broke (`sandbox_error`) is a failure of the reward itself: the sample is marked
+failed with its reason, counted and reported, never scored.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from areal.graph.batch import Batch
+from areal.graph.node import FAILED
+
+MACHINERY_FAILURES = ("sandbox_error", "check_failed")  # the checker broke, not the program
+
+
+class RewardNode:
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, batch: Batch) -> dict[str, Any]:
+        if batch.size == 0:
+            return {"reward": torch.zeros(0)}
+        try:
+            outcomes = list(self._score(batch))
+        except Exception as err:  # the reward function itself broke: every sample of the batch failed
+            reason = f"{type(err).__name__}: {err}"
+            return {"reward": torch.full((batch.size,), float("nan")), FAILED: dict.fromkeys(range(batch.size), reason)}
+        if len(outcomes) != batch.size:
+            raise ValueError(f"reward function returned {len(outcomes)} outcomes for {batch.size} samples")
+        rewards, failed = [], {}
+        for row, outcome in enumerate(outcomes):
+            value = float(getattr(outcome, "reward", outcome))
+            reason = getattr(outcome, "reason", None)
+            if math.isnan(value) or math.isinf(value):
+                failed[row] = f"reward is {value}"
+            elif reason in MACHINERY_FAILURES:
+                failed[row] = f"{reason}: {getattr(outcome, 'detail', '')}".strip()
+            rewards.append(value)
+        return {"reward": torch.tensor(rewards, dtype=torch.float32), FAILED: failed}
+
+    def _score(self, batch: Batch) -> Any:
+        names = getattr(self.fn, "input_names", None)
+        if names:
+            return self.fn(*(batch[name] for name in names))
+        # code tests: the program is the prompt (the function header) followed by the completion
+        programs = [p + c for p, c in zip(batch["prompt"], batch["completion"])]
+        return self.fn(programs, batch["tests"])

@@ -1,0 +1,111 @@
+"""What runs inside a trainer worker: the proximal pass and the (decoupled) PPO update.
+
+The ppo-update node owns the model; the compute-logprob node colocated before it reads that
+same model (a per-process registry keyed by trainer name), so π_prox is computed with exactly
+the weights the update starts from. Objectives (RunConfig.trainer.objective):
+- decoupled: w = π_prox/π_behav (capped), u = π_θ/π_prox — AReaL's objective;
+- standard: the ratio against π_behav (no proximal pass: π_prox := π_behav);
+- decoupled-shortcut: π_prox interpolated from π_behav and π_θ by version (no proximal pass).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from areal.graph.batch import Batch, Ragged
+from areal.nodes.policy import full_sequences, load_run_policy, save_weights
+
+TRAINERS: dict[str, TrainerNode] = {}
+
+
+class TrainerNode:
+    def __init__(self, clip_eps: float | None = None, objective: str | None = None) -> None:
+        self.clip_eps = clip_eps
+        self.objective = objective
+
+    def setup(self, context: Any) -> None:
+        from areal.engines.torch_train import TorchTrainEngine
+
+        config = context.config
+        t = config.trainer
+        self.clip_eps = self.clip_eps or t.clip_eps
+        self.objective = self.objective or t.objective
+        self.cap = t.behav_weight_cap
+        self.minibatches = t.minibatches
+        model, _ = load_run_policy(config, None)
+        self.engine = TorchTrainEngine(
+            model, lr=t.lr, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
+            microbatch_tokens=t.microbatch_tokens, warmup_steps=t.warmup_steps, lr_schedule=t.lr_schedule,
+            total_steps=config.steps, temperature=config.generation.temperature,
+        )
+        if context.resume_dir is not None:
+            self.engine.load(context.resume_dir / "trainer")
+        self.version = context.version
+        TRAINERS[context.node] = self
+
+    def __call__(self, batch: Batch) -> dict[str, float]:
+        from areal.kernels.ppo import approx_prox_logp, decoupled_ppo_loss
+
+        sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])
+        publishes = self.version + 1  # v_θ of the shortcut: the version this update publishes
+
+        def loss_fn(logp: Tensor, mb: Any) -> tuple[Tensor, dict[str, float]]:
+            behav = mb["behav_logp"]
+            if self.objective == "standard":
+                prox = behav
+            elif self.objective == "decoupled-shortcut":
+                prox = approx_prox_logp(behav, logp.detach(), mb["versions"].long(), publishes)
+            else:
+                prox = mb["prox_logp"]
+            advantages = mb.per_token(mb["advantage"])
+            mask = torch.ones_like(logp, dtype=torch.bool)
+            loss, stats = decoupled_ppo_loss(logp, prox, behav, advantages, mask, clip_eps=self.clip_eps,
+                                             behav_weight_cap=self.cap)
+            numbers = {k: float(v) for k, v in vars(stats).items() if isinstance(v, (int, float)) and k != "loss"}
+            return loss, numbers
+
+        extra: dict[str, Any] = {
+            "behav_logp": batch["behav_logp"].rows(),
+            "prox_logp": batch["prox_logp"].rows(),
+            "versions": [v.to(torch.int64) for v in batch["versions"].rows()],
+            "advantage": batch["advantage"].to(torch.float32),
+        }
+        totals: dict[str, float] = {}
+        parts = [list(range(batch.size))[i :: self.minibatches] for i in range(self.minibatches)]
+        for index in (p for p in parts if p):
+            sub = {k: (v[index] if isinstance(v, Tensor) else [v[i] for i in index]) for k, v in extra.items()}
+            stats = self.engine.train_step([sequences[i] for i in index], [prompt_lens[i] for i in index],
+                                           loss_fn, sub)
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v / len(parts)
+        self.version += 1
+        return totals
+
+    def save_weights(self, path: str) -> None:
+        save_weights(self.engine.model, path)
+
+    def save_checkpoint(self, folder: str) -> None:
+        self.engine.save(folder)
+
+
+class ProximalNode:
+    """log π_prox with the colocated trainer's current weights (one forward pass over the batch)."""
+
+    def __init__(self, model: str | None = None) -> None:
+        self.model_name = model
+
+    def setup(self, context: Any) -> None:
+        self.trainer_name = self.model_name or context.pool.name
+        self.objective = context.config.trainer.objective
+
+    def __call__(self, batch: Batch) -> dict[str, Any]:
+        if self.objective != "decoupled":
+            return {"prox_logp": batch["behav_logp"]}  # unused by the update: no forward pass needed
+        trainer = TRAINERS[self.trainer_name]
+        sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])
+        logps = trainer.engine.sequence_logprobs(sequences)
+        return {"prox_logp": Ragged.from_rows([lp[p - 1 :] for lp, p in zip(logps, prompt_lens)],
+                                              dtype=torch.float32)}
