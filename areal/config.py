@@ -60,7 +60,10 @@ class CheckpointConfig(_Section):
 
 
 class FaultConfig(_Section):
-    policy: Literal["restart", "fail-fast"] = "restart"
+    policy: Literal["restart", "fail-fast"] = Field(
+        "restart", description="what a dead worker gets: restart and re-issue its work, or stop the run"
+    )
+    nodes: dict[str, Literal["restart", "fail-fast"]] = Field(default_factory=dict, description="per-node policy")
     max_restarts: NonNegativeInt = Field(3, description="restarts of one node within window_s before the run stops")
     window_s: PositiveFloat = 300.0
     heartbeat_s: PositiveFloat = Field(1.0, description="worker heartbeat interval")

@@ -41,7 +41,11 @@ class GenerateNode:
 
         config = context.config
         self.group_size = self.group_size or config.group_size
-        model, self.tokenizer = load_run_policy(config, context.resume_dir)
+        model, self.tokenizer = load_run_policy(
+            config,
+            context.run_dir / "weights" / f"v{context.version:06d}.safetensors",
+            context.resume_dir / "policy.safetensors" if context.resume_dir else None,
+        )
         gen = config.generation
         self.stops = list(gen.stop)
         self.engine = TorchGenerationEngine(

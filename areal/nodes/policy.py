@@ -12,13 +12,18 @@ from torch import Tensor
 from areal.config import RunConfig
 
 
-def load_run_policy(config: RunConfig, resume_dir: Path | None) -> tuple[Any, Any]:
-    """The configured model; after a resume, with the weights the checkpoint kept."""
+def load_run_policy(config: RunConfig, *candidates: Path | None) -> tuple[Any, Any]:
+    """The configured model, with the weights of the first candidate file that exists.
+
+    A restarted generator passes the run's newest published weights; a resumed one, the
+    checkpoint's `policy.safetensors`; a trainer, nothing (its checkpoint restores it).
+    """
     from areal.models.loading import load_policy
 
     model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=config.seed)
-    if resume_dir is not None and (resume_dir / "policy.safetensors").exists():
-        model.load_state_dict(load_weights(str(resume_dir / "policy.safetensors")))
+    found = next((p for p in candidates if p is not None and p.exists()), None)
+    if found is not None:
+        model.load_state_dict(load_weights(str(found)))
     return model, tokenizer
 
 

@@ -35,7 +35,7 @@ class TrainerNode:
         self.objective = self.objective or t.objective
         self.cap = t.behav_weight_cap
         self.minibatches = t.minibatches
-        model, _ = load_run_policy(config, None)
+        model, _ = load_run_policy(config)
         self.engine = TorchTrainEngine(
             model, lr=t.lr, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
             microbatch_tokens=t.microbatch_tokens, warmup_steps=t.warmup_steps, lr_schedule=t.lr_schedule,

@@ -15,5 +15,6 @@ __all__ = [
     "SandboxLayers",
     "code_tests",
     "detect_layers",
+    "extract_answer",
     "extract_code",
 ]

@@ -32,10 +32,11 @@ class Accounting:
             if sid in self.trained:
                 self.duplicates += 1
             self.trained.add(sid)
+            self.failed.pop(sid, None)  # a re-issued copy succeeded where an earlier attempt failed
 
     def on_failed(self, sample_ids: list[int], reasons: list[str]) -> None:
         for sid, reason in zip(sample_ids, reasons):
-            if sid not in self.failed:
+            if sid not in self.failed and sid not in self.trained:
                 self.failed[sid] = reason
                 self.fail_reasons[reason.split(":")[0]] += 1
 

@@ -53,6 +53,8 @@ class WorkerProcess:
     last_seen: float = field(default_factory=time.monotonic)
     busy: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
+    last_error: str | None = None
+    holding: set[int] = field(default_factory=set)  # groups a trainer has gathered, not yet trained
 
 
 @dataclass
@@ -105,6 +107,10 @@ class Controller:
         self._eval_pending: dict[int, dict[str, Any]] = {}
         self._stopping = False
         self._checkpoints: list[str] = []
+        self._issued: dict[int, tuple[Batch, dict[str, Any]]] = {}  # admitted, not yet trained: for re-issue
+        self._eval_sent: dict[int, tuple[Batch, dict[str, Any]]] = {}
+        self._restarts: dict[str, list[float]] = {}
+        self._plan_path = self.run_dir / "plan.json"
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -218,7 +224,9 @@ class Controller:
             task = self._next_task()
             self.gate.try_start(self.state.version)
             self.accounting.started_groups += 1
-            self._send_source(self._task_batch([task], [group]), {"group": group, "samples": self.group_size})
+            batch, meta = self._task_batch([task], [group]), {"group": group, "samples": self.group_size}
+            self._issued[group] = (batch, meta)
+            self._send_source(batch, meta)
 
     def _next_task(self) -> dict[str, Any]:
         if self._task_iter is None:
@@ -267,11 +275,13 @@ class Controller:
         self._eval_round += 1
         # negative ids keep held-out samples apart from training samples
         groups = [-(round_id * 100_000 + i) - 1 for i in range(len(tasks))]
-        self._eval_pending[round_id] = {"version": self.state.version, "n": len(tasks), "rewards": [],
-                                        "failed": 0, "started": time.monotonic()}
+        self._eval_pending[round_id] = {"version": self.state.version, "n": len(tasks), "rewards": {},
+                                        "failed": set(), "started": time.monotonic()}
         meta = {"eval": True, "round": round_id, "samples": 1, "group": groups[0],
                 "task_ids": [str(t.get("task_id", i)) for i, t in enumerate(tasks)]}
-        self._send_source(self._task_batch(tasks, groups), meta)
+        batch = self._task_batch(tasks, groups)
+        self._eval_sent[round_id] = (batch, meta)
+        self._send_source(batch, meta)
 
     def _drain_evals(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -281,11 +291,12 @@ class Controller:
 
     def _eval_done(self, round_id: int) -> None:
         pending = self._eval_pending.pop(round_id)
-        rewards = pending["rewards"]
+        self._eval_sent.pop(round_id, None)
+        rewards = list(pending["rewards"].values())
         passed = sum(1 for r in rewards if r >= 1.0 - 1e-9)
         record = {"kind": "eval", "round": round_id, "version": pending["version"], "tasks": pending["n"],
                   "pass@1": passed / max(pending["n"], 1), "reward_mean": sum(rewards) / max(pending["n"], 1),
-                  "failed": pending["failed"], "wall_s": self._elapsed()}
+                  "failed": len(pending["failed"]), "wall_s": self._elapsed()}
         self.state.evals.append(record)
         self.metrics.write(record)
         self.on_event(self)
@@ -309,6 +320,7 @@ class Controller:
             worker.ready = True
         elif kind in ("heartbeat", "stopped"):
             worker.busy = float(message.get("busy", worker.busy))
+            worker.holding = {int(g) for g in message.get("holding", [])}
             worker.counts = {k: int(v) for k, v in message.items() if k in ("batches", "samples", "tokens")}
         elif kind == "version":
             self._on_version(message)
@@ -324,13 +336,17 @@ class Controller:
             where = f"node '{message['node']}'" if message.get("node") else f"worker {sender}"
             text = str(message.get("message", ""))
             prefix = "" if text.startswith(("node '", "recipe")) or ": node '" in text else f"{where}: "
-            raise RunError(f"{prefix}{text}\n  (worker {sender}; log: {worker.log_path})")
+            worker.last_error = f"{prefix}{text}"
+            log.error("%s reported: %s", sender, worker.last_error)
+
         self.on_event(self)
 
     def _on_version(self, message: dict[str, Any]) -> None:
         version = int(message["version"])
         self.state.version = version
         self.accounting.on_trained([int(s) for s in message.get("sample_ids", [])])
+        for group in [g for g in self._issued if g < version * self.config.batch_size]:
+            del self._issued[group]
         self.accounting.check(version)
         hist = {int(k): int(v) for k, v in message.get("staleness", {}).items()}
         self.state.staleness.update(hist)
@@ -367,7 +383,8 @@ class Controller:
             for sid in ids:
                 round_id = (-sid - 1) // 100_000
                 if round_id in self._eval_pending:
-                    self._eval_pending[round_id]["failed"] += 1
+                    self._eval_pending[round_id]["failed"].add(sid)
+                    self._maybe_eval_done(round_id)
             return
         self.accounting.on_failed(ids, reasons)
         for sid, reason in zip(ids, reasons):
@@ -379,8 +396,13 @@ class Controller:
         pending = self._eval_pending.get(round_id)
         if pending is None:
             return
-        pending["rewards"] += [float(r) for r in message.get("rewards", [])]
-        if len(pending["rewards"]) + pending["failed"] >= pending["n"]:
+        for sid, reward in zip(message.get("sample_ids", []), message.get("rewards", [])):
+            pending["rewards"][int(sid)] = float(reward)
+        self._maybe_eval_done(round_id)
+
+    def _maybe_eval_done(self, round_id: int) -> None:
+        pending = self._eval_pending[round_id]
+        if len(pending["rewards"].keys() | pending["failed"]) >= pending["n"]:
             self._eval_done(round_id)
 
     def _on_checkpoint(self, message: dict[str, Any]) -> None:
@@ -412,12 +434,52 @@ class Controller:
         return self.run_dir / "checkpoints" / f"step-{version:06d}"
 
     def _check_processes(self) -> None:
-        for w in self.workers.values():
+        now = time.monotonic()
+        for w in list(self.workers.values()):
             code = w.process.poll()
-            if code is not None and not self._stopping:
+            if code is None and w.ready and now - w.last_seen > self.config.faults.dead_after_s:
+                why = f"was silent for {now - w.last_seen:.0f} s (no heartbeat)"
+                _kill_group(w.process)
+            elif code is not None and not self._stopping:
                 self._listen(200)  # its last words (an "error" event) may still be in flight
-                raise RunError(f"worker {w.worker_id} exited with code {code} (log: {w.log_path}):\n"
-                               f"{_tail(w.log_path)}")
+                why = f"exited with code {code}"
+            else:
+                continue
+            self._on_worker_death(w, why)
+
+    def _on_worker_death(self, w: WorkerProcess, why: str) -> None:
+        """Restart the worker and re-issue what it may have held, or stop the run naming the node."""
+        nodes = self.plan.pool(w.pool).nodes
+        policy = next((self.config.faults.nodes[n] for n in nodes if n in self.config.faults.nodes),
+                      self.config.faults.policy)
+        window = self.config.faults.window_s
+        recent = [t for t in self._restarts.get(w.pool, []) if time.monotonic() - t < window]
+        cause = f"worker {w.worker_id} {why}" + (f": {w.last_error}" if w.last_error else "")
+        where = f"\n  (log: {w.log_path})\n{_tail(w.log_path)}"
+        if w.last_error and policy == "fail-fast":
+            raise RunError(f"{w.last_error}\n  (worker {w.worker_id}; log: {w.log_path})")
+        if policy == "fail-fast" or self.plan.pool(w.pool).role == "train":
+            raise RunError(f"{cause}{where}" + ("" if policy == "fail-fast" else
+                           f"\n  the trainer holds the optimizer state: continue with `areal run --resume {self.run_dir}`"))
+        if len(recent) >= self.config.faults.max_restarts:
+            raise RunError(f"node '{nodes[0]}' keeps failing: {len(recent) + 1} failures within {window:.0f} s, "
+                           f"last: {cause}{where}")
+        self._restarts[w.pool] = [*recent, time.monotonic()]
+        log.warning("%s; restarting it (%d/%d in %.0f s)", cause, len(recent) + 1,
+                    self.config.faults.max_restarts, window)
+        self.metrics.write({"kind": "restart", "worker": w.worker_id, "why": cause, "wall_s": self._elapsed()})
+        self._spawn(self._plan_path, w.pool, w.replica)
+        self._reissue()
+
+    def _reissue(self) -> None:
+        """Send again every admitted group the trainer has not gathered; it drops the copies it has."""
+        held = set().union(*(w.holding for w in self.workers.values()))
+        for group, (batch, meta) in sorted(self._issued.items()):
+            if group not in held:
+                self.accounting.reissued += 1
+                self._send_source(batch, meta)
+        for batch, meta in list(self._eval_sent.values()):
+            self._send_source(batch, meta)
 
     def _generated_tokens(self) -> int:
         return sum(w.counts.get("tokens", 0) for w in self.workers.values())

@@ -87,6 +87,7 @@ class Worker:
         self.counts: dict[str, int] = {"batches": 0, "samples": 0, "tokens": 0}
         self._last_beat = time.monotonic()
         self._latest_weights: dict[str, Any] | None = None
+        self.holding: set[int] = set()  # trainer: groups gathered for coming steps (not re-issued after a crash)
 
     # -- loop pieces ------------------------------------------------------------------
 
@@ -101,7 +102,8 @@ class Worker:
         self._commands()
         now = time.monotonic()
         if now - self._last_beat >= self.config.faults.heartbeat_s:
-            self.control.send("heartbeat", busy=self.busy_s / max(now - self._last_beat, 1e-9), **self.counts)
+            self.control.send("heartbeat", busy=self.busy_s / max(now - self._last_beat, 1e-9),
+                              holding=sorted(self.holding), **self.counts)
             self._last_beat, self.busy_s = now, 0.0
 
     def _commands(self) -> None:
@@ -194,11 +196,13 @@ class Worker:
                     self.control.send("duplicate", group=group)  # a re-issued group that already arrived
                     continue
                 waiting[group] = batch
+                self.holding.add(group)
             while self.version < self.config.steps and all(
                 g in waiting for g in range(self.version * per_step, (self.version + 1) * per_step)
             ):
                 wanted = range(self.version * per_step, (self.version + 1) * per_step)
                 parts = [waiting.pop(g) for g in wanted]  # oldest first: group ids are admission order
+                self.holding.difference_update(wanted)
                 self._train(Batch.concat([p for p in parts if p.size]) if any(p.size for p in parts) else None)
                 if self.stopping:
                     break

@@ -21,6 +21,7 @@ TOKENS = int(os.environ.get("FAKE_TOKENS", "4"))
 STEP_DELAY_S = float(os.environ.get("FAKE_STEP_DELAY_S", "0"))
 TRAIN_DELAY_S = float(os.environ.get("FAKE_TRAIN_DELAY_S", "0"))
 RAISE_ON_GROUP = int(os.environ.get("FAKE_RAISE_ON_GROUP", "-1"))
+ADVANTAGE_POOL = int(os.environ.get("FAKE_ADVANTAGE_POOL", "0")) or None  # its own process when set
 
 
 class Counting:
@@ -126,5 +127,5 @@ config = RunConfig(batch_size=2, group_size=3, staleness=1, steps=6)
 g = Graph("fake-rl")
 g.source("tasks", Counting())
 g.add(FakeGenerate, name="rollout")
-g.add(advantage)
+g.add(advantage, pool=ADVANTAGE_POOL)
 g.add(FakeTrainer, name="actor")

@@ -70,9 +70,9 @@ def test_sync_mode_is_eta_zero(tmp_path):
     assert {r["version"] - v for r in _trained(controller) for v in r["min_versions"]} == {0}
 
 
-def test_node_that_raises_stops_the_run_naming_it_and_leaves_no_process(tmp_path, monkeypatch):
+def test_node_that_raises_stops_a_fail_fast_run_naming_it_and_leaves_no_process(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_RAISE_ON_GROUP", "3")
-    controller = _run(tmp_path, "steps=50", "batch_size=2", "group_size=2")
+    controller = _run(tmp_path, "steps=50", "batch_size=2", "group_size=2", "faults.policy=fail-fast")
     with pytest.raises(RunError, match=r"node 'advantage' raised ValueError: bad group 3") as caught:
         controller.run()
     _assert_no_process_left(controller)
