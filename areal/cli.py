@@ -20,7 +20,8 @@ app = typer.Typer(
     "Examples:\n\n"
     "  areal run recipes/code_rl.py\n\n"
     "  areal run recipes/code_rl.py --set trainer.lr=3e-5 --set steps=20 --mode sync\n\n"
-    "  areal viz recipes/code_rl.py -o graph.svg",
+    "  areal viz recipes/code_rl.py -o graph.svg\n\n"
+    "  areal plot runs/code-rl-20261122-101500",
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -108,6 +109,24 @@ def viz(
         return
     how = write_picture(loaded.graph, out)
     console.print(f"wrote {out} ({how})")
+
+
+@app.command()
+def plot(
+    runs: list[Path] = typer.Argument(..., metavar="RUN_DIR...", help="One or more run directories to overlay."),
+    out: Path = typer.Option(Path("areal-plot.png"), "-o", "--out", metavar="FILE", help="PNG to write."),
+) -> None:
+    """Plot reward, held-out pass@1 and throughput against wall-clock and steps.
+
+    Examples:
+
+      areal plot runs/code-rl-20261122-101500
+
+      areal plot runs/sync runs/async -o compare.png
+    """
+    from areal.plot import plot_runs
+
+    Console().print(f"wrote {plot_runs(runs, out)}")
 
 
 def main() -> None:

@@ -217,10 +217,13 @@ class Worker:
             hist = dict(lags)
             if any(lag > eta for lag in lags):
                 raise RunError(f"staleness bound broken at version {step}: lags {hist} exceed η={eta}")
-            batch = self._run_chain(self.nodes[:-1], self.impls[:-1], batch, {})
             start = time.monotonic()
+            batch = self._run_chain(self.nodes[:-1], self.impls[:-1], batch, {})
+            middle = time.monotonic()
             stats = dict(_guard(self.nodes[-1].name, self.impls[-1], batch))
-            self.busy_s += time.monotonic() - start
+            end = time.monotonic()
+            self.busy_s += end - middle
+            stats |= {"prox_s": middle - start, "update_s": end - middle}
         self.version = step + 1
         path = self._publish()
         self.control.send(

@@ -1,0 +1,60 @@
+"""The reward node sorts outcomes from failures: nothing becomes a silent 0.0."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from areal.graph.batch import Batch
+from areal.graph.node import FAILED
+from areal.nodes.reward_worker import RewardNode
+
+
+@dataclass
+class Outcome:
+    reward: float
+    reason: str | None = None
+    detail: str = ""
+
+
+def _batch(n: int) -> Batch:
+    return Batch({"prompt": ["def f(x):\n"] * n, "completion": ["    return x\n"] * n, "tests": [{}] * n,
+                  "sample_id": torch.arange(n)})
+
+
+def test_wrong_answers_score_and_machinery_failures_fail():
+    outcomes = [Outcome(1.0), Outcome(0.0, "wrong_answer"), Outcome(0.0, "sandbox_error", "bwrap died"),
+                Outcome(float("nan"))]
+    out = RewardNode(lambda programs, tests: outcomes)(_batch(4))
+    assert out["reward"][:2].tolist() == [1.0, 0.0]
+    assert out[FAILED] == {2: "sandbox_error: bwrap died", 3: "reward is nan"}
+
+
+def test_a_raising_reward_fails_every_sample_with_the_exception():
+    def broken(programs, tests):
+        raise RuntimeError("checker crashed")
+
+    out = RewardNode(broken)(_batch(3))
+    assert out[FAILED] == dict.fromkeys(range(3), "RuntimeError: checker crashed")
+    assert all(math.isnan(r) for r in out["reward"].tolist())
+
+
+def test_code_programs_are_prompt_plus_completion_and_named_inputs_are_passed():
+    seen = {}
+
+    def code(programs, tests):
+        seen["programs"] = programs
+        return [0.5] * len(programs)
+
+    RewardNode(code)(_batch(1))
+    assert seen["programs"] == ["def f(x):\n    return x\n"]
+
+    class ByName:
+        input_names = ("completion", "sample_id")
+
+        def __call__(self, completions, ids):
+            return [float(i) for i in ids.tolist()]
+
+    assert RewardNode(ByName())(_batch(2))["reward"].tolist() == [0.0, 1.0]
