@@ -129,6 +129,25 @@ def plot(
     Console().print(f"wrote {plot_runs(runs, out)}")
 
 
+@app.command()
+def export(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="The run directory."),
+    out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="Where to write the Hugging Face model."),
+    step: int | None = typer.Option(None, "--step", metavar="N", help="Checkpoint step (default: the newest)."),
+) -> None:
+    """Write a checkpoint as a Hugging Face model directory (transformers and vLLM load it).
+
+    Examples:
+
+      areal export runs/code-rl-20261122-101500 out/tiny-coder-rl
+
+      areal export runs/code-rl-20261122-101500 out/step-20 --step 20
+    """
+    from areal.runtime.export import export_checkpoint
+
+    Console().print(f"wrote {export_checkpoint(run_dir, step, out_dir)}")
+
+
 def main() -> None:
     try:
         app(standalone_mode=False)

@@ -45,8 +45,9 @@ class GenerationConfig(_Section):
 
 
 class DataConfig(_Section):
-    path: str | None = Field(None, description="a JSONL task file; None uses the built-in tasks")
-    seed: int = 0
+    path: str | None = Field(None, description="a JSONL file of training tasks; None uses the built-in tasks")
+    heldout_path: str | None = Field(None, description="a JSONL file of held-out tasks for pass@1")
+    seed: int = Field(0, description="task order (shuffling) seed")
 
 
 class EvalConfig(_Section):
@@ -76,6 +77,13 @@ class TransportConfig(_Section):
     kind: Literal["ipc", "tcp"] = "ipc"
 
 
+class ClusterConfig(_Section):
+    backend: Literal["local", "ray"] = Field("local", description="local processes, or Ray actors in placement groups")
+    address: str | None = Field(None, description='Ray cluster to join ("auto", "ray://host:port"); None: local Ray')
+    strategy: Literal["PACK", "SPREAD"] = Field("PACK", description="how a pool's replicas spread over nodes")
+    ready_timeout_s: PositiveFloat = Field(120.0, description="wait for a pool's placement group's resources")
+
+
 class RunConfig(_Section):
     """The whole run. `batch_size` counts prompt groups; each group holds `group_size` samples."""
 
@@ -96,6 +104,7 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     faults: FaultConfig = FaultConfig()
     transport: TransportConfig = TransportConfig()
+    cluster: ClusterConfig = ClusterConfig()
     placement: dict[str, PositiveInt] = Field(
         default_factory=dict, description="replicas per node name, overriding the recipe's pool="
     )

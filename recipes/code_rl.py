@@ -3,10 +3,11 @@
 The built-in tiny coder (warm-started once, cached) writes Python function bodies; a sandbox runs
 them against hidden tests; GRPO-style group advantages feed a decoupled PPO update; every new
 policy version reaches generation between decode steps. `--mode sync` is the baseline.
+Your own data and model: `--set data.path=tasks.jsonl --set model=/path/to/hf-checkpoint`.
 """
 
 from areal import Float, Graph, Int, RunConfig, node
-from areal.data import builtin_code_tasks
+from areal.data import code_tasks
 from areal.kernels.advantage import group_normalise
 from areal.nodes import compute_logprob, generate, ppo_update, reward
 from areal.rewards import code_tests
@@ -21,7 +22,7 @@ def group_advantage(batch):
 
 
 g = Graph("code-rl")
-g.source("tasks", builtin_code_tasks(split="train"), heldout=builtin_code_tasks(split="test"))  # prompt, tests
+g.source("tasks", code_tasks("train"), heldout=code_tasks("test"))  # task_id, prompt, tests
 g.add(generate("rollout"), pool=1)  # prompt_ids, output_ids, behav_logp, versions, completion
 g.add(reward("score", code_tests(timeout_s=2.0)), pool=1)  # reward
 g.add(group_advantage)  # advantage

@@ -13,8 +13,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -33,6 +31,7 @@ from areal.runtime.accounting import Accounting
 from areal.runtime.channels import BatchSender
 from areal.runtime.control import ControlServer
 from areal.runtime.metrics import MetricsWriter
+from areal.runtime.placement import WorkerHandle, launcher_for, worker_spec
 from areal.runtime.plan import Plan
 from areal.runtime.staleness import StalenessGate
 
@@ -47,7 +46,7 @@ class WorkerProcess:
     worker_id: str
     pool: str
     replica: int
-    process: subprocess.Popen[bytes]
+    process: WorkerHandle  # a local child process or a Ray actor (areal.runtime.placement)
     log_path: Path
     ready: bool = False
     last_seen: float = field(default_factory=time.monotonic)
@@ -84,11 +83,11 @@ class Controller:
         self.on_event = on_event or (lambda _: None)
         source_pool = plan.pools[0]
         self.source_node = graph.nodes[source_pool.nodes[0]]
-        self.tasks = self.source_node.spec.instantiate()
+        self.tasks = _configured(self.source_node.spec.instantiate(), config)
         start_version = int(saved["version"]) if saved else 0
         if saved and saved.get("source"):
             self.tasks.restore(saved["source"])
-        heldout = graph.heldout.get(self.source_node.name)
+        heldout = _configured(graph.heldout.get(self.source_node.name), config)
         # the same held-out tasks every round, so pass@1 is comparable across versions
         self.heldout = list(islice(iter(heldout), config.eval.tasks)) if heldout is not None else None
         self.group_size = config.group_size
@@ -107,6 +106,8 @@ class Controller:
         self._eval_pending: dict[int, dict[str, Any]] = {}
         self._stopping = False
         self._checkpoints: list[str] = []
+        self.bad_tasks: list[str] = []
+        self.skipped_tasks = 0
         self._issued: dict[int, tuple[Batch, dict[str, Any]]] = {}  # admitted, not yet trained: for re-issue
         self._eval_sent: dict[int, tuple[Batch, dict[str, Any]]] = {}
         self._restarts: dict[str, list[float]] = {}
@@ -158,14 +159,8 @@ class Controller:
     def _spawn(self, plan_path: Path, pool: str, replica: int) -> None:
         worker_id = f"{pool}[{replica}]"
         log_path = self.run_dir / "logs" / f"{pool}-{replica}.log"
-        argv = [sys.executable, "-m", "areal.runtime.worker", str(plan_path), pool, str(replica),
-                str(self.state.version)] + ([str(self.resume_dir)] if self.resume_dir else [])
-        with open(log_path, "ab") as out:
-            # own session: the worker and whatever it starts (sandbox processes) die together
-            # and die with the controller: a kill -9 of the run must not leave workers behind
-            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True, preexec_fn=_die_with_parent,
-                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        spec = worker_spec(self.plan, plan_path, pool, replica, self.state.version, self.resume_dir, log_path)
+        process = launcher_for(self.config.cluster).start(spec)
         self.workers[worker_id] = WorkerProcess(worker_id, pool, replica, process, log_path)
 
     def _await_ready(self) -> None:
@@ -222,6 +217,7 @@ class Controller:
             if group % self.config.batch_size == 0:
                 self.source_snapshots[group // self.config.batch_size] = self._source_state()
             task = self._next_task()
+            self._report_bad_tasks()
             self.gate.try_start(self.state.version)
             self.accounting.started_groups += 1
             batch, meta = self._task_batch([task], [group]), {"group": group, "samples": self.group_size}
@@ -239,6 +235,15 @@ class Controller:
                 return next(self._task_iter)
             except StopIteration:
                 raise RunError(f"{self.source_node.describe()}: the task source is empty") from None
+
+    def _report_bad_tasks(self) -> None:
+        """Malformed task records the source skipped: each is logged and written to the metrics."""
+        problems = getattr(self.tasks, "problems", [])
+        for problem in problems[len(self.bad_tasks):]:
+            log.warning("skipped a task record: %s", problem)
+            self.metrics.write({"kind": "bad_task", "problem": problem, "wall_s": self._elapsed()})
+            self.bad_tasks.append(problem)
+        self.skipped_tasks = int(getattr(self.tasks, "skipped", len(self.bad_tasks)))
 
     def _source_state(self) -> dict[str, Any]:
         return self.tasks.state() if hasattr(self.tasks, "state") else {}
@@ -488,22 +493,14 @@ class Controller:
         return max(time.monotonic() - self.state.started_at, 1e-9)
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGKILL us when the controller dies."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+def _configured(source: Any, config: RunConfig) -> Any:
+    """Sources that depend on the config (`code_tasks`) resolve here; others are used as they are."""
+    return source.configure(config) if hasattr(source, "configure") else source
 
 
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """Kill the worker's whole session (it and the processes it started) by its pid."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    process.wait(timeout=10)
+def _kill_group(process: WorkerHandle) -> None:
+    """Kill the worker and what it started: its session locally, its actor on Ray."""
+    process.kill()
 
 
 def _tail(path: Path, lines: int = 15) -> str:

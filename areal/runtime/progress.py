@@ -55,6 +55,8 @@ def summary_table(controller: Controller) -> Table:
     t.add_row("staleness histogram", ", ".join(f"lag {k}: {v}" for k, v in sorted(s.staleness.items())) or "—")
     acc = controller.accounting.summary(s.version)
     t.add_row("accounting", " · ".join(f"{k} {v}" for k, v in acc.items()))
+    if controller.skipped_tasks:
+        t.add_row("skipped task records", f"{controller.skipped_tasks} — first: {controller.bad_tasks[0]}")
     reasons = controller.accounting.fail_reasons
     if reasons:
         t.add_row("failures", ", ".join(f"{k}: {v}" for k, v in reasons.most_common()))
