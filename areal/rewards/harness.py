@@ -10,8 +10,9 @@ The program shares this process's uid, so it may ptrace or signal the harness: t
 lose results (counted as failures) or send garbage (capped, nonce-checked, compared by the
 parent), never produce a pass it did not compute.
 
-Stdlib only, and self-contained: the parent passes this file's source to `python -I -c`.
-It does not isolate anything by itself (bubblewrap and the uid drop do that).
+Stdlib only, and self-contained: the parent passes this file's source to `python -I -c` (one
+program per process), or the pooled worker (`sandbox_server.py`) calls `run_job` once per job.
+It does not isolate anything by itself (bubblewrap, the per-job namespaces and the uid do that).
 """
 
 from __future__ import annotations
@@ -33,11 +34,17 @@ STDERR_TAIL_BYTES = 4096
 
 
 def main() -> None:
+    """One-shot entry: read one job from stdin, report on stdout, exit."""
     job = json.loads(sys.stdin.buffer.read())
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     channel = os.dup(1)
     os.dup2(null, 1)
+    run_job(job, channel, close_in_child=(channel, null))
+
+
+def run_job(job: dict, channel: int, close_in_child: tuple[int, ...]) -> None:
+    """Compile the program, run each test in a forked child, write one record per test to `channel`."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
     def emit(record: dict) -> None:
@@ -53,7 +60,7 @@ def main() -> None:
         return
     emit({"event": "ready"})
     for i, test_input in enumerate(job["inputs"]):
-        record = _run_test(code, test_input, job, close_in_child=(channel, null))
+        record = _run_test(code, test_input, job, close_in_child)
         record["i"] = i
         emit(record)
 

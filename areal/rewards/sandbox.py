@@ -6,9 +6,11 @@ unprivileged uid so RLIMIT_NPROC holds; inside, `harness.py` forks each test wit
 wall clock. The run ends by killing the namespace's PID 1, which takes every process the program
 spawned with it (setsid included), and the parent waits until they are gone.
 
-Where bubblewrap or user namespaces are missing, `detect_layers()` says which layer is off and
-`require()` refuses unless the caller opted into weaker isolation. This module only runs and
-collects; scoring against expected outputs lives in `code_tests.py`, outside the sandbox.
+This is the one-shot path (one bubblewrap per program, ~90 ms); `sandbox_pool.py` keeps
+bubblewraps alive and gives each program fresh namespaces inside one instead. Where bubblewrap
+or user namespaces are missing, `detect_layers()` says which layer is off and `require()`
+refuses unless the caller opted into weaker isolation. This module only runs and collects;
+scoring against expected outputs lives in `code_reward.py`, outside the sandbox.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class SandboxRun:
     ended: str = "exited"  # exited | timeout | output_limit
     exit_status: int | None = None
     stderr: str = ""  # tail of the harness's own stderr (bwrap errors show here)
+    broken: tuple[str, str] | None = None  # (reason, detail) when the machinery, not the program, failed
 
 
 @functools.cache
@@ -156,38 +159,49 @@ def _bwrap_argv(bwrap: str, python: str, limits: Limits, info_fd: int | None) ->
     return [*argv, python, "-I"]
 
 
+def job_payload(job: dict, limits: Limits, guard_socket: bool) -> dict:
+    """What the harness needs for one program: the job, its limits and a fresh nonce."""
+    return {
+        **job,
+        "nonce": secrets.token_hex(16),
+        "timeout_s": limits.timeout_s,
+        "memory_mb": limits.memory_mb,
+        "max_output_bytes": limits.max_output_bytes,
+        "max_file_bytes": limits.max_file_bytes,
+        "max_processes": limits.max_processes,
+        "guard_socket": guard_socket,
+    }
+
+
+def tests_budget_s(limits: Limits, n_tests: int) -> float:
+    """Wall clock for running every test of one program, setup not included."""
+    return n_tests * (limits.timeout_s + 0.5)
+
+
+def output_cap(limits: Limits, n_tests: int) -> int:
+    """Bytes of records one program's run may send back: each test's output cap, plus framing."""
+    return n_tests * (2 * limits.max_output_bytes + RECORD_OVERHEAD_BYTES) + RECORD_OVERHEAD_BYTES
+
+
 def run_in_sandbox(job: dict, limits: Limits, layers: SandboxLayers) -> SandboxRun:
-    """Run the harness on one program and its test inputs; return its records, unverified."""
-    nonce = secrets.token_hex(16)
+    """Run the harness on one program and its test inputs in a fresh sandbox; records unverified."""
+    payload = job_payload(job, limits, guard_socket=not layers.namespaces)
     n_tests = len(job["inputs"])
-    payload = json.dumps(
-        {
-            **job,
-            "nonce": nonce,
-            "timeout_s": limits.timeout_s,
-            "memory_mb": limits.memory_mb,
-            "max_output_bytes": limits.max_output_bytes,
-            "max_file_bytes": limits.max_file_bytes,
-            "max_processes": limits.max_processes,
-            "guard_socket": not layers.namespaces,
-        }
-    ).encode()
-    budget_s = STARTUP_SLACK_S + n_tests * (limits.timeout_s + 0.5)
-    cap = n_tests * (2 * limits.max_output_bytes + RECORD_OVERHEAD_BYTES) + RECORD_OVERHEAD_BYTES
-    with _started(layers, limits) as proc:
+    budget_s = STARTUP_SLACK_S + tests_budget_s(limits, n_tests)
+    with SandboxProcess(layers, limits, HARNESS_SOURCE) as proc:
         try:
-            proc.stdin.write(payload)  # type: ignore[union-attr]
+            proc.stdin.write(json.dumps(payload).encode())  # type: ignore[union-attr]
             proc.stdin.close()  # type: ignore[union-attr]
         except BrokenPipeError:
             pass  # the sandbox died at start: the run has no 'ready' record and says why
-        out, err, ended = _collect(proc, budget_s, cap)
-    return _parse(out, err, ended, proc.returncode, nonce)
+        out, err, ended = _collect(proc, budget_s, output_cap(limits, n_tests))
+    return parse_records(out, err, ended, proc.returncode, payload["nonce"])
 
 
-class _started:
-    """A started sandbox process; leaving the block kills and reaps everything in it."""
+class SandboxProcess:
+    """One started sandbox running `source` with piped stdio; `kill()` ends everything in it."""
 
-    def __init__(self, layers: SandboxLayers, limits: Limits) -> None:
+    def __init__(self, layers: SandboxLayers, limits: Limits, source: str) -> None:
         self.layers, self.workdir = layers, None
         info_r, info_w = os.pipe() if layers.namespaces else (None, None)
         if layers.namespaces:
@@ -202,7 +216,7 @@ class _started:
             cwd, env = self.workdir, {"PATH": "/usr/bin:/bin", "HOME": self.workdir, "LANG": "C.UTF-8"}
         try:
             self.proc = subprocess.Popen(
-                [*argv, "-c", HARNESS_SOURCE],
+                [*argv, "-c", source],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -225,6 +239,10 @@ class _started:
         return self.proc
 
     def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the sandbox's whole PID namespace (or session) and wait until it is gone."""
         if self.pid1_fd is not None:
             # the namespace's init: the kernel kills every process it holds; this holds even
             # where bwrap itself died first, and is harmless once the harness ended
@@ -243,6 +261,7 @@ class _started:
             # bwrap may exit before its init: wait until the init, and so the namespace, is gone
             select.select([self.pid1_fd], [], [], 10)
             os.close(self.pid1_fd)
+            self.pid1_fd = None
         if self.workdir is not None:
             _quietly(os.killpg, self.proc.pid, signal.SIGKILL)
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -295,7 +314,8 @@ def _collect(proc: subprocess.Popen, budget_s: float, cap: int) -> tuple[bytes, 
     return bytes(out), bytes(err), "exited"
 
 
-def _parse(out: bytes, err: bytes, ended: str, exit_status: int | None, nonce: str) -> SandboxRun:
+def parse_records(out: bytes, err: bytes, ended: str, exit_status: int | None, nonce: str) -> SandboxRun:
+    """The records of one run tagged with its nonce; anything else the sandbox wrote is dropped."""
     run = SandboxRun(ended=ended, exit_status=exit_status, stderr=err[-4096:].decode("utf-8", "replace"))
     for line in out.splitlines():
         try:

@@ -30,6 +30,24 @@ def sandbox_pids() -> set[int]:
     return pids
 
 
+def job_pids() -> set[int]:
+    """Host pids of processes inside a job's PID namespace other than its PID 1 (the runner).
+
+    Nesting is host > worker's bubblewrap > job: a ready jail waiting for its next job holds only
+    its PID 1, so anything else there is a program's process, alive or left behind.
+    """
+    pids = set()
+    for pid in sandbox_pids():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+        if len(nspid) >= 3 and nspid[-1] != "1":
+            pids.add(pid)
+    return pids
+
+
 def pids_with_marker(marker: str) -> set[int]:
     pids = set()
     for entry in Path("/proc").iterdir():
@@ -73,7 +91,26 @@ def sandbox() -> Iterator[CodeTests]:
         pytest.skip(f"full sandbox unavailable here: {layers.describe()}")
     with CodeTests(timeout_s=1.0, memory_mb=256, workers=2) as scorer:
         yield scorer
-    assert sandbox_pids() == set(), "sandbox processes outlived the suite"
+        workers = worker_pids(scorer)
+    assert [pid for pid in workers if host_pid_alive(pid)] == [], "sandbox workers outlived close()"
+
+
+@pytest.fixture(scope="module")
+def solo() -> Iterator[CodeTests]:
+    """One warm worker: consecutive programs run on the same worker, one after another."""
+    layers = detect_layers()
+    if layers.missing:
+        pytest.skip(f"full sandbox unavailable here: {layers.describe()}")
+    with CodeTests(timeout_s=1.0, memory_mb=256, workers=1) as scorer:
+        assert scorer(["print(1)"], [{"kind": "stdio", "inputs": [""], "outputs": ["1"]}])[0].reward == 1.0
+        yield scorer
+        workers = worker_pids(scorer)
+    assert [pid for pid in workers if host_pid_alive(pid)] == [], "sandbox workers outlived close()"
+
+
+def worker_pids(scorer: CodeTests) -> set[int]:
+    assert scorer._pool is not None
+    return scorer._pool.pids()
 
 
 def run_one(scorer: CodeTests, program: str, tests: dict):

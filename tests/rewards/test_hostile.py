@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from areal.rewards.sandbox import Limits
-from tests.rewards.conftest import ProcessWatch, host_pid_alive, pids_with_marker, run_one, sandbox_pids
+from tests.rewards.conftest import (
+    ProcessWatch,
+    host_pid_alive,
+    job_pids,
+    pids_with_marker,
+    run_one,
+    sandbox_pids,
+    worker_pids,
+)
 
 MARKER = f"areal-hostile-{uuid.uuid4().hex[:12]}"
 ONE_LINE = {"kind": "stdio", "inputs": ["\n"], "outputs": ["done"]}
@@ -27,14 +35,15 @@ def nothing_left_behind():
     assert [p for place in places for p in place.glob(f"*{MARKER}*")] == []
 
 
-def test_fork_bomb_is_capped_by_the_process_limit_and_times_out(sandbox):
+def test_fork_bomb_is_capped_by_the_process_limit_and_times_out(solo):
+    idle = sandbox_pids()  # the warm workers: bwrap, its init, the server, the next job's jail
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     with ProcessWatch() as watch:
-        result = run_one(sandbox, bomb, ONE_LINE)
+        result = run_one(solo, bomb, ONE_LINE)
     assert (result.reward, result.reason) == (0.0, "timeout")
-    # the harness, the namespace's init and the outer bwrap count too
-    assert 10 < watch.max_sandbox_procs <= Limits().max_processes + 1
-    assert sandbox_pids() == set()
+    # the job's PID 1 (the harness) counts too, and its supervisor outside the namespace
+    assert 10 < watch.max_sandbox_procs - len(idle) <= Limits().max_processes + 1
+    assert job_pids() == set()
 
 
 def test_memory_bomb_hits_the_address_space_limit(sandbox):
@@ -130,10 +139,21 @@ def test_100_mb_of_output_is_cut_at_the_output_limit(sandbox):
     assert (result.reward, result.reason) == (0.0, "output_limit")
 
 
-def test_killing_the_parent_leaves_the_test_failed_as_killed(sandbox):
-    program = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('done')\n"
-    result = run_one(sandbox, program, ONE_LINE)
-    assert (result.reward, result.reason) == (0.0, "killed")
+def test_killing_its_runner_or_everything_it_sees_changes_nothing(solo):
+    # the runner is PID 1 of the job's namespace: its own jobs cannot kill it, nor see the server
+    before = worker_pids(solo)
+    program = (
+        "import os, signal\n"
+        "os.kill(os.getppid(), signal.SIGKILL)\n"
+        "try:\n"
+        "    os.kill(-1, signal.SIGKILL)\n"
+        "except ProcessLookupError:\n"
+        "    pass\n"
+        "print('ppid', os.getppid())\n"
+    )
+    tests = {"kind": "stdio", "inputs": ["", ""], "outputs": ["ppid 1", "ppid 1"]}
+    assert run_one(solo, program, tests).reward == 1.0  # both tests ran: the runner survived
+    assert worker_pids(solo) == before
 
 
 @pytest.mark.parametrize(

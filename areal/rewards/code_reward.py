@@ -3,7 +3,9 @@
 Expected outputs never enter the sandbox: the harness there reports what each test produced,
 and this trusted side compares. A program that exits early, patches `print` or the harness, or
 kills its runner just leaves results missing, and a missing result is a failure. An error in the
-machinery itself comes back as reason "sandbox_error", never as a silent 0.
+machinery itself comes back as reason "sandbox_error" or "killed", never as a silent 0.
+Programs run on a pool of long-lived sandbox workers, each in a fresh jail (`sandbox_pool.py`);
+without bubblewrap, each in one plain sandbox process.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from areal.rewards.sandbox import Limits, SandboxRun, detect_layers, run_in_sandbox
+from areal.rewards.sandbox_pool import SandboxPool
 
 REASONS = (
     "wrong_answer",
@@ -54,7 +57,11 @@ def normalise_stdout(text: str) -> str:
 
 
 class CodeTests:
-    """Scores programs against their tests; one sandbox per program, `workers` at a time."""
+    """Scores programs against their tests, `workers` programs at a time.
+
+    `pooled=False` starts one sandbox per program instead of reusing workers (~20x slower per
+    program; kept to measure against). Sandbox processes start on the first call, not here.
+    """
 
     def __init__(
         self,
@@ -63,6 +70,7 @@ class CodeTests:
         mode: Literal["fraction", "all"] = "fraction",
         workers: int | None = None,
         allow_weaker: bool = False,
+        pooled: bool = True,
     ) -> None:
         if mode not in ("fraction", "all"):
             raise ValueError(f"code_tests: mode must be 'fraction' or 'all', got {mode!r}")
@@ -70,12 +78,15 @@ class CodeTests:
         self.layers.require(allow_weaker)
         self.limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
         self.mode = mode
-        self._pool = ThreadPoolExecutor(workers or len(os.sched_getaffinity(0)), "code-sandbox")
+        size = workers or len(os.sched_getaffinity(0))
+        self._threads = ThreadPoolExecutor(size, "code-sandbox")
+        # the pool needs the namespaces: without them each program gets its own plain process
+        self._pool = SandboxPool(self.layers, self.limits, size) if pooled and self.layers.namespaces else None
 
     def __call__(self, programs: list[str], tests: list[dict]) -> list[CodeResult]:
         if len(programs) != len(tests):
             raise ValueError(f"code_tests: {len(programs)} programs but {len(tests)} test dicts")
-        return list(self._pool.map(self.score, programs, tests))
+        return list(self._threads.map(self.score, programs, tests))
 
     def score(self, program: str, tests: dict) -> CodeResult:
         """Score one completion against one sample's tests dict."""
@@ -90,7 +101,7 @@ class CodeTests:
             raise ValueError(f"code_tests: a 'call' test needs 'fn_name', got {tests!r:.200}")
         job = {"kind": kind, "code": extract_code(program), "inputs": inputs, "fn_name": tests.get("fn_name")}
         try:
-            run = run_in_sandbox(job, self.limits, self.layers)
+            run = run_in_sandbox(job, self.limits, self.layers) if self._pool is None else self._pool.run(job)
         except OSError as exc:
             return self._result([("sandbox_error", f"sandbox failed to start: {exc}")] * len(inputs))
         return self._result(_verdicts(run, kind, outputs))
@@ -106,7 +117,10 @@ class CodeTests:
         return CodeResult(reward, passed, total, failure[0], failure[1][:_DETAIL_CHARS])
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Wait for running programs, then stop every sandbox worker (also done at exit)."""
+        self._threads.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.close()
 
     def __enter__(self) -> CodeTests:
         return self
@@ -122,6 +136,8 @@ def code_tests(timeout_s: float = 2.0, **kw) -> CodeTests:
 
 def _verdicts(run: SandboxRun, kind: str, outputs: list) -> list[tuple[str | None, str]]:
     """One (reason or None, detail) per test, from the harness's untrusted records."""
+    if run.broken is not None:
+        return [run.broken] * len(outputs)
     if run.syntax_error is not None:
         return [("syntax_error", run.syntax_error)] * len(outputs)
     if not run.ready:

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import pytest
 
-from areal.rewards import CodeResult, CodeTests, SandboxError, code_tests, detect_layers, extract_code
-from areal.rewards.code_tests import normalise_stdout
+from areal.rewards import CodeResult, CodeTests, SandboxError, code_reward, code_tests, detect_layers, extract_code
+from areal.rewards.code_reward import normalise_stdout
 
 ADD = {"kind": "call", "fn_name": "add", "inputs": [[1, 2], [3, 4], [-1, 1]], "outputs": [3, 7, 0]}
 SUM = {"kind": "stdio", "inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7"]}
-# the package re-exports the factory `code_tests`, which shadows the module of the same name
-SCORING_MODULE = sys.modules["areal.rewards.code_tests"]
 HALF_RIGHT = "def add(a, b):\n    return a + b if a > 0 else 99\n"
 
 
@@ -103,7 +100,7 @@ def test_missing_layers_refuse_untrusted_code_unless_the_caller_opts_in(monkeypa
     weak = dataclasses.replace(
         detect_layers(), bwrap=None, namespaces=False, problem="bubblewrap is not installed"
     )
-    monkeypatch.setattr(SCORING_MODULE, "detect_layers", lambda: weak)
+    monkeypatch.setattr(code_reward, "detect_layers", lambda: weak)
     with pytest.raises(
         SandboxError,
         match=r"missing PID namespace, network namespace .*apt-get install bubblewrap.*allow_weaker=True",
@@ -123,7 +120,7 @@ def test_missing_layers_refuse_untrusted_code_unless_the_caller_opts_in(monkeypa
 
 def test_a_sandbox_that_cannot_start_is_a_sandbox_error_not_a_zero(monkeypatch):
     broken = dataclasses.replace(detect_layers(), python="/nonexistent/python3")
-    monkeypatch.setattr(SCORING_MODULE, "detect_layers", lambda: broken)
+    monkeypatch.setattr(code_reward, "detect_layers", lambda: broken)
     with code_tests(timeout_s=1.0, allow_weaker=True, workers=1) as scorer:
         (result,) = scorer(["print(1)"], [SUM])
     assert (result.reward, result.reason) == (0.0, "sandbox_error")

@@ -1,0 +1,270 @@
+"""The long-lived server inside one pooled bubblewrap sandbox: a fresh jail for every job.
+
+The one idea: the worker is reused, its processes and files never are. Per job the server forks
+a supervisor that unshares fresh user, PID, mount, IPC, network and UTS namespaces, seals the
+worker's file systems read-only under fresh tmpfs /tmp and /dev/shm, and forks the runner as
+PID 1 of the new PID namespace. The runner mounts its own /proc, drops every capability, sets
+no_new_privs, then waits for its job and runs `harness.run_job` (per-test fork, rlimits, wall
+clock). The server builds each jail right after answering the previous job, so a job pays only
+for its tests. The supervisor enforces the job's wall clock and output cap, then kills PID 1,
+which takes down everything the program started (setsid included), and only then does the
+server answer. Nothing a job leaves (processes, files, SysV or POSIX IPC objects, sockets)
+outlives it, and a job cannot name, signal or trace the server or its supervisor: they live in
+the parent namespaces.
+
+Protocol on stdin/stdout: frames of a 4-byte big-endian length and a UTF-8 JSON object, never
+pickle: the worker's settings in and a hello out, then one job in and one answer out, repeated.
+Stdlib only and run from source: the pool's boot code loads `harness` first, then this. It
+isolates nothing from the host by itself; bubblewrap and the sandbox uid do that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import json
+import os
+import select
+import signal
+import struct
+import time
+import traceback
+
+import harness  # put in sys.modules by the pool's boot code: this file runs only in the sandbox
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x4000000, 0x8000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+JOB_NAMESPACES = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+CAPABILITY_VERSION_3 = 0x20080522
+HEADER = struct.Struct(">I")
+STDERR_TAIL_BYTES = 4096
+CHANNEL_FD = 3  # the runner's record pipe; the job arrives on the next fd, all others are closed
+# warm in the server, so a program's `import` of these costs a dict lookup in its forked child
+PRELOADED = ("bisect", "collections", "fractions", "functools", "heapq", "itertools", "math", "re", "string")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+
+def serve() -> None:
+    """Read the worker's settings, then answer one frame per job until the pool closes stdin."""
+    inbox, outbox = os.dup(0), os.dup(1)
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1):  # a stray print can never corrupt the framing
+        os.dup2(null, fd)
+    os.close(null)
+    for name in PRELOADED:
+        __import__(name)
+    raw = _receive(inbox)
+    if raw is None:
+        return
+    settings = json.loads(raw)
+    jail = _prepare_jail(settings["tmpfs_bytes"], private=(inbox, outbox))
+    _send(outbox, {"event": "hello"})
+    while (job := _receive(inbox)) is not None:
+        _send(outbox, _run(jail, job))
+        # the next job's jail is built while the pool reads this answer
+        jail = _prepare_jail(settings["tmpfs_bytes"], private=(inbox, outbox))
+
+
+def _receive(fd: int) -> bytes | None:
+    header = _read_exactly(fd, HEADER.size)
+    return None if header is None else _read_exactly(fd, HEADER.unpack(header)[0])
+
+
+def _read_exactly(fd: int, n: int) -> bytes | None:
+    data = bytearray()
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
+
+
+def _read_all(fd: int) -> bytes:
+    data = bytearray()
+    while chunk := os.read(fd, 1 << 20):
+        data += chunk
+    os.close(fd)
+    return bytes(data)
+
+
+def _send(fd: int, message: dict) -> None:
+    body = json.dumps(message).encode()
+    _write_all(fd, HEADER.pack(len(body)) + body)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _prepare_jail(tmpfs_bytes: int, private: tuple[int, ...]) -> tuple[int, int, int]:
+    """Fork a supervisor that builds a fresh jail and waits for its job: (pid, job fd, reply fd)."""
+    job_r, job_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            for fd in (*private, job_w, reply_r):
+                os.close(fd)
+            _write_all(reply_w, json.dumps(_supervise(tmpfs_bytes, job_r)).encode())
+            status = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(status)
+    os.close(job_r)
+    os.close(reply_w)
+    return pid, job_w, reply_r
+
+
+def _run(jail: tuple[int, int, int], job: bytes) -> dict:
+    """Hand the job to its waiting supervisor and relay its one reply; a crash is an error reply."""
+    pid, job_w, reply_r = jail
+    try:
+        _write_all(job_w, job)
+    except BrokenPipeError:
+        pass  # the supervisor died building the jail: its exit status says so below
+    os.close(job_w)
+    data = _read_all(reply_r)
+    _, wait_status = os.waitpid(pid, 0)
+    if wait_status == 0:
+        return json.loads(data)
+    status = os.waitstatus_to_exitcode(wait_status)
+    return {"event": "error", "detail": f"job supervisor failed with exit status {status} (traceback on stderr)"}
+
+
+def _supervise(tmpfs_bytes: int, job_r: int) -> dict:
+    """Build the jail and its runner (PID 1), wait for the job, collect under its clock, kill all."""
+    uid, gid = os.getuid(), os.getgid()
+    _check(_libc.unshare(JOB_NAMESPACES), "unshare the job's namespaces")
+    for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    _seal_file_systems(tmpfs_bytes)
+    handoff_r, handoff_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    runner = os.fork()
+    if runner == 0:
+        try:
+            _runner(handoff_r, out_w, err_w)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(harness.EXIT_CRASH)
+    for fd in (handoff_r, out_w, err_w):
+        os.close(fd)
+    data = _read_all(job_r)
+    job = json.loads(data)
+    try:
+        _write_all(handoff_w, data)
+    except BrokenPipeError:
+        pass  # the runner died before reading its job: no 'ready' record, its stderr says why
+    os.close(handoff_w)
+    out, err, ended = _collect(out_r, err_r, job["budget_s"], job["max_reply_bytes"])
+    # the runner is PID 1 of the job's namespace: the kernel kills everything else in it, and
+    # reaping PID 1 waits until they are all gone
+    os.kill(runner, signal.SIGKILL)
+    _, wait_status = os.waitpid(runner, 0)
+    return {
+        "event": "done",
+        "out": out.decode("utf-8", "replace"),
+        "err": err.decode("utf-8", "replace"),
+        "ended": ended,
+        "exit_status": os.waitstatus_to_exitcode(wait_status),
+    }
+
+
+def _seal_file_systems(tmpfs_bytes: int) -> None:
+    """Everything the worker could write becomes read-only; the job writes only to fresh tmpfs."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    for path in ("/", "/dev"):  # bubblewrap's root and /dev are tmpfs shared by all jobs
+        # nosuid and nodev are locked on by bubblewrap: a remount must repeat them
+        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    for path in ("/tmp", "/dev/shm"):
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=0700")
+    os.chdir("/tmp")
+
+
+def _runner(handoff_r: int, out_w: int, err_w: int) -> None:
+    """PID 1 of the job: own /proc, no capabilities, then the job's tests; never returns."""
+    os.setsid()
+    # PID 1 ignores a signal its own namespace sends only while the action is the default one
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _drop_capabilities()
+    # lift the three above the targets first, so no dup2 overwrites one still to be moved
+    lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD, 16) for fd in (err_w, out_w, handoff_r)]
+    for target, fd in zip((2, CHANNEL_FD, CHANNEL_FD + 1), lifted):
+        os.dup2(fd, target)
+    os.closerange(CHANNEL_FD + 2, os.sysconf("SC_OPEN_MAX"))
+    job = json.loads(_read_all(CHANNEL_FD + 1))
+    harness.run_job(job, CHANNEL_FD, close_in_child=(CHANNEL_FD,))
+    os._exit(0)
+
+
+def _drop_capabilities() -> None:
+    """Give up what the fresh user namespace granted, for good: bounding set, capset, no_new_privs."""
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last_cap = int(f.read())
+    for cap in range(last_cap + 1):
+        _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap} from the bounding set")
+    header = (ctypes.c_uint32 * 2)(CAPABILITY_VERSION_3, 0)
+    _check(_libc.capset(header, (ctypes.c_uint32 * 6)()), "clear capabilities")
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(_libc.mount(_c(source), target.encode(), _c(fstype), flags, _c(data)), f"mount {target}")
+
+
+def _c(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"job sandbox: cannot {what}: {os.strerror(errno)}")
+
+
+def _collect(out_r: int, err_r: int, budget_s: float, cap: int) -> tuple[bytes, bytes, str]:
+    """Read the runner's records and stderr tail until EOF, the wall clock or the byte cap."""
+    deadline = time.monotonic() + budget_s
+    bufs = {out_r: bytearray(), err_r: bytearray()}
+    poller = select.poll()
+    for fd in bufs:
+        poller.register(fd, select.POLLIN)
+    open_fds = set(bufs)
+    ended = "exited"
+    while open_fds and ended == "exited":
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            ended = "timeout"
+            break
+        for fd, _ in poller.poll(remaining * 1000):
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                poller.unregister(fd)
+                open_fds.discard(fd)
+                continue
+            bufs[fd] += chunk
+            if fd == err_r:
+                del bufs[fd][:-STDERR_TAIL_BYTES]
+            elif len(bufs[fd]) > cap:
+                ended = "output_limit"
+    for fd in bufs:
+        os.close(fd)
+    return bytes(bufs[out_r]), bytes(bufs[err_r]), ended
+
+
+if __name__ == "__main__":
+    serve()

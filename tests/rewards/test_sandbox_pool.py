@@ -1,0 +1,152 @@
+"""The worker pool: lazy start, a fresh jail per program on a reused worker, broken workers replaced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from areal.rewards import CodeTests, detect_layers, sandbox_pool
+from tests.rewards.conftest import host_pid_alive, job_pids, pids_with_marker, run_one, worker_pids
+
+MARKER = f"areal-pool-{uuid.uuid4().hex[:12]}"
+PLACES = ("/", "/tmp", "/dev", "/dev/shm", ".")
+HOSTILE = f"""
+import ctypes, os, socket, sys
+wrote = []
+for place in {PLACES!r}:
+    try:
+        with open(os.path.join(place, {MARKER!r}), "w") as f:
+            f.write("left behind")
+        wrote.append(place)
+    except OSError:
+        pass
+segment = ctypes.CDLL(None).shmget(0, 4096, 0o1600)  # IPC_PRIVATE, IPC_CREAT: outlives its creator
+listener = socket.socket(socket.AF_UNIX)
+listener.bind("\\0" + {MARKER!r})
+listener.listen()
+listener.set_inheritable(True)
+if os.fork() == 0:
+    os.setsid()
+    os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(1000)", {MARKER!r}])
+print(*wrote, "shm" if segment >= 0 else "no-shm")
+"""
+PROBE = f"""
+import os, socket
+found = [os.path.join(p, n) for p in {PLACES!r} for n in os.listdir(p) if {MARKER!r} in n]
+with open("/proc/sysvipc/shm") as f:
+    segments = len(f.read().splitlines()) - 1
+try:
+    socket.socket(socket.AF_UNIX).connect("\\0" + {MARKER!r})
+    listener = "reachable"
+except OSError:
+    listener = "gone"
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+caps = {{status[k].strip() for k in ("CapEff", "CapPrm", "CapBnd")}}
+pids = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+print(found, segments, listener, caps, status["NoNewPrivs"].strip(), pids)
+"""
+CLEAN = "[] 0 gone {'0000000000000000'} 1 [1, 2]"  # PID 1 is the runner, 2 the program
+SLEEPER = (
+    "import os, sys\n"
+    f"os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(1000)', {MARKER!r}])\n"
+)
+FAKE_WORKER = """
+import os, struct, sys
+def send(body):
+    os.write(1, struct.pack(">I", len(body)) + body)
+os.read(0, 1 << 20)
+send(b'{"event": "hello"}')
+os.read(0, 1 << 20)
+sys.stderr.write("fake worker: got a job\\n")
+sys.stderr.flush()
+ACTION
+os.read(0, 1)
+"""
+ONE = {"kind": "stdio", "inputs": [""], "outputs": ["1"]}
+
+
+@pytest.fixture(autouse=True)
+def full_sandbox():
+    layers = detect_layers()
+    if layers.missing:
+        pytest.skip(f"full sandbox unavailable here: {layers.describe()}")
+
+
+def wait_for(predicate, timeout_s: float = 10.0) -> None:
+    """Poll host state (pids) until `predicate` holds; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    tick = threading.Event()
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for the sandbox"
+        tick.wait(0.01)
+
+
+def test_hostile_leftovers_are_gone_before_the_next_job_on_the_same_worker(solo):
+    before = worker_pids(solo)
+    hostile = run_one(solo, HOSTILE, {"kind": "stdio", "inputs": [""], "outputs": ["/tmp /dev/shm . shm"]})
+    assert hostile.reward == 1.0, hostile  # it did write, allocate, listen and fork: the probe means something
+    assert (pids_with_marker(MARKER), job_pids()) == (set(), set())
+    probe = run_one(solo, PROBE, {"kind": "stdio", "inputs": [""], "outputs": [CLEAN]})
+    assert probe.reward == 1.0, probe.detail
+    assert worker_pids(solo) == before  # the same worker ran both
+
+
+def own_children() -> set[int]:
+    tasks = Path(f"/proc/{os.getpid()}/task").iterdir()
+    return {int(pid) for task in tasks for pid in (task / "children").read_text().split()}
+
+
+def test_no_process_starts_before_the_first_program_and_close_ends_them_all():
+    baseline = own_children()
+    scorer = CodeTests(timeout_s=1.0, workers=2)
+    assert (worker_pids(scorer), own_children()) == (set(), baseline)
+    with scorer:
+        assert [r.reward for r in scorer(["print(1)"] * 4, [ONE] * 4)] == [1.0] * 4
+        workers = worker_pids(scorer)
+        assert 1 <= len(workers) <= 2
+        assert own_children() == baseline | workers
+    assert [pid for pid in workers if host_pid_alive(pid)] == []
+    assert own_children() == baseline
+
+
+def test_a_worker_killed_mid_program_fails_it_as_killed_and_a_fresh_worker_runs_the_next():
+    with CodeTests(timeout_s=5.0, workers=1) as scorer, ThreadPoolExecutor(1) as caller:
+        run_one(scorer, "print(1)", ONE)
+        (old,) = worker_pids(scorer)
+        pending = caller.submit(run_one, scorer, SLEEPER, ONE)
+        wait_for(lambda: pids_with_marker(MARKER) != set())
+        os.kill(old, signal.SIGKILL)
+        killed = pending.result(timeout=30)
+        assert (killed.reward, killed.reason) == (0.0, "killed")
+        assert killed.detail.startswith("sandbox worker died")
+        wait_for(lambda: pids_with_marker(MARKER) == set())
+        assert run_one(scorer, "print(1)", ONE).reward == 1.0
+        assert worker_pids(scorer) not in (set(), {old})
+
+
+@pytest.mark.parametrize(
+    ("action", "reason", "detail"),
+    [
+        ("os.write(1, b'\\x00\\x00\\x00\\x05hello')", "sandbox_error", "sandbox worker sent garbage: "),
+        ("os.write(1, b'\\xff\\xff\\xff\\xff')", "sandbox_error", "sandbox worker sent a 4294967295-byte frame"),
+        ("os._exit(3)", "killed", "sandbox worker died: fake worker: got a job"),
+        ("pass", "sandbox_error", "sandbox worker gave no answer in time: fake worker: got a job"),
+    ],
+)
+def test_a_worker_that_misbehaves_is_killed_and_its_program_reported(monkeypatch, action, reason, detail):
+    monkeypatch.setattr(sandbox_pool, "BOOT_SOURCE", FAKE_WORKER.replace("ACTION", action))
+    monkeypatch.setattr(sandbox_pool, "JOB_SLACK_S", 0.0)
+    monkeypatch.setattr(sandbox_pool, "GRACE_S", 0.2)
+    baseline = own_children()
+    with CodeTests(timeout_s=0.1, workers=1) as scorer:
+        result = run_one(scorer, "print(1)", ONE)
+        assert (result.reward, result.reason) == (0.0, reason)
+        assert result.detail.startswith(detail)
+        assert (worker_pids(scorer), own_children()) == (set(), baseline)
