@@ -90,9 +90,7 @@ def warm_start(
     return final
 
 
-def _encode_pairs(
-    tokenizer: CharTokenizer, tasks: Sequence[Mapping[str, Any]]
-) -> list[tuple[list[int], list[int]]]:
+def _encode_pairs(tokenizer: CharTokenizer, tasks: Sequence[Mapping[str, Any]]) -> list[tuple[list[int], list[int]]]:
     """(<bos> + prompt, solution + <eos>) ids: the same prompt encoding generation will see."""
     return [
         (
@@ -103,9 +101,7 @@ def _encode_pairs(
     ]
 
 
-def _batch(
-    pairs: list[tuple[list[int], list[int]]], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _batch(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded input ids, attention mask, and labels that are -100 outside the solutions."""
     width = max(len(p) + len(s) for p, s in pairs)
     ids = torch.full((len(pairs), width), pad_id, dtype=torch.long)
@@ -128,9 +124,17 @@ def _lr_factor(step: int, steps: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _train_and_save(
-    config: Qwen2Config, tasks: Sequence[Mapping[str, Any]], steps: int, seed: int, out: Path
-) -> None:
+def _train_and_save(config: Qwen2Config, tasks: Sequence[Mapping[str, Any]], steps: int, seed: int, out: Path) -> None:
+    # one thread: on 2 shared cores, 2 threads spin against other processes and ran 8x slower
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _train(config, tasks, steps, seed, out)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(config: Qwen2Config, tasks: Sequence[Mapping[str, Any]], steps: int, seed: int, out: Path) -> None:
     if not tasks:
         raise ValueError("warm_start needs at least one task to learn from")
     started = time.perf_counter()

@@ -176,6 +176,7 @@ class RayHandle:
         self.pid, self.node = pid, node
         self._done = actor.run.remote(list(spec.args), str(spec.log_path))
         self._code: int | None = None
+        self._released = False
 
     def poll(self) -> int | None:
         if self._code is None:
@@ -190,7 +191,7 @@ class RayHandle:
                     self._code = 1
                 # an actor outlives its method and holds its bundle: end it like a process that exited
                 ray.kill(self.actor, no_restart=True)
-                self.launcher.release(self.spec)
+                self._release()
         return self._code
 
     def kill(self) -> None:
@@ -198,7 +199,13 @@ class RayHandle:
         ray.kill(self.actor, no_restart=True)
         ray.wait([self._done], timeout=KILL_WAIT_S)
         self.poll()
-        self.launcher.release(self.spec)
+        self._release()
+
+    def _release(self) -> None:
+        """Once per handle: a restarted replica's new actor must not be released by its predecessor."""
+        if not self._released:
+            self._released = True
+            self.launcher.release(self.spec)
 
 
 class RayLauncher:

@@ -1,0 +1,219 @@
+"""Data-parallel training over torch.distributed with FSDP2 (`fully_shard`): many ranks, one step.
+
+Every rank is given the whole batch (the same sequences, in the same order) and takes its share:
+`balance_across_ranks` deals the sequences so each rank holds about the same number of tokens, and
+each share is packed into micro-batches under the token budget as in `TorchTrainEngine`.
+
+The one idea is the weighting. A micro-batch's loss is a mean over its n_mb output tokens; it is
+scaled by n_mb / N, N = output tokens of the *whole* batch over all ranks (known locally: every
+rank sees every length), and by the world size W, because FSDP's reduce-scatter averages the
+ranks' gradients. The sum over ranks of the scaled gradients is then the gradient of the
+token-weighted mean over the batch: the step equals `TorchTrainEngine.train_step` on one process.
+
+FSDP gathers each layer's parameters inside every forward, a collective, so all ranks must run
+the same number of forwards: a rank with fewer micro-batches (or no sequences) runs padding
+micro-batches, a real sequence whose loss is multiplied by 0. π_prox (`sequence_logprobs`) is
+computed share by share and all-gathered as one flat float tensor (no pickling between ranks).
+
+Not here: starting the processes (torchrun, Ray or the test's spawn does it and initialises the
+process group), tensor or pipeline parallelism, optimizer checkpoints (torch.distributed.checkpoint
+would write them sharded).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from areal.engines.torch_train import ExtraField, LossFn, MicroBatch, TorchTrainEngine
+from areal.kernels.packing import balance_across_ranks, pack_microbatches
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+def rank_microbatches(lengths: Sequence[int], n_ranks: int, max_tokens: int) -> list[list[list[int]]]:
+    """Per rank, its micro-batches (indices into the batch): token-balanced shares, then packed.
+
+    Deterministic in the lengths, so every rank computes the same plan without talking.
+    """
+    shares = balance_across_ranks(lengths, n_ranks)
+    plan = []
+    for share in shares:
+        packed = pack_microbatches([lengths[i] for i in share], max_tokens) if share else []
+        plan.append([[share[j] for j in mb] for mb in packed])
+    return plan
+
+
+class FSDPTrainEngine:
+    """The TrainEngine interface, data-parallel over the current process group; see the module doc."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        grad_clip: float | None = 1.0,
+        microbatch_tokens: int = 8192,
+        warmup_steps: int = 0,
+        lr_schedule: Literal["constant", "cosine"] = "constant",
+        total_steps: int | None = None,
+        temperature: float = 1.0,
+        device_type: str = "cpu",
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "FSDPTrainEngine: torch.distributed is not initialised in this process; start the ranks with "
+                "torchrun (or Ray) and call torch.distributed.init_process_group first, or use TorchTrainEngine"
+            )
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        mesh = init_device_mesh(device_type, (self.world,))
+        # one FSDP unit per decoder layer, then the root (embeddings, norm, head): gathers overlap layer by layer
+        for layer in _decoder_layers(model):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        # the local engine over the sharded model: its optimizer, lr schedule and packed forward
+        self.local = TorchTrainEngine(
+            model, lr=lr, weight_decay=weight_decay, betas=betas, grad_clip=grad_clip,
+            microbatch_tokens=microbatch_tokens, warmup_steps=warmup_steps, lr_schedule=lr_schedule,
+            total_steps=total_steps, temperature=temperature,
+        )
+        self.model = model
+        self.microbatch_tokens = microbatch_tokens
+        self.grad_clip = grad_clip
+        self.version = 0
+
+    @property
+    def step(self) -> int:
+        return self.local.step
+
+    # ---- forward passes -------------------------------------------------------------------------
+
+    def sequence_logprobs(self, sequences: Sequence[Tensor], no_grad: bool = True) -> list[Tensor]:
+        """log π_θ of tokens 1..L-1 of every sequence, on every rank; each rank computes its share."""
+        self.model.eval()
+        lengths = [len(s) for s in sequences]
+        plan = rank_microbatches(lengths, self.world, self.microbatch_tokens)
+        steps = max(len(p) for p in plan)
+        mine = plan[self.rank]
+        local: dict[int, Tensor] = {}
+        with torch.no_grad():
+            for k in range(steps):
+                index = mine[k] if k < len(mine) else [0]  # padding forward: keeps the collectives in step
+                logp, cu = self.local._logprobs(sequences, [1] * len(sequences), index)
+                if k < len(mine):
+                    for j, i in enumerate(index):
+                        local[i] = logp[int(cu[j]) : int(cu[j + 1])]
+        # gather: rank r's values in its plan order, padded to the longest rank's count
+        counts = [sum(lengths[i] - 1 for mb in p for i in mb) for p in plan]
+        flat = torch.zeros(max(counts), dtype=torch.float64)
+        order = [i for mb in mine for i in mb]
+        if order:
+            flat[: counts[self.rank]] = torch.cat([local[i] for i in order]).double()
+        gathered = [torch.empty_like(flat) for _ in range(self.world)]
+        dist.all_gather(gathered, flat)
+        dtype = next(iter(local.values())).dtype if local else torch.float32
+        out: list[Tensor] = [torch.empty(0)] * len(sequences)
+        for r, p in enumerate(plan):
+            at = 0
+            for i in (i for mb in p for i in mb):
+                out[i] = gathered[r][at : at + lengths[i] - 1].to(dtype)
+                at += lengths[i] - 1
+        return out
+
+    # ---- training ---------------------------------------------------------------------------------
+
+    def train_step(
+        self,
+        sequences: Sequence[Tensor],
+        prompt_lens: Sequence[int],
+        loss_fn: LossFn,
+        extra: dict[str, ExtraField] | None = None,
+        *,
+        loss_reduction: Literal["mean", "sum"] = "mean",
+    ) -> dict[str, float]:
+        """One optimizer step over the whole batch (the same on every rank); stats are global."""
+        start = time.perf_counter()
+        per_token, per_sample = self.local._check_batch(sequences, prompt_lens, extra or {})
+        out_lens = [len(s) - p for s, p in zip(sequences, prompt_lens, strict=True)]
+        total = sum(out_lens)
+        plan = rank_microbatches([len(s) for s in sequences], self.world, self.microbatch_tokens)
+        steps = max(len(p) for p in plan)
+        mine = plan[self.rank]
+        self.model.train()
+        self.local.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for k in range(steps):
+            real = k < len(mine)
+            index = mine[k] if real else [0]  # padding micro-batch: a real sequence, weighted 0
+            logp, cu = self.local._logprobs(sequences, prompt_lens, index)
+            device = logp.device
+            fields = {name: torch.cat([rows[i] for i in index]).to(device) for name, rows in per_token.items()}
+            fields |= {name: v[index].to(device) for name, v in per_sample.items()}
+            mb = MicroBatch(index=list(index), cu_seqlens=cu, fields=fields, batch_tokens=total)
+            loss, stats = loss_fn(logp, mb)
+            share = 1.0 / total if loss_reduction == "sum" else mb.n_tokens / total
+            # × W: FSDP's reduce-scatter averages the ranks' gradients, and we want their sum
+            (loss * (share * self.world if real else 0.0)).backward()
+            weight = mb.n_tokens if real else 0
+            for name, v in {"loss": loss.detach() * (1.0 / mb.n_tokens if loss_reduction == "sum" else 1.0),
+                            **stats}.items():
+                sums[name] = sums.get(name, 0.0) + float(v) * weight
+        names = sorted(sums)
+        reduced = torch.tensor([sums[n] for n in names], dtype=torch.float64)
+        dist.all_reduce(reduced)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf)
+        lr = self.local.lr_at(self.local.step)
+        for group in self.local.optimizer.param_groups:
+            group["lr"] = lr
+        self.local.optimizer.step()
+        self.local.step += 1
+        self.version += 1
+        result = {n: float(v) / total for n, v in zip(names, reduced.tolist(), strict=True)}
+        result |= {
+            "grad_norm": float(_full(grad_norm)),
+            "lr": lr,
+            "tokens": float(total),
+            "sequences": float(len(sequences)),
+            "microbatches": float(sum(len(p) for p in plan)),
+            "time_s": time.perf_counter() - start,
+        }
+        return result
+
+    # ---- weights ----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The full (unsharded) weights on every rank, on CPU: a collective, every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return {name: value for name, value in full.items() if isinstance(value, Tensor)}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load full weights (the same on every rank) into the shards: a collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(self.model, dict(state_dict), options=StateDictOptions(full_state_dict=True))
+
+
+def _decoder_layers(model: Any) -> list[torch.nn.Module]:
+    """The repeated blocks of an HF causal LM (model.model.layers), or none for other modules."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    return list(layers) if isinstance(layers, torch.nn.ModuleList) else []
+
+
+def _full(t: Tensor) -> Tensor:
+    """A DTensor's global value (clip_grad_norm_ over sharded grads returns one); a tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

@@ -1,0 +1,295 @@
+"""Interruptible generation on vLLM: abort, load new weights in place, resubmit with the tokens so far.
+
+The one idea: vLLM cannot edit a running request's KV cache, but it can drop a request and take a
+new one whose prompt already holds the tokens generated so far. So a weight update is
+
+    abort every in-flight request -> load the new weights into the live engine (no restart)
+    -> drop the prefix cache (its KV was computed with the old weights) -> resubmit each request
+       as prompt + output so far, asking only for the tokens still allowed.
+
+Tokens sampled before the update keep their version and behaviour logprob; tokens after it record
+the new version. That bookkeeping is `VLLMGenerationEngine`, pure Python over the small `Backend`
+Protocol, so it is tested on CPU with a fake backend. `VLLMBackend` is the only code that touches
+vLLM, and imports it lazily.
+
+vLLM API targeted: the v1 `LLMEngine` of vLLM 0.11-0.20 (docs.vllm.ai, vllm/v1/engine/llm_engine.py):
+`LLMEngine.from_engine_args(EngineArgs(..., worker_extension_cls=...))`, `add_request(request_id: str,
+prompt: TokensPrompt, params: SamplingParams)`, `abort_request(list[str])`, `step() -> list[RequestOutput]`,
+`collective_rpc(method, args=...)` (runs a method of the worker extension in every worker, where
+`self.model_runner.model.load_weights(weights=[(name, tensor), ...])` maps Hugging Face names onto
+vLLM's fused layers), and `reset_prefix_cache()`. Behaviour logprobs use `logprobs_mode=
+"processed_logprobs"` (after temperature), what the trainer's forward computes for the same tokens;
+with top_p < 1 vLLM's processed logprobs are also renormalised over the nucleus, unlike the torch engine.
+
+Not here: stop strings inside vLLM (the engine checks eos, stop sequences and stop strings itself,
+over the whole output, so a stop that straddles an interruption is still found).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from areal.engines.sampling import request_seed
+from areal.engines.torch_generate import FinishReason, GenRequest, GenResult
+
+MISSING_VLLM = "vLLM generation needs the 'vllm' package (pip install 'areal[gpu]'); engine=\"torch\" runs without it."
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a backend needs to sample one request; `seed` makes the request reproducible."""
+
+    temperature: float
+    top_p: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class BackendOutput:
+    """New tokens of one backend request since the last `step`; `finished` when the backend stopped it."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]  # log π_behav of each new token
+    finished: bool = False
+
+
+class Backend(Protocol):
+    """The device side: a continuous-batching engine with abort and in-place weight loading."""
+
+    def add_request(self, request_id: str, token_ids: list[int], max_tokens: int, sampling: Sampling) -> None: ...
+    def abort(self, request_ids: list[str]) -> None: ...
+    def step(self) -> list[BackendOutput]: ...
+    def load_weights(self, state_dict: dict[str, Tensor]) -> None: ...
+
+
+@dataclass
+class _Request:
+    request_id: int
+    prompt: Tensor  # [P] int64
+    limit: int
+    attempt: int = 0
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    @property
+    def backend_id(self) -> str:
+        # a new id per attempt: outputs of an aborted attempt that arrive late are recognised and dropped
+        return f"{self.request_id}.{self.attempt}"
+
+    def result(self, reason: FinishReason) -> GenResult:
+        return GenResult(
+            request_id=self.request_id,
+            prompt_ids=self.prompt,
+            output_ids=torch.tensor(self.output, dtype=torch.int64),
+            logprobs=torch.tensor(self.logprobs, dtype=torch.float32),
+            versions=torch.tensor(self.versions, dtype=torch.int32),
+            finish_reason=reason,
+        )
+
+
+class VLLMGenerationEngine:
+    """The GenerationEngine interface over any `Backend`; see the module doc for interruption."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        eos_token_id: int,
+        max_new_tokens: int = 128,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_sequences: Sequence[Sequence[int]] | None = None,
+        stop_strings: Sequence[str] | None = None,
+        decode: Callable[[list[int]], str] | None = None,
+        seed: int = 0,
+        version: int = 0,
+    ) -> None:
+        if temperature <= 0:
+            raise ValueError(f"VLLMGenerationEngine: temperature must be > 0, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"VLLMGenerationEngine: top_p must be in (0, 1], got {top_p}")
+        if stop_strings and decode is None:
+            raise ValueError(
+                "VLLMGenerationEngine: stop_strings need a decode function (token ids -> text); "
+                "pass decode=tokenizer.decode, or give stop_sequences as token ids instead"
+            )
+        self.backend = backend
+        self.eos_token_id = eos_token_id
+        self.max_new_tokens = max_new_tokens
+        self.temperature, self.top_p = temperature, top_p
+        self.stop_sequences = [list(s) for s in stop_sequences or [] if len(s)]
+        self.stop_strings = list(stop_strings or [])
+        self._stop_window = max((len(s) for s in self.stop_strings), default=0)
+        self.decode = decode
+        self.seed = seed
+        self.version = version
+        self.interruptions = 0  # requests aborted and resubmitted by weight updates, for metrics
+        self._running: dict[str, _Request] = {}  # backend id of the current attempt -> request
+
+    # ---- the GenerationEngine interface ------------------------------------------------------
+
+    def submit(self, requests: Iterable[GenRequest]) -> None:
+        """Send requests to the backend. All are checked before any is sent."""
+        in_flight = {r.request_id for r in self._running.values()}
+        new = []
+        for r in requests:
+            prompt = torch.as_tensor(r.prompt_ids, dtype=torch.int64).flatten().cpu()
+            if prompt.numel() == 0:
+                raise ValueError(f"request {r.request_id}: empty prompt; a prompt needs at least one token")
+            if r.request_id in in_flight:
+                raise ValueError(f"request {r.request_id}: this request_id is already in flight; ids must be unique")
+            limit = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
+            if limit < 1:
+                raise ValueError(f"request {r.request_id}: max_new_tokens must be >= 1, got {limit}")
+            new.append(_Request(r.request_id, prompt, limit))
+            in_flight.add(r.request_id)
+        for req in new:
+            self._send(req)
+
+    def pending(self) -> int:
+        return len(self._running)
+
+    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
+        """Abort everything in flight, load the weights into the live backend, resubmit with the tokens so far."""
+        interrupted = list(self._running.values())
+        if interrupted:
+            self.backend.abort([r.backend_id for r in interrupted])
+        self._running.clear()
+        self.backend.load_weights(state_dict)
+        self.version = version
+        for req in interrupted:
+            req.attempt += 1
+            self._send(req)
+        self.interruptions += len(interrupted)
+
+    def step(self) -> list[GenResult]:
+        """One backend step; returns the requests that finished in it."""
+        finished: list[GenResult] = []
+        for out in self.backend.step():
+            req = self._running.get(out.request_id)
+            if req is None:
+                continue  # an aborted attempt's late output: its request was resubmitted under a new id
+            reason = self._append(req, out)
+            if reason is None and out.finished:
+                reason = "length"  # the backend ran out of room (max_tokens or the model's context)
+            if reason is not None:
+                del self._running[out.request_id]
+                if not out.finished:
+                    self.backend.abort([out.request_id])
+                finished.append(req.result(reason))
+        return finished
+
+    def generate(self, requests: Iterable[GenRequest]) -> list[GenResult]:
+        """Run the given requests to completion; results in the order of the requests."""
+        requests = list(requests)
+        self.submit(requests)
+        done: dict[int, GenResult] = {}
+        while self.pending():
+            for res in self.step():
+                done[res.request_id] = res
+        return [done[r.request_id] for r in requests]
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _send(self, req: _Request) -> None:
+        context = req.prompt.tolist() + req.output
+        # a fresh seed per resubmission: the backend restarts a seeded stream from its beginning
+        sampling = Sampling(self.temperature, self.top_p, request_seed(request_seed(self.seed, req.request_id),
+                                                                       len(req.output)))
+        self._running[req.backend_id] = req
+        self.backend.add_request(req.backend_id, context, req.limit - len(req.output), sampling)
+
+    def _append(self, req: _Request, out: BackendOutput) -> FinishReason | None:
+        """Record the new tokens one by one, stopping at the first that ends the request."""
+        for token, logp in zip(out.token_ids, out.logprobs, strict=True):
+            req.output.append(int(token))
+            req.logprobs.append(float(logp))
+            req.versions.append(self.version)
+            reason = self._finish_reason(req)
+            if reason is not None:
+                return reason
+        return None
+
+    def _finish_reason(self, req: _Request) -> FinishReason | None:
+        out = req.output
+        if out[-1] == self.eos_token_id:
+            return "eos"
+        if any(len(s) <= len(out) and out[-len(s) :] == s for s in self.stop_sequences):
+            return "stop"
+        if self.stop_strings and self.decode is not None:
+            tail = self.decode(out[-self._stop_window :])
+            if any(s in tail for s in self.stop_strings):
+                return "stop"
+        if len(out) >= req.limit:
+            return "length"
+        return None
+
+
+# ---- the real backend ---------------------------------------------------------------------------
+
+
+def import_vllm() -> Any:
+    """The vllm module, or one sentence saying how to get it."""
+    try:
+        return importlib.import_module("vllm")
+    except ImportError:
+        raise ImportError(MISSING_VLLM) from None
+
+
+class WeightLoader:
+    """vLLM worker extension (runs inside each vLLM worker): load named tensors into the live model."""
+
+    model_runner: Any  # set by vLLM's worker
+
+    def areal_load_weights(self, named: list[tuple[str, Tensor]]) -> None:
+        self.model_runner.model.load_weights(weights=named)
+
+
+class VLLMBackend:
+    """`Backend` over vLLM's v1 LLMEngine; token ids in, token ids and logprobs out (no detokenising)."""
+
+    def __init__(self, model: str, *, dtype: str = "auto", seed: int = 0, gpu_memory_utilization: float = 0.5,
+                 max_num_seqs: int = 256, **engine_args: Any) -> None:
+        vllm = import_vllm()
+        from vllm.sampling_params import RequestOutputKind  # type: ignore[import-not-found]
+
+        self._vllm = vllm
+        self._delta = RequestOutputKind.DELTA  # each step returns only the new tokens
+        args = vllm.EngineArgs(
+            model=model, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+            max_num_seqs=max_num_seqs, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
+            worker_extension_cls=f"{__name__}.WeightLoader", **engine_args,
+        )
+        self.engine = vllm.LLMEngine.from_engine_args(args)
+
+    def add_request(self, request_id: str, token_ids: list[int], max_tokens: int, sampling: Sampling) -> None:
+        params = self._vllm.SamplingParams(
+            max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
+            logprobs=0, detokenize=False, output_kind=self._delta,
+        )
+        self.engine.add_request(request_id, {"prompt_token_ids": token_ids}, params)
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.engine.abort_request(request_ids)
+
+    def step(self) -> list[BackendOutput]:
+        outs = []
+        for ro in self.engine.step():
+            completion = ro.outputs[0]
+            tokens = list(completion.token_ids)
+            logprobs = [completion.logprobs[i][t].logprob for i, t in enumerate(tokens)] if tokens else []
+            outs.append(BackendOutput(ro.request_id, tokens, logprobs, finished=bool(ro.finished)))
+        return outs
+
+    def load_weights(self, state_dict: dict[str, Tensor]) -> None:
+        self.engine.collective_rpc("areal_load_weights", args=(list(state_dict.items()),))
+        # resubmitted prompts would otherwise reuse KV blocks computed with the old weights
+        self.engine.reset_prefix_cache()

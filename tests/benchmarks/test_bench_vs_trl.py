@@ -1,0 +1,118 @@
+"""bench_vs_trl pins areal through --set: those overrides must stay valid and mean what the TRL side runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from areal.config import RunConfig, apply_overrides
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load("bench_vs_trl")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_areal_overrides_validate_and_pin_the_shared_settings(mode: str) -> None:
+    pinned = bench.FULL
+    argv = bench.areal_overrides(pinned, mode)
+    assert argv[::2] == ["--set"] * (len(argv) // 2)
+    config = apply_overrides(RunConfig(batch_size=3, group_size=5, steps=7, mode="async"), argv[1::2])
+    assert (config.steps, config.batch_size, config.group_size) == (pinned.steps, pinned.batch_size, pinned.group_size)
+    assert config.mode == mode and config.effective_staleness == (0 if mode == "sync" else bench.STALENESS)
+    assert config.trainer.lr == pinned.lr and config.trainer.minibatches == 1
+    assert config.eval.interval_steps == pinned.eval_interval and config.eval.tasks == pinned.eval_tasks
+    gen = config.generation
+    assert (gen.max_new_tokens, gen.temperature, gen.top_p, gen.stop) == tuple(bench.GENERATION.values())
+    assert config.max_minutes is None
+
+
+def test_time_to_threshold_takes_the_first_round_in_time_order() -> None:
+    rounds = [{"version": 20, "wall_s": 30.0, "pass@1": 0.4}, {"version": 10, "wall_s": 12.0, "pass@1": 0.3},
+              {"version": 0, "wall_s": 1.0, "pass@1": 0.1}]
+    assert bench.time_to(rounds, 0.3) == 12.0
+    assert bench.time_to(rounds, 0.5) is None
+    assert bench.final_pass(rounds) == 0.4
+    assert bench.warm_pass(rounds) == 0.1
+    assert bench.warm_pass(rounds[:2]) is None
+
+
+def test_table_reports_ratios_against_trl_and_unreached_thresholds() -> None:
+    rounds = [{"version": 0, "wall_s": 1.0, "pass@1": 0.1}, {"version": 4, "wall_s": 9.0, "pass@1": 0.2}]
+    trl = bench.Outcome("TRL x", 64, 10.0, 500.0, rounds, peak_rss=2**30, peak_pss=2**29)
+    areal = bench.Outcome("areal sync", 64, 25.0, 1000.0, rounds[:1], peak_rss=2**31, peak_pss=2**29)
+    text = bench.table([trl, areal], threshold=0.15)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in text.splitlines()
+            if line.startswith("| ") and "TRL x" not in line}
+    assert rows["trained samples/s"] == ["10.0", "25.0", "2.50x"]
+    assert rows["wall s to pass@1 >= 0.150"] == ["9.0", "not reached", "-"]
+    assert rows["final held-out pass@1"] == ["0.200", "0.100", "0.50x"]
+    assert rows["peak RSS, tree sum (MiB)"] == ["1024", "2048", "2.00x"]
+
+
+def test_trl_side_cuts_completions_like_areal() -> None:
+    """The TRL reward must see exactly the text areal's generate node hands its reward."""
+    pytest.importorskip("trl")
+    from areal.nodes.generate_worker import GenerateNode
+
+    side = _load("_trl_side")
+    stops = bench.GENERATION["stop"]
+    areal_node = GenerateNode()
+    areal_node.stops = stops
+    areal_node._decode = lambda ids: "".join(map(chr, ids))
+    rng = random.Random(0)
+    texts = ["    return x + 1\n\n# next", "    return x\ndef g():\n#", "    return x\n", ""]
+    texts += ["".join(rng.choice("ab \n#def(print)") for _ in range(rng.randint(0, 30))) for _ in range(300)]
+    for text in texts:
+        assert side.cut_at_stop(text, stops) == areal_node._completion([ord(c) for c in text]), text
+    assert side.cut_at_stop("    return x + 1\n\n# next", stops) == "    return x + 1"
+    assert side.strip_pads([5, 0, 7, 0, 0], pad_id=0) == [5, 0, 7]
+    assert side.strip_pads([0, 0], pad_id=0) == []
+
+
+def test_trl_generation_stops_at_stop_strings_and_trains_on_no_padding(tmp_path: Path) -> None:
+    """TRL ends a completion at a stop string (as areal does) and keeps no <pad> after it."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from areal.models.tiny import build_tiny_coder
+    from areal.models.tokenizer import CharTokenizer
+
+    side = _load("_trl_side")
+    tokenizer = CharTokenizer()
+    stops = ["a", "e", " "]  # frequent characters, so a random model hits them
+    seen: list[tuple[str, list[int]]] = []
+
+    def reward(prompts, completions, completion_ids, **_):
+        seen.extend(zip(completions, completion_ids))
+        return [float(len(c) % 2) for c in completions]
+
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=8, num_generations=4,
+                      beta=0.0, max_completion_length=24, generation_kwargs={"stop_strings": stops}, use_cpu=True,
+                      report_to="none", save_strategy="no", disable_tqdm=True, shuffle_dataset=False)
+    trainer = side.StopAwareGRPO(model=build_tiny_coder(0), reward_funcs=reward, args=args, processing_class=tokenizer,
+                                 train_dataset=Dataset.from_dict({"prompt": ["# add 1\ndef f(x):\n"] * 2}))
+    trainer.train()
+    assert len(seen) == 8
+    stopped = 0
+    for text, ids in seen:
+        assert not ids or ids[-1] != tokenizer.pad_token_id
+        if ids and ids[-1] != tokenizer.eos_token_id and len(ids) < 24:
+            assert any(text.endswith(s) for s in stops) and not any(s in text[:-1] for s in stops), text
+            stopped += 1
+    assert stopped > 0
+    assert trainer.generated_tokens == sum(len(ids) for _, ids in seen)

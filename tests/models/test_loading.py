@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from areal.errors import ConfigError
+from areal.models import loading
+from areal.models.loading import load_policy
+from areal.models.tiny import build_tiny_coder, tiny_coder_config
+from areal.models.tokenizer import CharTokenizer
+
+SMALL = {"hidden_size": 32, "num_hidden_layers": 1, "intermediate_size": 64}
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    model = build_tiny_coder(3, tiny_coder_config(**SMALL)).eval()
+    model.save_pretrained(tmp_path)
+    CharTokenizer().save_pretrained(tmp_path)
+    return tmp_path, model
+
+
+def test_local_checkpoint_loads_with_the_same_logits(checkpoint):
+    path, original = checkpoint
+    model, tokenizer = load_policy(str(path))
+    ids = tokenizer("# add 3 to x\ndef f(x):\n", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, original(ids).logits, rtol=0, atol=0)
+    assert isinstance(tokenizer, CharTokenizer) and not model.training
+
+
+def test_dtype_is_applied(checkpoint):
+    model, _ = load_policy(str(checkpoint[0]), dtype="bfloat16")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+def test_missing_path_says_what_exists(tmp_path):
+    with pytest.raises(ConfigError, match=r"no Hugging Face checkpoint there.*builtin:tiny-coder"):
+        load_policy(str(tmp_path / "nope"))
+
+
+def test_unknown_builtin_lists_the_builtins():
+    with pytest.raises(ConfigError, match=r"'builtin:big-coder' is not a built-in; built-ins are builtin:tiny-coder"):
+        load_policy("builtin:big-coder")
+
+
+def test_unknown_dtype_is_a_config_error(checkpoint):
+    with pytest.raises(ConfigError, match="'int8' is not supported; use one of float32, bfloat16, float16"):
+        load_policy(str(checkpoint[0]), dtype="int8")
+
+
+def test_builtin_is_built_once_with_a_message_then_reused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AREAL_CACHE", str(tmp_path))
+    monkeypatch.setattr(loading, "WARMSTART_STEPS", 2)
+    monkeypatch.setattr(loading, "tiny_coder_config", lambda: tiny_coder_config(**SMALL))
+    model, tokenizer = load_policy("builtin:tiny-coder")
+    assert "building builtin:tiny-coder" in capsys.readouterr().err
+    assert model.config.hidden_size == 32 and isinstance(tokenizer, CharTokenizer)
+    assert len(list((tmp_path / "warmstart").glob("*/model.safetensors"))) == 1
+    load_policy("builtin:tiny-coder")
+    assert "building" not in capsys.readouterr().err

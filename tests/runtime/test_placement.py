@@ -1,0 +1,128 @@
+"""Launchers: the plan's resources reach the spec, Ray refuses what it cannot run, and a real
+single-node Ray runs the small custom-node graph with every sample trained exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from areal.config import ClusterConfig
+from areal.errors import ConfigError
+from areal.runtime.launch import build_controller
+from areal.runtime.placement import (
+    MISSING_RAY,
+    LocalHandle,
+    RayHandle,
+    RayLauncher,
+    check_endpoints,
+    launcher_for,
+    worker_spec,
+)
+
+RECIPE = Path(__file__).with_name("fake_rl.py")
+
+
+def _exits_within(pid: int, timeout_s: float) -> bool:
+    """Wait on the process itself (a pidfd turns readable when it has exited)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(timeout_s * 1000))
+    finally:
+        os.close(fd)
+
+
+def _controller(tmp_path: Path, *overrides: str):
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(RECIPE, recipe)
+    return build_controller(recipe, list(overrides), tmp_path / "run")
+
+
+def test_worker_spec_carries_the_pools_threads_replicas_and_every_endpoint(tmp_path):
+    controller = _controller(tmp_path, "transport.kind=tcp", "placement={\"rollout\": 2}")
+    plan = controller.plan
+    spec = worker_spec(plan, tmp_path / "plan.json", "rollout", 1, 3, None, tmp_path / "log")
+    assert spec.args == (str(tmp_path / "plan.json"), "rollout", "1", "3")
+    assert (spec.worker_id, spec.replicas, spec.cpus, spec.gpus) == ("rollout[1]", 2, 1, 0)
+    assert set(spec.endpoints) == {plan.control_endpoint, *(e for p in plan.pools for e in p.endpoints)}
+    assert all(e.startswith("tcp://127.0.0.1:") for e in spec.endpoints)
+    resumed = worker_spec(plan, tmp_path / "plan.json", "actor", 0, 3, tmp_path / "ckpt", tmp_path / "log")
+    assert resumed.args[-1] == str(tmp_path / "ckpt")
+
+
+def test_ray_refuses_ipc_endpoints_and_says_how_to_fix_it():
+    with pytest.raises(ConfigError, match=r"endpoint ipc:///r/sockets/control is not TCP.*--set transport.kind=tcp"):
+        check_endpoints(("ipc:///r/sockets/control", "tcp://127.0.0.1:5000"))
+
+
+def test_missing_ray_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ImportError) as info:
+        RayLauncher(ClusterConfig(backend="ray"))
+    assert str(info.value) == MISSING_RAY
+
+
+def test_local_backend_is_the_local_launcher():
+    assert type(launcher_for(ClusterConfig())).__name__ == "LocalLauncher"
+
+
+@pytest.fixture
+def local_ray():
+    """A Ray on this machine for one test: 4 CPUs, no dashboard, shut down after."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.timeout(240)
+def test_ray_backend_trains_every_sample_exactly_once(tmp_path, local_ray):
+    controller = _controller(tmp_path, "cluster.backend=ray", "transport.kind=tcp", "steps=3", "batch_size=2",
+                             "group_size=3", "placement={\"rollout\": 2}")
+    state = controller.run()
+
+    records = [json.loads(line) for line in (Path(controller.plan.run_dir) / "trained.jsonl").read_text().splitlines()]
+    ids = [sid for r in records for sid in r["sample_ids"]]
+    assert state.version == 3
+    assert sorted(ids) == list(range(3 * 2 * 3)) and len(ids) == len(set(ids))
+    node = local_ray.util.get_node_ip_address()
+    assert sorted(controller.workers) == ["actor[0]", "rollout[0]", "rollout[1]"]  # advantage runs in rollout
+    for w in controller.workers.values():
+        assert isinstance(w.process, RayHandle) and w.process.node == node
+        assert w.process.poll() is not None, w.worker_id
+        assert _exits_within(w.process.pid, 10.0), w.worker_id  # the actor's process ends, not idling in Ray
+    assert os.getpid() not in {w.process.pid for w in controller.workers.values()}
+    groups = local_ray.util.placement_group_table().values()
+    assert groups and all(g["state"] == "REMOVED" for g in groups)
+
+
+def test_local_handle_kill_ends_the_whole_session():
+    # a worker that started a child of its own (like a sandbox) and prints that child's pid
+    script = ("import subprocess, sys, time; "
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              "print(child.pid, flush=True); time.sleep(60)")
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert process.stdout is not None
+        child = int(process.stdout.readline())
+        handle = LocalHandle(process)
+        assert handle.poll() is None
+        handle.kill()
+        assert handle.poll() == -9
+        assert _exits_within(child, 10.0)  # the worker's own child went down with it
+    finally:
+        process.kill()
+        process.wait(10)
