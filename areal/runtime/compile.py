@@ -123,7 +123,7 @@ def _pool(index: int, members: list[Node], graph: Graph, config: RunConfig, run:
 
 
 def _endpoint(run: Path, name: str, config: RunConfig) -> str:
-    if config.transport.kind == "tcp":
+    if config.transport.kind == "tcp" or config.cluster.backend == "ray":  # Ray workers may sit on other hosts
         return f"tcp://127.0.0.1:{_free_port()}"
     return f"ipc://{run / 'sockets' / name}"
 
