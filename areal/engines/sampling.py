@@ -46,3 +46,16 @@ def sample_tokens(logits: Tensor, u: Tensor, *, temperature: float, top_p: float
     index = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=cdf.shape[1] - 1)
     tokens = (index if order is None else order.gather(1, index)).squeeze(1)
     return tokens, logp_all.gather(1, tokens[:, None]).squeeze(1)
+
+
+def check_sampling(engine: str, temperature: float, top_p: float, stop_strings: object, decode: object) -> None:
+    """The argument checks every generation engine shares, with messages that name the engine."""
+    if temperature <= 0:
+        raise ValueError(f"{engine}: temperature must be > 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"{engine}: top_p must be in (0, 1], got {top_p}")
+    if stop_strings and decode is None:
+        raise ValueError(
+            f"{engine}: stop_strings need a decode function (token ids -> text); "
+            "pass decode=tokenizer.decode, or give stop_sequences as token ids instead"
+        )

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from areal.engines.sampling import request_uniforms, sample_tokens
+from areal.engines.sampling import check_sampling, request_uniforms, sample_tokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -123,19 +123,11 @@ class TorchGenerationEngine:
         seed: int = 0,
         version: int = 0,
     ) -> None:
-        if temperature <= 0:
-            raise ValueError(f"TorchGenerationEngine: temperature must be > 0, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"TorchGenerationEngine: top_p must be in (0, 1], got {top_p}")
+        check_sampling("TorchGenerationEngine", temperature, top_p, stop_strings, decode)
         if max_batch < 1 or not 1 <= refill_min_free <= max_batch:
             raise ValueError(
                 f"TorchGenerationEngine: need max_batch >= 1 and 1 <= refill_min_free <= max_batch, "
                 f"got max_batch={max_batch}, refill_min_free={refill_min_free}"
-            )
-        if stop_strings and decode is None:
-            raise ValueError(
-                "TorchGenerationEngine: stop_strings need a decode function (token ids -> text); "
-                "pass decode=tokenizer.decode, or give stop_sequences as token ids instead"
             )
         self.model = model.eval()
         self.eos_token_id = eos_token_id

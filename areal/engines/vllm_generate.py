@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from areal.engines.sampling import request_seed
+from areal.engines.sampling import check_sampling, request_seed
 from areal.engines.torch_generate import FinishReason, GenRequest, GenResult
 
 MISSING_VLLM = "vLLM generation needs the 'vllm' package (pip install 'areal[gpu]'); engine=\"torch\" runs without it."
@@ -112,15 +112,7 @@ class VLLMGenerationEngine:
         seed: int = 0,
         version: int = 0,
     ) -> None:
-        if temperature <= 0:
-            raise ValueError(f"VLLMGenerationEngine: temperature must be > 0, got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"VLLMGenerationEngine: top_p must be in (0, 1], got {top_p}")
-        if stop_strings and decode is None:
-            raise ValueError(
-                "VLLMGenerationEngine: stop_strings need a decode function (token ids -> text); "
-                "pass decode=tokenizer.decode, or give stop_sequences as token ids instead"
-            )
+        check_sampling("VLLMGenerationEngine", temperature, top_p, stop_strings, decode)
         self.backend = backend
         self.eos_token_id = eos_token_id
         self.max_new_tokens = max_new_tokens
