@@ -20,7 +20,9 @@ class _Section(BaseModel):
 
 
 class TrainerConfig(_Section):
-    lr: PositiveFloat = Field(2e-5, description="AdamW learning rate (Adam moves every weight ~lr per step: keep it small)")
+    lr: PositiveFloat = Field(
+        2e-5, description="AdamW learning rate; Adam moves every weight ~lr per step, so keep it small"
+    )
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: PositiveFloat = Field(1.0, description="max global grad norm")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip ε")

@@ -465,7 +465,8 @@ class Controller:
             raise RunError(f"{w.last_error}\n  (worker {w.worker_id}; log: {w.log_path})")
         if policy == "fail-fast" or self.plan.pool(w.pool).role == "train":
             raise RunError(f"{cause}{where}" + ("" if policy == "fail-fast" else
-                           f"\n  the trainer holds the optimizer state: continue with `areal run --resume {self.run_dir}`"))
+                           "\n  the trainer holds the optimizer state: "
+                           f"continue with `areal run --resume {self.run_dir}`"))
         if len(recent) >= self.config.faults.max_restarts:
             raise RunError(f"node '{nodes[0]}' keeps failing: {len(recent) + 1} failures within {window:.0f} s, "
                            f"last: {cause}{where}")

@@ -61,7 +61,8 @@ def test_killed_worker_is_restarted_and_every_sample_is_trained_once(tmp_path, m
 
 def test_killed_trainer_stops_the_run_and_resume_trains_each_acknowledged_sample_once(tmp_path):
     controller, killed = _controller(tmp_path, "checkpoint.interval_steps=2", kill="actor[0]", at_version=5)
-    with pytest.raises(RunError, match=r"(?s)worker actor\[0\] exited with code -9.*continue with `areal run --resume "):
+    expected = r"(?s)worker actor\[0\] exited with code -9.*continue with `areal run --resume "
+    with pytest.raises(RunError, match=expected):
         controller.run()
     run = Path(controller.plan.run_dir)
     before = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()]
@@ -76,7 +77,8 @@ def test_killed_trainer_stops_the_run_and_resume_trains_each_acknowledged_sample
 def test_node_that_keeps_failing_stops_the_run_with_its_name(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_RAISE_ON_GROUP", "3")
     controller, _ = _controller(tmp_path, "faults.max_restarts=1")
-    with pytest.raises(RunError, match=r"(?s)keeps failing: 2 failures within 300 s.*node 'advantage' raised ValueError"):
+    expected = r"(?s)keeps failing: 2 failures within 300 s.*node 'advantage' raised ValueError"
+    with pytest.raises(RunError, match=expected):
         controller.run()
     for w in controller.workers.values():
         assert w.process.poll() is not None
