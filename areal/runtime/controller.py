@@ -112,6 +112,7 @@ class Controller:
         self._eval_sent: dict[int, tuple[Batch, dict[str, Any]]] = {}
         self._restarts: dict[str, list[float]] = {}
         self._plan_path = self.run_dir / "plan.json"
+        self._latest_path: str | None = None  # newest published weights file
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -323,6 +324,9 @@ class Controller:
         kind = message["type"]
         if kind == "ready":
             worker.ready = True
+            if self._receives_weights(worker):
+                # a (re)started generator must not sample before it holds the newest policy
+                self.control.send(worker.worker_id, "weights", version=self.state.version, path=self._latest_path)
         elif kind in ("heartbeat", "stopped"):
             worker.busy = float(message.get("busy", worker.busy))
             worker.holding = {int(g) for g in message.get("holding", [])}
@@ -374,12 +378,16 @@ class Controller:
         self.state.last_step = record
         self.metrics.write(record)
         if message.get("path"):
+            self._latest_path = message["path"]
             for w in self.workers.values():
-                if any(dst == w.pool for _, dst in self.plan.weights_route):
+                if self._receives_weights(w):
                     self.control.send(w.worker_id, "weights", version=version, path=message["path"])
         every = self.config.eval.interval_steps
         if self.heldout is not None and every and version % every == 0 and version < self.state.steps:
             self._start_eval()
+
+    def _receives_weights(self, worker: WorkerProcess) -> bool:
+        return any(dst == worker.pool for _, dst in self.plan.weights_route)
 
     def _on_failed(self, message: dict[str, Any]) -> None:
         ids = [int(s) for s in message.get("sample_ids", [])]

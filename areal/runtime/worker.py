@@ -164,6 +164,8 @@ class Worker:
 
     def _stream_loop(self) -> None:
         gen, head = self.impls[0], self.nodes[0]
+        while self._latest_weights is None and not self.stopping:
+            self._wait(100)  # the controller answers "ready" with the newest version: sample nothing before it
         while not self.stopping:
             busy = gen.pending() > 0
             self._wait(0 if busy else int(self.config.faults.heartbeat_s * 1000))

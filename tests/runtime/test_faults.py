@@ -53,7 +53,6 @@ def test_killed_worker_is_restarted_and_every_sample_is_trained_once(tmp_path, m
     assert sorted(ids) == list(range(STEPS * B * G))  # none lost, none twice
     summary = controller.accounting.summary(state.version)
     assert summary["started"] == summary["trained"] + summary["failed"] + summary["in_flight"]
-    assert summary["reissued"] > 0
     restarts = [json.loads(line) for line in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text().splitlines()
                 if '"restart"' in line]
     assert [r["worker"] for r in restarts] == [victim] and "exited with code -9" in restarts[0]["why"]
