@@ -9,6 +9,9 @@ distribution, not of the top-p-renormalised one: it is what a trainer's forward 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Literal
+
 import torch
 from torch import Tensor
 
@@ -59,3 +62,23 @@ def check_sampling(engine: str, temperature: float, top_p: float, stop_strings: 
             f"{engine}: stop_strings need a decode function (token ids -> text); "
             "pass decode=tokenizer.decode, or give stop_sequences as token ids instead"
         )
+
+
+def finish_reason(
+    out: list[int], limit: int, eos_token_id: int, stop_sequences: list[list[int]],
+    stop_strings: list[str], decode: Callable[[list[int]], str] | None, stop_window: int,
+) -> Literal["eos", "stop", "length"] | None:
+    """Why a sequence whose tokens so far are `out` ends now, or None while it goes on.
+
+    Stop strings are looked for in the decoded last `stop_window` tokens (a token is at least
+    one character, so a stop string lies within its length in tokens).
+    """
+    if out[-1] == eos_token_id:
+        return "eos"
+    if any(len(s) <= len(out) and out[-len(s) :] == s for s in stop_sequences):
+        return "stop"
+    if stop_strings and decode is not None and any(s in decode(out[-stop_window:]) for s in stop_strings):
+        return "stop"
+    if len(out) >= limit:
+        return "length"
+    return None

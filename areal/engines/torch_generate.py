@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from areal.engines.sampling import check_sampling, request_uniforms, sample_tokens
+from areal.engines.sampling import check_sampling, finish_reason, request_uniforms, sample_tokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -296,18 +296,8 @@ class TorchGenerationEngine:
         return tokens, reasons
 
     def _finish_reason(self, slot: _Slot) -> FinishReason | None:
-        out = slot.output
-        if out[-1] == self.eos_token_id:
-            return "eos"
-        if any(len(s) <= len(out) and out[-len(s) :] == s for s in self.stop_sequences):
-            return "stop"
-        if self.stop_strings and self.decode is not None:
-            tail = self.decode(out[-self._stop_window :])
-            if any(s in tail for s in self.stop_strings):
-                return "stop"
-        if len(out) >= slot.limit:
-            return "length"
-        return None
+        return finish_reason(slot.output, slot.limit, self.eos_token_id, self.stop_sequences, self.stop_strings,
+                             self.decode, self._stop_window)
 
     def _merge(self, slots: list[_Slot], cache: Any, mask: Tensor, pending: Tensor, positions: Tensor) -> None:
         """Append freshly prefilled rows to the running batch, left-padding whichever is shorter."""

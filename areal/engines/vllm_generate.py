@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from areal.engines.sampling import check_sampling, request_seed
+from areal.engines.sampling import check_sampling, finish_reason, request_seed
 from areal.engines.torch_generate import FinishReason, GenRequest, GenResult
 
 MISSING_VLLM = "vLLM generation needs the 'vllm' package (pip install 'areal[gpu]'); engine=\"torch\" runs without it."
@@ -211,18 +211,8 @@ class VLLMGenerationEngine:
         return None
 
     def _finish_reason(self, req: _Request) -> FinishReason | None:
-        out = req.output
-        if out[-1] == self.eos_token_id:
-            return "eos"
-        if any(len(s) <= len(out) and out[-len(s) :] == s for s in self.stop_sequences):
-            return "stop"
-        if self.stop_strings and self.decode is not None:
-            tail = self.decode(out[-self._stop_window :])
-            if any(s in tail for s in self.stop_strings):
-                return "stop"
-        if len(out) >= req.limit:
-            return "length"
-        return None
+        return finish_reason(req.output, req.limit, self.eos_token_id, self.stop_sequences, self.stop_strings,
+                             self.decode, self._stop_window)
 
 
 # ---- the real backend ---------------------------------------------------------------------------
