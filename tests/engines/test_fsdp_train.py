@@ -99,6 +99,7 @@ def _rank_main(rank: int, port: int, out: str) -> None:
             save_file({k: v.contiguous() for k, v in weights.items()}, f"{out}/weights.safetensors")
             save_file({str(i): t.contiguous() for i, t in enumerate(logps)}, f"{out}/logps.safetensors")
             Path(out, "stats.json").write_text(json.dumps(stats))
+        dist.barrier()  # both ranks tear gloo down together: a rank leaving early can abort its peer
     finally:
         dist.destroy_process_group()
 
