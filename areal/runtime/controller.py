@@ -221,7 +221,9 @@ class Controller:
             self._report_bad_tasks()
             self.gate.try_start(self.state.version)
             self.accounting.started_groups += 1
-            batch, meta = self._task_batch([task], [group]), {"group": group, "samples": self.group_size}
+            # admitted_at: the generator must hold this version's weights before it samples the group
+            meta = {"group": group, "samples": self.group_size, "admitted_at": self.state.version}
+            batch = self._task_batch([task], [group])
             self._issued[group] = (batch, meta)
             self._send_source(batch, meta)
 
@@ -283,7 +285,7 @@ class Controller:
         groups = [-(round_id * 100_000 + i) - 1 for i in range(len(tasks))]
         self._eval_pending[round_id] = {"version": self.state.version, "n": len(tasks), "rewards": {},
                                         "failed": set(), "started": time.monotonic()}
-        meta = {"eval": True, "round": round_id, "samples": 1, "group": groups[0],
+        meta = {"eval": True, "round": round_id, "samples": 1, "group": groups[0], "admitted_at": self.state.version,
                 "task_ids": [str(t.get("task_id", i)) for i, t in enumerate(tasks)]}
         batch = self._task_batch(tasks, groups)
         self._eval_sent[round_id] = (batch, meta)

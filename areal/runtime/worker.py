@@ -166,13 +166,20 @@ class Worker:
         gen, head = self.impls[0], self.nodes[0]
         while self._latest_weights is None and not self.stopping:
             self._wait(100)  # the controller answers "ready" with the newest version: sample nothing before it
+        policy_version = self.version
+        held: list[tuple[Batch, dict[str, Any]]] = []  # admitted at a version whose weights have not arrived
         while not self.stopping:
             busy = gen.pending() > 0
-            self._wait(0 if busy else int(self.config.faults.heartbeat_s * 1000))
+            self._wait(0 if busy else (100 if held else int(self.config.faults.heartbeat_s * 1000)))
             if self._latest_weights is not None:
                 weights, self._latest_weights = self._latest_weights, None
-                _guard(head.name, gen.load_weights, weights.get("path"), int(weights["version"]))
-            for batch, meta in self._drain():
+                policy_version = int(weights["version"])
+                _guard(head.name, gen.load_weights, weights.get("path"), policy_version)
+            # weights travel on the control socket, prompts on the data socket: either may arrive first
+            held += self._drain()
+            ready = [item for item in held if int(item[1].get("admitted_at", 0)) <= policy_version]
+            held = [item for item in held if int(item[1].get("admitted_at", 0)) > policy_version]
+            for batch, meta in ready:
                 _guard(head.name, gen.submit, batch, meta)
             if gen.pending() > 0:
                 start = time.monotonic()
