@@ -9,8 +9,8 @@ distribution, not of the top-p-renormalised one: it is what a trainer's forward 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -82,3 +82,14 @@ def finish_reason(
     if len(out) >= limit:
         return "length"
     return None
+
+
+def run_to_completion(engine: Any, requests: Iterable[Any]) -> list[Any]:
+    """Submit `requests` to a stepped engine and step it until all finish; results in request order."""
+    requests = list(requests)
+    engine.submit(requests)
+    done: dict[Any, Any] = {}
+    while engine.pending():
+        for result in engine.step():
+            done[result.request_id] = result
+    return [done[r.request_id] for r in requests]

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from areal.engines.sampling import check_sampling, finish_reason, request_uniforms, sample_tokens
+from areal.engines.sampling import check_sampling, finish_reason, request_uniforms, run_to_completion, sample_tokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -202,13 +202,7 @@ class TorchGenerationEngine:
 
     def generate(self, requests: Iterable[GenRequest]) -> list[GenResult]:
         """Run the given requests to completion; results in the order of the requests."""
-        requests = list(requests)
-        self.submit(requests)
-        done: dict[int, GenResult] = {}
-        while self.pending():
-            for res in self.step():
-                done[res.request_id] = res
-        return [done[r.request_id] for r in requests]
+        return run_to_completion(self, requests)
 
     # ---- internals ----------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from areal.engines.sampling import check_sampling, finish_reason, request_seed
+from areal.engines.sampling import check_sampling, finish_reason, request_seed, run_to_completion
 from areal.engines.torch_generate import FinishReason, GenRequest, GenResult
 
 MISSING_VLLM = "vLLM generation needs the 'vllm' package (pip install 'areal[gpu]'); engine=\"torch\" runs without it."
@@ -181,13 +181,7 @@ class VLLMGenerationEngine:
 
     def generate(self, requests: Iterable[GenRequest]) -> list[GenResult]:
         """Run the given requests to completion; results in the order of the requests."""
-        requests = list(requests)
-        self.submit(requests)
-        done: dict[int, GenResult] = {}
-        while self.pending():
-            for res in self.step():
-                done[res.request_id] = res
-        return [done[r.request_id] for r in requests]
+        return run_to_completion(self, requests)
 
     # ---- internals ----------------------------------------------------------------------------
 

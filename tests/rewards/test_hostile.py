@@ -62,11 +62,11 @@ def test_a_program_that_never_ends_is_stopped_at_the_wall_clock(sandbox, program
 
 def test_a_setsid_grandchild_dies_with_the_sandbox(sandbox):
     program = (
-        "import os, sys, time\n"
+        "import os, signal, sys\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
-        f"    os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(1000)', {MARKER!r}])\n"
-        "time.sleep(1000)\n"
+        f"    os.execv(sys.executable, [sys.executable, '-c', 'import signal; signal.pause()', {MARKER!r}])\n"
+        "signal.pause()\n"
     )
     with ProcessWatch(marker=MARKER) as watch:
         result = run_one(sandbox, program, ONE_LINE)

@@ -34,7 +34,7 @@ listener.listen()
 listener.set_inheritable(True)
 if os.fork() == 0:
     os.setsid()
-    os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(1000)", {MARKER!r}])
+    os.execv(sys.executable, [sys.executable, "-c", "import signal; signal.pause()", {MARKER!r}])
 print(*wrote, "shm" if segment >= 0 else "no-shm")
 """
 PROBE = f"""
@@ -55,7 +55,7 @@ print(found, segments, listener, caps, status["NoNewPrivs"].strip(), pids)
 CLEAN = "[] 0 gone {'0000000000000000'} 1 [1, 2]"  # PID 1 is the runner, 2 the program
 SLEEPER = (
     "import os, sys\n"
-    f"os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(1000)', {MARKER!r}])\n"
+    f"os.execv(sys.executable, [sys.executable, '-c', 'import signal; signal.pause()', {MARKER!r}])\n"
 )
 FAKE_WORKER = """
 import os, struct, sys

@@ -9,7 +9,6 @@ Knobs come from environment variables so one file serves every test.
 
 import json
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -18,10 +17,17 @@ from areal import Batch, Float, Graph, Int, Json, Ragged, RunConfig, node
 from areal.graph.ports import Int32
 
 TOKENS = int(os.environ.get("FAKE_TOKENS", "4"))
-STEP_DELAY_S = float(os.environ.get("FAKE_STEP_DELAY_S", "0"))
-TRAIN_DELAY_S = float(os.environ.get("FAKE_TRAIN_DELAY_S", "0"))
+STEP_WORK = int(os.environ.get("FAKE_STEP_WORK", "0"))  # matmuls per decode step: a slow generator
+TRAIN_WORK = int(os.environ.get("FAKE_TRAIN_WORK", "0"))  # matmuls per optimizer step
 RAISE_ON_GROUP = int(os.environ.get("FAKE_RAISE_ON_GROUP", "-1"))
 ADVANTAGE_POOL = int(os.environ.get("FAKE_ADVANTAGE_POOL", "0")) or None  # its own process when set
+
+
+def _compute(matmuls: int) -> None:
+    """Fixed work standing for a decode or optimizer step (work, not a timed wait)."""
+    x = torch.ones(128, 128)
+    for _ in range(matmuls):
+        x = torch.tanh(x @ x / 128)
 
 
 class Counting:
@@ -65,8 +71,7 @@ class FakeGenerate:
         self.version = version
 
     def step(self):
-        if STEP_DELAY_S:
-            time.sleep(STEP_DELAY_S)  # stands for decode compute
+        _compute(STEP_WORK)
         done = []
         for item in self.queue:
             item[2].append(self.version)
@@ -110,8 +115,7 @@ class FakeTrainer:
         self.log = Path(context.run_dir) / "trained.jsonl"
 
     def __call__(self, batch):
-        if TRAIN_DELAY_S:
-            time.sleep(TRAIN_DELAY_S)  # stands for the optimizer step
+        _compute(TRAIN_WORK)
         record = {"version": self.version, "sample_ids": batch["sample_id"].tolist(),
                   "min_versions": [int(r.min()) for r in batch["versions"].rows()]}
         with self.log.open("a") as out:

@@ -43,7 +43,7 @@ def _trained_ids(run: Path) -> list[int]:
 @pytest.mark.parametrize("victim,seed", [("rollout[0]", 1), ("advantage[0]", 2)])
 def test_killed_worker_is_restarted_and_every_sample_is_trained_once(tmp_path, monkeypatch, victim, seed):
     monkeypatch.setenv("FAKE_ADVANTAGE_POOL", "1")
-    monkeypatch.setenv("FAKE_STEP_DELAY_S", "0.02")
+    monkeypatch.setenv("FAKE_STEP_WORK", "80")
     at = random.Random(seed).randrange(1, STEPS - 2)
     controller, killed = _controller(tmp_path, kill=victim, at_version=at)
     state = controller.run()

@@ -111,9 +111,9 @@ def test_ray_backend_trains_every_sample_exactly_once(tmp_path, local_ray):
 
 def test_local_handle_kill_ends_the_whole_session():
     # a worker that started a child of its own (like a sandbox) and prints that child's pid
-    script = ("import subprocess, sys, time; "
-              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-              "print(child.pid, flush=True); time.sleep(60)")
+    script = ("import signal, subprocess, sys; "
+              "child = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()']); "
+              "print(child.pid, flush=True); signal.pause()")
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True)
     try:
         assert process.stdout is not None

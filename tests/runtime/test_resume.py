@@ -41,7 +41,7 @@ def test_kill_9_of_the_whole_run_then_resume_trains_each_acknowledged_sample_onc
     recipe = tmp_path / "fake_rl.py"
     shutil.copy(RECIPE, recipe)
     run = tmp_path / "run"
-    env = {**os.environ, "FAKE_STEP_DELAY_S": "0.02"}
+    env = {**os.environ, "FAKE_STEP_WORK": "80"}
     argv = [sys.executable, "-m", "areal.cli", "run", str(recipe), "--run-dir", str(run), "-q",
             "--set", "steps=1000", "--set", "checkpoint.interval_steps=3"]
     proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL,

@@ -50,7 +50,7 @@ def test_four_node_graph_trains_every_sample_exactly_once(tmp_path):
 
 @pytest.mark.parametrize("eta", [0, 1, 4])
 def test_staleness_bound_holds_on_recorded_versions(tmp_path, monkeypatch, eta):
-    monkeypatch.setenv("FAKE_STEP_DELAY_S", "0.01")  # a slow generator and a fast trainer
+    monkeypatch.setenv("FAKE_STEP_WORK", "40")  # a slow generator and a fast trainer
     monkeypatch.setenv("FAKE_TOKENS", "6")
     controller = _run(tmp_path, f"staleness={eta}", "steps=8", "batch_size=2", "group_size=2")
     controller.run()
