@@ -13,20 +13,15 @@ is our own trusted code, never a model's.
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from areal.errors import ConfigError
+from areal.data.builtin import BuiltinTaskSource, Task, digest, select
 
-Task = dict[str, Any]
-
-SPLITS = ("train", "test")
-TEST_PERCENT = 20
 N_TESTS = 5
 INT_VARS = ("x", "n", "a", "k")
 STR_VARS = ("s", "w", "t")
@@ -122,15 +117,6 @@ TEMPLATES = (
 _VARS = {"int": INT_VARS, "str": STR_VARS, "list": LIST_VARS}
 
 
-def _digest(text: str) -> int:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
-
-
-def split_of(task_id: str) -> str:
-    """The split a task belongs to, from its id alone (so no seed can move it)."""
-    return "test" if _digest(task_id) % 100 < TEST_PERCENT else "train"
-
-
 def _random_arg(kind: str, rng: random.Random, consts: dict[str, Any]) -> Any:
     """One argument value; values near the task's constants, so comparisons go both ways."""
     if kind == "int":
@@ -147,7 +133,7 @@ def _random_arg(kind: str, rng: random.Random, consts: dict[str, Any]) -> Any:
 
 def _hidden_tests(fn: Callable[..., Any], kind: str, task_id: str, consts: dict[str, Any]) -> dict[str, Any]:
     """N_TESTS cases whose outputs are not all equal, so a constant answer fails."""
-    rng = random.Random(_digest("tests:" + task_id))
+    rng = random.Random(digest("tests:" + task_id))
     for _ in range(100):
         inputs = [[_random_arg(kind, rng, consts)] for _ in range(N_TESTS)]
         outputs = [fn(*copy.deepcopy(args)) for args in inputs]
@@ -183,74 +169,6 @@ def _all_tasks() -> tuple[Task, ...]:
     return tuple(tasks)
 
 
-class CodeTaskSource:
-    """A replayable stream of tasks: epochs of the split, each in an order drawn from (seed, epoch).
-
-    Iteration never ends (epoch after epoch); `len` is the number of tasks in one epoch. The
-    cursor (`state`/`restore`) is what a checkpoint keeps to resume on the very next task.
-    """
-
-    def __init__(self, tasks: tuple[Task, ...], split: str, seed: int) -> None:
-        self.tasks = tasks
-        self.split = split
-        self.seed = seed
-        self._epoch = 0
-        self._index = 0
-        self._order = self._shuffled(0)
-
-    def _shuffled(self, epoch: int) -> list[int]:
-        order = list(range(len(self.tasks)))
-        random.Random(_digest(f"order:{self.seed}:{epoch}")).shuffle(order)
-        return order
-
-    def __len__(self) -> int:
-        return len(self.tasks)
-
-    def __iter__(self) -> Iterator[Task]:
-        return self
-
-    def __next__(self) -> Task:
-        if self._index == len(self._order):
-            self._epoch, self._index = self._epoch + 1, 0
-            self._order = self._shuffled(self._epoch)
-        task = self.tasks[self._order[self._index]]
-        self._index += 1
-        return copy.deepcopy(task)
-
-    def _fingerprint(self) -> str:
-        return hashlib.sha256("\n".join(t["task_id"] for t in self.tasks).encode()).hexdigest()[:16]
-
-    def state(self) -> dict[str, Any]:
-        """The cursor as plain JSON-able values."""
-        return {
-            "split": self.split,
-            "seed": self.seed,
-            "fingerprint": self._fingerprint(),
-            "epoch": self._epoch,
-            "index": self._index,
-        }
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Continue from a cursor that `state()` of an identical source returned."""
-        mine = (self.split, self.seed, self._fingerprint())
-        theirs = (state.get("split"), state.get("seed"), state.get("fingerprint"))
-        if mine != theirs:
-            raise ConfigError(
-                f"task cursor (split, seed, fingerprint) = {theirs} was saved from a different task "
-                f"source than this one {mine}; resume with the same split, seed and n as the saved run."
-            )
-        self._epoch, self._index = int(state["epoch"]), int(state["index"])
-        self._order = self._shuffled(self._epoch)
-
-
-def builtin_code_tasks(split: str = "train", seed: int = 0, n: int | None = None) -> CodeTaskSource:
+def builtin_code_tasks(split: str = "train", seed: int = 0, n: int | None = None) -> BuiltinTaskSource:
     """The built-in tasks of `split`; `n` keeps a subset of n tasks chosen by `seed`."""
-    if split not in SPLITS:
-        raise ConfigError(f"builtin_code_tasks: unknown split {split!r}; use one of {', '.join(SPLITS)}.")
-    pool = [t for t in _all_tasks() if split_of(t["task_id"]) == split]
-    if n is not None:
-        if not 0 < n <= len(pool):
-            raise ConfigError(f"builtin_code_tasks: n={n} is out of range; split {split!r} has 1..{len(pool)}.")
-        keep = sorted(random.Random(_digest(f"subset:{seed}")).sample(range(len(pool)), n))
-        pool = [pool[i] for i in keep]
-    return CodeTaskSource(tuple(pool), split, seed)
+    return BuiltinTaskSource(select(_all_tasks(), split, seed, n, "builtin_code_tasks"), split, seed)

@@ -1,37 +1,52 @@
 """Task sources chosen by the run's config, so one recipe trains on built-in or user data.
 
-`code_tasks("train")` stands in a recipe for "the training tasks": the runtime calls
-`configure(config)` before reading it, which returns a JSONL source when `data.path` (or
-`data.heldout_path` for the held-out split) is set, and the built-in tasks otherwise.
+`code_tasks("train")` (or `math_tasks("train")`) stands in a recipe for "the training tasks":
+the runtime calls `configure(config)` before reading it, which returns a JSONL source of that
+schema when `data.path` (or `data.heldout_path` for the held-out split) is set, and the built-in
+tasks otherwise. A bad file is reported with the config key that named it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 from areal.config import RunConfig
 from areal.data.code_tasks import builtin_code_tasks
 from areal.data.jsonl import jsonl_tasks
+from areal.data.math_tasks import builtin_math_tasks
+from areal.data.schemas import FIELDS
+from areal.errors import ConfigError
 
 
 class ConfiguredTasks:
     """A placeholder the runtime resolves with `configure(config)`; see the module docstring."""
 
-    fields = ("task_id", "prompt", "tests")
-
-    def __init__(self, split: str) -> None:
+    def __init__(self, schema: Literal["code", "math"], split: str, builtin: Callable[..., Any]) -> None:
+        self.schema = schema
         self.split = split
+        self.builtin = builtin
+        self.fields: tuple[str, ...] = FIELDS[schema]
 
     def __repr__(self) -> str:
-        return f"code_tasks({self.split!r})"
+        return f"{self.schema}_tasks({self.split!r})"
 
     def configure(self, config: RunConfig) -> Any:
-        path = config.data.path if self.split == "train" else config.data.heldout_path
-        if path:
-            return jsonl_tasks(path, schema="code", seed=config.data.seed)
-        return builtin_code_tasks(split=self.split, seed=config.data.seed)
+        key = "path" if self.split == "train" else "heldout_path"
+        path = getattr(config.data, key)
+        if not path:
+            return self.builtin(split=self.split, seed=config.data.seed)
+        try:
+            return jsonl_tasks(path, schema=self.schema, seed=config.data.seed)
+        except ConfigError as err:
+            raise ConfigError(f"data.{key}: {err}") from None  # every jsonl error names the file
 
 
 def code_tasks(split: str = "train") -> ConfiguredTasks:
     """Code tasks of `split` ("train" or "test"): `data.path`/`data.heldout_path` files, else built-in."""
-    return ConfiguredTasks(split)
+    return ConfiguredTasks("code", split, builtin_code_tasks)
+
+
+def math_tasks(split: str = "train") -> ConfiguredTasks:
+    """Math tasks of `split` ("train" or "test"): `data.path`/`data.heldout_path` files, else built-in arithmetic."""
+    return ConfiguredTasks("math", split, builtin_math_tasks)

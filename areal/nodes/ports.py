@@ -6,6 +6,7 @@ from areal.graph.ports import Float, Int, Int32, Json
 
 PROMPT = Json["S"]  # task text the policy completes
 TESTS = Json["S"]  # hidden tests, one dict per sample
+ANSWER = Json["S"]  # reference answer text, one per sample
 COMPLETION = Json["S"]  # decoded output text
 PROMPT_IDS = Int["S", "T"]
 OUTPUT_IDS = Int["S", "T"]

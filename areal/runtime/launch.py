@@ -71,9 +71,10 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
     _log_to(folder / "logs" / "controller.log")
     plan = compile_plan(recipe.graph, recipe.config, recipe=str(recipe.path), overrides=tuple(overrides),
                         run_dir=folder.resolve())
+    # the controller resolves the task sources: a bad data.path fails here, before a model warm-start
+    controller = Controller(plan, recipe.graph, recipe.config, saved=saved, resume_dir=checkpoint, on_event=on_event)
     _prepare_models(recipe)
-    return Controller(plan, recipe.graph, recipe.config, saved=saved,
-                      resume_dir=checkpoint, on_event=on_event)
+    return controller
 
 
 def _default_run_dir(recipe: Recipe) -> Path:

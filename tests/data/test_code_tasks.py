@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from areal.data.code_tasks import builtin_code_tasks, split_of
+from areal.data.builtin import split_of
+from areal.data.code_tasks import builtin_code_tasks
 from areal.errors import ConfigError
 
 

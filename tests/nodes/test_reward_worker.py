@@ -10,6 +10,7 @@ import torch
 from areal.graph.batch import Batch
 from areal.graph.node import FAILED
 from areal.nodes.reward_worker import RewardNode
+from areal.rewards import math_reward
 
 
 @dataclass
@@ -58,3 +59,11 @@ def test_code_programs_are_prompt_plus_completion_and_named_inputs_are_passed():
             return [float(i) for i in ids.tolist()]
 
     assert RewardNode(ByName())(_batch(2))["reward"].tolist() == [0.0, 1.0]
+
+
+def test_the_math_reward_gets_completions_and_reference_answers():
+    completions = ["so \\boxed{0.5}", "\\boxed{3}", "no marked answer"]
+    batch = Batch({"completion": completions, "answer": ["\\frac{1}{2}", "4", "4"], "sample_id": torch.arange(3)})
+    with math_reward(timeout_s=2.0) as fn:
+        out = RewardNode(fn)(batch)
+    assert out["reward"].tolist() == [1.0, 0.0, 0.0] and out[FAILED] == {}

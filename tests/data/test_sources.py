@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from areal import RunConfig
+from areal.data import BuiltinTaskSource, JsonlTaskSource, code_tasks, math_tasks
+from areal.errors import ConfigError
+
+
+def test_math_tasks_read_data_path_with_the_math_schema_else_the_builtin_set(tmp_path):
+    data = tmp_path / "problems.jsonl"
+    data.write_text(json.dumps({"problem": "What is $1+1$?", "answer": 2}) + "\n")
+    config = RunConfig(data={"path": str(data)})
+    train = math_tasks("train").configure(config)
+    assert isinstance(train, JsonlTaskSource) and train.fields == math_tasks("train").fields
+    assert next(iter(train)) == {"task_id": "problems.jsonl:1", "prompt": "What is $1+1$?", "answer": "2"}
+    heldout = math_tasks("test").configure(config)  # no data.heldout_path: the built-in test split
+    assert isinstance(heldout, BuiltinTaskSource) and heldout.split == "test"
+    assert set(next(heldout)) == {"task_id", "prompt", "answer"}
+
+
+def test_a_bad_data_file_is_named_with_its_config_key(tmp_path):
+    code = tmp_path / "code.jsonl"
+    code.write_text(json.dumps({"prompt": "def f(x):\n", "fn_name": "f", "inputs": [[1]], "outputs": [2]}) + "\n")
+    with pytest.raises(ConfigError, match=r"^data\.heldout_path: .* task file \S+missing\.jsonl does not exist"):
+        math_tasks("test").configure(RunConfig(data={"heldout_path": str(tmp_path / "missing.jsonl")}))
+    with pytest.raises(
+        ConfigError, match=r"(?s)^data\.path: \S+code\.jsonl: no valid task record.*:1: missing 'answer'"
+    ):
+        math_tasks("train").configure(RunConfig(data={"path": str(code)}))
+    assert repr(code_tasks("test")) == "code_tasks('test')" and code_tasks().fields == ("task_id", "prompt", "tests")
