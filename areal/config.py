@@ -21,8 +21,9 @@ class _Section(BaseModel):
 
 class TrainerConfig(_Section):
     lr: PositiveFloat = Field(
-        2e-5, description="AdamW learning rate; Adam moves every weight ~lr per step, so keep it small"
+        3e-4, description="AdamW peak learning rate (the default suits the 0.8 M-param built-in; ~1e-6 for 0.5 B+)"
     )
+    adam_betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (β1, β2)")
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: PositiveFloat = Field(1.0, description="max global grad norm")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip ε")
@@ -32,7 +33,9 @@ class TrainerConfig(_Section):
     )
     microbatch_tokens: PositiveInt = Field(4096, description="token budget of one packed micro-batch")
     minibatches: PositiveInt = Field(1, description="optimizer steps per batch (PPO minibatches); one version")
-    warmup_steps: NonNegativeInt = 0
+    warmup_steps: NonNegativeInt = Field(
+        20, description="linear lr warmup: Adam's first steps are sign-like and move every weight by ~lr"
+    )
     lr_schedule: Literal["constant", "cosine"] = "constant"
     threads: PositiveInt = Field(1, description="torch threads of the trainer process")
 
@@ -53,8 +56,10 @@ class DataConfig(_Section):
 
 
 class EvalConfig(_Section):
-    interval_steps: NonNegativeInt = Field(5, description="held-out pass@1 every N steps; 0 = only at start/end")
-    tasks: PositiveInt = Field(64, description="held-out tasks scored per evaluation")
+    interval_steps: NonNegativeInt = Field(20, description="held-out pass@1 every N steps; 0 = only at start/end")
+    # tasks x samples stays under the controller's 1e6 held-out sample ids a round
+    tasks: int = Field(256, ge=1, le=10_000, description="held-out tasks scored per evaluation (the first N)")
+    samples: int = Field(2, ge=1, le=64, description="samples per held-out task; pass@1 is their mean")
 
 
 class CheckpointConfig(_Section):
@@ -92,11 +97,11 @@ class RunConfig(_Section):
     model: str = Field("builtin:tiny-coder", description="builtin:NAME or a local Hugging Face checkpoint dir")
     dtype: Literal["float32", "bfloat16"] = "float32"
     seed: int = 0
-    batch_size: PositiveInt = Field(8, description="B: prompt groups per trainer step")
+    batch_size: PositiveInt = Field(16, description="B: prompt groups per trainer step")
     group_size: PositiveInt = Field(8, description="G: samples generated per prompt")
     staleness: NonNegativeInt = Field(2, description="η: no trained sample is more than η versions behind")
     mode: Literal["async", "sync"] = Field("async", description="sync = η 0, generation waits for training")
-    steps: PositiveInt = Field(40, description="trainer steps (policy versions) to run")
+    steps: PositiveInt = Field(120, description="trainer steps (policy versions) to run")
     max_minutes: PositiveFloat | None = Field(None, description="stop (with a checkpoint) after this wall-clock")
     run_dir: str | None = Field(None, description="default: runs/<graph>-<timestamp>")
     trainer: TrainerConfig = TrainerConfig()

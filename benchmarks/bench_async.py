@@ -19,14 +19,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = [("sync", 0), ("async", 1), ("async", 2), ("async", 4)]
 
 
-def run_once(recipe: Path, mode: str, eta: int, seed: int, steps: int, extra: list[str], out: Path) -> dict:
-    run_dir = out / f"{mode}-eta{eta}-seed{seed}"
+def run_once(recipe: Path, mode: str, eta: int, seed: int, steps: int, extra: list[str], out: Path,
+             tag: str = "") -> dict:
+    run_dir = out / f"{mode}-eta{eta}-seed{seed}{'-' + tag if tag else ''}"
     cmd = [sys.executable, "-m", "areal.cli", "run", str(recipe), "--run-dir", str(run_dir), "-q",
            "--set", f"mode={mode}", "--set", f"staleness={eta}", "--set", f"seed={seed}",
            "--set", f"data.seed={seed}", "--set", f"steps={steps}"]
@@ -51,6 +53,7 @@ def run_once(recipe: Path, mode: str, eta: int, seed: int, steps: int, extra: li
         "pass_last": evals[-1]["pass@1"] if evals else None,
         "t_train": statistics.median(train_s),
         "t_step": statistics.median(step_s),
+        "staleness": sum((Counter(r["staleness"]) for r in steps_), Counter()),
     }
 
 

@@ -12,7 +12,7 @@ from areal.kernels.advantage import group_normalise
 from areal.nodes import compute_logprob, generate, ppo_update, reward
 from areal.rewards import code_tests
 
-config = RunConfig(model="builtin:tiny-coder", batch_size=8, group_size=8, staleness=2, steps=40)
+config = RunConfig(model="builtin:tiny-coder", batch_size=16, group_size=8, staleness=2, steps=120)
 
 
 @node(inputs={"reward": Float["S"], "group_id": Int["S"]}, outputs={"advantage": Float["S"]})

@@ -18,8 +18,9 @@ the accumulated gradient is that of the token-weighted mean over the batch, the 
 micro-batch split.
 
 Checkpoints hold no pickle: weights via `save_pretrained` (safetensors, Hugging Face layout),
-optimizer moments via safetensors keyed by parameter name, and step, version and hyperparameters
-as JSON. The lr schedule is a pure function of the step, so the step is its whole state.
+optimizer moments via safetensors keyed by parameter name, the torch RNG state (a model with
+dropout draws from it, so a resumed run continues the same draws), and step, version and
+hyperparameters as JSON. The lr schedule is a pure function of the step, so the step is its whole state.
 """
 
 from __future__ import annotations
@@ -277,6 +278,10 @@ class TorchTrainEngine:
             for key, value in state.items():
                 moments[f"{index[id(p)]}::{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
         safetensors.torch.save_file(moments, str(directory / "optimizer.safetensors"))
+        rng = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        safetensors.torch.save_file(rng, str(directory / "rng.safetensors"))
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         scalars = {
             "format": CHECKPOINT_FORMAT,
@@ -310,3 +315,8 @@ class TorchTrainEngine:
         groups = [dict(g, params=list(range(len(position)))) for g in scalars["param_groups"]]
         self.optimizer.load_state_dict({"state": state, "param_groups": groups})
         self.step, self.version = int(scalars["step"]), int(scalars["version"])
+        if (directory / "rng.safetensors").exists():  # absent from checkpoints written before it was kept
+            rng = safetensors.torch.load_file(str(directory / "rng.safetensors"))
+            torch.set_rng_state(rng["cpu"])
+            if "cuda" in rng and self.device.type == "cuda":
+                torch.cuda.set_rng_state(rng["cuda"], self.device)

@@ -4,6 +4,10 @@ Each submitted batch holds prompts (one group for training, many prompts for eva
 prompt becomes `samples` requests whose request id is the sample id, so a sample regenerated
 after a resume draws the same random numbers. A batch is returned once all of its samples
 finished, with the prompt's fields repeated per sample.
+
+A training sample whose generation is over-long (it hit max_new_tokens) or empty (no text left
+after the stop cut) is reported to the controller ("noted", with its id and reason): it trains
+on like any other and earns its reward, but the run's accounting counts it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class GenerateNode:
         from areal.engines.torch_generate import TorchGenerationEngine
 
         config = context.config
+        self.report = context.report
         self.group_size = self.group_size or config.group_size
         model, self.tokenizer = load_run_policy(
             config,
@@ -69,16 +74,17 @@ class GenerateNode:
         from areal.engines.torch_generate import GenRequest
 
         samples = int(meta.get("samples", self.group_size))
+        groups = batch["group_id"].tolist()
+        # held-out ids are unique already
+        sample_ids = [[g * samples + k if g >= 0 else g for k in range(samples)] for g in groups]
+        if all(ids[0] in self._pending for ids in sample_ids):
+            return  # re-issued after a crash downstream while still in flight here: that copy answers for it
         entry = _Pending(batch, meta, samples)
-        requests = []
-        for prompt, group in zip(batch["prompt"], batch["group_id"].tolist()):
-            ids = self.tokenizer.encode(prompt)
-            for k in range(samples):
-                sample_id = group * samples + k if group >= 0 else group  # held-out ids are unique already
-                self._pending[sample_id] = entry
-                requests.append(GenRequest(request_id=sample_id, prompt_ids=ids))
+        requests = [GenRequest(request_id=sid, prompt_ids=self.tokenizer.encode(prompt))
+                    for prompt, ids in zip(batch["prompt"], sample_ids) for sid in ids]
+        self.engine.submit(requests)  # checks every request before queueing any: raise before any bookkeeping
+        self._pending.update((r.request_id, entry) for r in requests)
         self._batches.append(entry)
-        self.engine.submit(requests)
 
     def step(self) -> list[tuple[Batch, dict[str, Any]]]:
         for result in self.engine.step():
@@ -106,6 +112,10 @@ class GenerateNode:
         fields["behav_logp"] = Ragged.from_rows([r.logprobs for r in results], dtype=torch.float32)
         fields["versions"] = Ragged.from_rows([r.versions for r in results], dtype=torch.int32)
         fields["completion"] = [self._completion(r.output_ids.tolist()) for r in results]
+        notes = {r.request_id: why for r, text in zip(results, fields["completion"])
+                 if (why := generation_problem(r.finish_reason, text))}
+        if notes and not entry.meta.get("eval"):
+            self.report("noted", sample_ids=list(notes), reasons=list(notes.values()))
         return Batch(fields)
 
     def _completion(self, ids: list[int]) -> str:
@@ -113,3 +123,12 @@ class GenerateNode:
         text = self._decode(ids)
         cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=len(text))
         return text[:cut]
+
+
+def generation_problem(finish_reason: str, completion: str) -> str | None:
+    """Why a finished generation is noted: no text after the stop cut (whitespace is none), or it hit the cap."""
+    if not completion.strip():
+        return "empty"
+    if finish_reason == "length":
+        return "over_long"
+    return None

@@ -37,7 +37,7 @@ class TrainerNode:
         self.minibatches = t.minibatches
         model, _ = load_run_policy(config)
         self.engine = TorchTrainEngine(
-            model, lr=t.lr, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
+            model, lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
             microbatch_tokens=t.microbatch_tokens, warmup_steps=t.warmup_steps, lr_schedule=t.lr_schedule,
             total_steps=config.steps, temperature=config.generation.temperature,
         )
@@ -74,7 +74,9 @@ class TrainerNode:
             "advantage": batch["advantage"].to(torch.float32),
         }
         totals: dict[str, float] = {}
-        parts = [list(range(batch.size))[i :: self.minibatches] for i in range(self.minibatches)]
+        # a sample with no output tokens (an empty generation) has no term in the token mean: leave it out
+        rows = [i for i, out in enumerate(batch["output_ids"].rows()) if len(out)]
+        parts = [rows[i :: self.minibatches] for i in range(self.minibatches)]
         for index in (p for p in parts if p):
             sub = {k: (v[index] if isinstance(v, Tensor) else [v[i] for i in index]) for k, v in extra.items()}
             stats = self.engine.train_step([sequences[i] for i in index], [prompt_lens[i] for i in index],

@@ -2,6 +2,8 @@
 
 The invariant checked at every trainer step: each sample of a closed batch (groups below
 version·B) was trained or failed, exactly once. A duplicate trained id is counted and dropped.
+A generation that is over-long (it hit max_new_tokens) or empty is noted by its generator: it
+still trains (it earns its reward like any other), and the notes are counted once per sample id.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Accounting:
     duplicates: int = 0
     reissued: int = 0
     fail_reasons: Counter[str] = field(default_factory=Counter)
+    noted: dict[int, str] = field(default_factory=dict)  # sample id -> "over_long" or "empty"
 
     @property
     def started(self) -> int:
@@ -39,6 +42,10 @@ class Accounting:
             if sid not in self.failed and sid not in self.trained:
                 self.failed[sid] = reason
                 self.fail_reasons[reason.split(":")[0]] += 1
+
+    def on_noted(self, sample_ids: list[int], reasons: list[str]) -> None:
+        for sid, reason in zip(sample_ids, reasons):
+            self.noted.setdefault(sid, reason)  # a regenerated sample is the same sample
 
     def in_flight(self, version: int) -> int:
         closed = version * self.batch_size * self.group_size
@@ -65,4 +72,6 @@ class Accounting:
             "in_flight": self.in_flight(version),
             "duplicates_dropped": self.duplicates,
             "reissued": self.reissued,
+            "over_long": sum(1 for r in self.noted.values() if r == "over_long"),
+            "empty": sum(1 for r in self.noted.values() if r == "empty"),
         }

@@ -1,7 +1,9 @@
 """The control plane: small msgpack dicts between the controller and every worker.
 
 Workers hold a DEALER socket named by their worker id (`score[1]`); the controller holds the
-ROUTER. Messages are plain maps with a "type" (ready, heartbeat, version, failed, eval, error,
+ROUTER. A worker's `Pulse` thread holds a second one (`score[1]/pulse`) that keeps saying "alive"
+while the main loop is inside a long node call (a reward batch of slow tests, a big update).
+Messages are plain maps with a "type" (ready, heartbeat, version, failed, eval, error,
 stats from workers; weights and stop from the controller). Like the data plane, nothing here
 is ever unpickled: msgpack with tight limits, and a malformed message is dropped with a log line.
 """
@@ -9,6 +11,7 @@ is ever unpickled: msgpack with tight limits, and a malformed message is dropped
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import msgpack
@@ -55,6 +58,35 @@ class ControlClient:
 
     def close(self) -> None:
         self.socket.close()
+
+
+class Pulse:
+    """A thread that tells the controller "alive" every `interval_s`, whatever the main loop does.
+
+    The main loop's heartbeats carry stats and stop while a node computes; pulses carry nothing
+    and keep coming, so the controller's silence check catches a frozen process (stopped, or
+    hung in C code holding the GIL), not a node that is merely slow.
+    """
+
+    SUFFIX = "/pulse"
+
+    def __init__(self, endpoint: str, worker_id: str, interval_s: float) -> None:
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(endpoint, worker_id + self.SUFFIX, interval_s),
+                                        name="pulse", daemon=True)
+        self._thread.start()
+
+    def _run(self, endpoint: str, identity: str, interval_s: float) -> None:
+        client = ControlClient(endpoint, identity)  # a socket of this thread's own: zmq sockets are not shared
+        try:
+            while not self._stopped.wait(interval_s):
+                client.send("pulse")
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
 
 
 class ControlServer:

@@ -29,7 +29,7 @@ from areal.graph.batch import Batch
 from areal.graph.graph import Graph
 from areal.runtime.accounting import Accounting
 from areal.runtime.channels import BatchSender
-from areal.runtime.control import ControlServer
+from areal.runtime.control import ControlServer, Pulse
 from areal.runtime.metrics import MetricsWriter
 from areal.runtime.placement import WorkerHandle, launcher_for, worker_spec
 from areal.runtime.plan import Plan
@@ -39,6 +39,7 @@ log = logging.getLogger("areal.controller")
 
 READY_TIMEOUT_S = 600.0  # a worker may build the warm-start model on first use
 STOP_TIMEOUT_S = 60.0
+EVAL_ROUND_IDS = 1_000_000  # held-out sample ids of round r: -(r * EVAL_ROUND_IDS + i) - 1 (config caps i)
 
 
 @dataclass
@@ -89,7 +90,7 @@ class Controller:
             self.tasks.restore(saved["source"])
         heldout = _configured(graph.heldout.get(self.source_node.name), config)
         # the same held-out tasks every round, so pass@1 is comparable across versions
-        self.heldout = list(islice(iter(heldout), config.eval.tasks)) if heldout is not None else None
+        self.heldout = _first_tasks(heldout, config.eval.tasks) if heldout is not None else None
         self.group_size = config.group_size
         self.state = RunState(version=start_version, steps=config.steps)
         started = start_version * config.batch_size  # after a resume: i·B, never the old count
@@ -98,6 +99,7 @@ class Controller:
         if saved:
             self.accounting.trained = set(saved.get("trained_ids", []))
             self.accounting.failed = {int(k): v for k, v in saved.get("failed", {}).items()}
+            self.accounting.noted = {int(k): v for k, v in saved.get("noted", {}).items()}
         self.source_snapshots: dict[int, dict[str, Any]] = {}
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
         self.workers: dict[str, WorkerProcess] = {}
@@ -282,7 +284,9 @@ class Controller:
         round_id = self._eval_round
         self._eval_round += 1
         # negative ids keep held-out samples apart from training samples
-        groups = [-(round_id * 100_000 + i) - 1 for i in range(len(tasks))]
+        # each held-out task repeated `eval.samples` times, every copy its own one-sample group
+        tasks = [task for task in tasks for _ in range(self.config.eval.samples)]
+        groups = [-(round_id * EVAL_ROUND_IDS + i) - 1 for i in range(len(tasks))]
         self._eval_pending[round_id] = {"version": self.state.version, "n": len(tasks), "rewards": {},
                                         "failed": set(), "started": time.monotonic()}
         meta = {"eval": True, "round": round_id, "samples": 1, "group": groups[0], "admitted_at": self.state.version,
@@ -302,7 +306,8 @@ class Controller:
         self._eval_sent.pop(round_id, None)
         rewards = list(pending["rewards"].values())
         passed = sum(1 for r in rewards if r >= 1.0 - 1e-9)
-        record = {"kind": "eval", "round": round_id, "version": pending["version"], "tasks": pending["n"],
+        record = {"kind": "eval", "round": round_id, "version": pending["version"],
+                  "tasks": pending["n"] // self.config.eval.samples, "samples": pending["n"],
                   "pass@1": passed / max(pending["n"], 1), "reward_mean": sum(rewards) / max(pending["n"], 1),
                   "failed": len(pending["failed"]), "wall_s": self._elapsed()}
         self.state.evals.append(record)
@@ -318,6 +323,11 @@ class Controller:
             got = self.control.recv(0)
 
     def _handle(self, sender: str, message: dict[str, Any]) -> None:
+        if sender.endswith(Pulse.SUFFIX):  # alive, from the worker's pulse thread: nothing else to read
+            pulsing = self.workers.get(sender.removesuffix(Pulse.SUFFIX))
+            if pulsing is not None:
+                pulsing.last_seen = time.monotonic()
+            return
         worker = self.workers.get(sender)
         if worker is None:
             log.warning("control message from unknown worker %r ignored", sender)
@@ -343,6 +353,8 @@ class Controller:
             self._on_checkpoint(message)
         elif kind == "duplicate":
             self.accounting.duplicates += 1
+        elif kind == "noted":  # an over-long or empty generation: counted, and it trains on
+            self.accounting.on_noted([int(s) for s in message["sample_ids"]], [str(r) for r in message["reasons"]])
         elif kind == "error":
             where = f"node '{message['node']}'" if message.get("node") else f"worker {sender}"
             text = str(message.get("message", ""))
@@ -396,7 +408,7 @@ class Controller:
         reasons = [f"{message.get('node')}: {r}" for r in message.get("reasons", [])]
         if message.get("eval"):
             for sid in ids:
-                round_id = (-sid - 1) // 100_000
+                round_id = (-sid - 1) // EVAL_ROUND_IDS
                 if round_id in self._eval_pending:
                     self._eval_pending[round_id]["failed"].add(sid)
                     self._maybe_eval_done(round_id)
@@ -430,6 +442,7 @@ class Controller:
             "accounting": self.accounting.summary(version),
             "trained_ids": sorted(s for s in self.accounting.trained),
             "failed": {str(k): v for k, v in self.accounting.failed.items() if k < closed},
+            "noted": {str(k): v for k, v in self.accounting.noted.items() if k < closed},
             "metrics_lines": self.metrics.lines,
             "eval_round": self._eval_round,
         }
@@ -440,7 +453,8 @@ class Controller:
             shutil.copyfile(policy, folder / "policy.safetensors")
         tmp.write_text(json.dumps(state) + "\n")
         os.replace(tmp, folder / "controller.json")  # the checkpoint counts only once this file exists
-        self._checkpoints.append(str(folder))
+        if str(folder) not in self._checkpoints:  # the exit checkpoint may rewrite the last interval one
+            self._checkpoints.append(str(folder))
         for old in self._checkpoints[: -self.config.checkpoint.keep]:
             _remove_tree(Path(old))
         self._checkpoints = self._checkpoints[-self.config.checkpoint.keep:]
@@ -523,3 +537,16 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _first_tasks(source: Any, n: int) -> list[dict[str, Any]]:
+    """Up to n tasks of a held-out source, each once: sources replay epochs, so stop at a repeated task_id."""
+    tasks: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for task in islice(iter(source), n):
+        key = str(task.get("task_id", len(tasks)))
+        if key in seen:
+            break
+        seen.add(key)
+        tasks.append(task)
+    return tasks

@@ -34,7 +34,7 @@ from areal.graph.ports import PortType
 from areal.graph.recipe import load_recipe
 from areal.runtime.channels import BatchReceiver, BatchSender
 from areal.runtime.context import WorkerContext
-from areal.runtime.control import ControlClient
+from areal.runtime.control import ControlClient, Pulse
 from areal.runtime.plan import Plan
 from areal.runtime.staleness import staleness_histogram
 
@@ -93,8 +93,12 @@ class Worker:
 
     def run(self) -> None:
         self.control.send("ready", pid=os.getpid())
+        pulse = Pulse(self.plan.control_endpoint, self.worker_id, self.config.faults.heartbeat_s)
         loop = {"map": self._map_loop, "stream": self._stream_loop, "train": self._train_loop}[self.pool.role]
-        loop()
+        try:
+            loop()
+        finally:
+            pulse.stop()
         self.control.send("stopped", **self.counts)
 
     def _wait(self, timeout_ms: int) -> None:
@@ -255,8 +259,10 @@ class Worker:
         tmp = folder / f".v{self.version:06d}.tmp"
         _guard(self.nodes[-1].name, trainer.save_weights, str(tmp))
         os.replace(tmp, final)  # readers never see a half-written file
-        for old in sorted(folder.glob("v*.safetensors"))[:-3]:
-            old.unlink(missing_ok=True)
+        for old in folder.glob("v*.safetensors"):
+            # keep the newest 3; a file above this version is rolled-back work from before a resume
+            if not self.version - 3 < int(old.stem[1:]) <= self.version:
+                old.unlink(missing_ok=True)
         return str(final)
 
     def _checkpoint(self, folder: Path) -> None:

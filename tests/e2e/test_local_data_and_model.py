@@ -25,13 +25,15 @@ def test_recipe_runs_on_a_local_checkpoint_and_a_jsonl_file_with_a_bad_record(tm
     cmd = [sys.executable, "-m", "areal.cli", "run", str(ROOT / "recipes" / "code_rl.py"), "--run-dir", str(run),
            "-q", "--set", f"data.path={data}", "--set", f"data.heldout_path={data}", "--set", f"model={model}",
            "--set", "steps=2", "--set", "batch_size=2", "--set", "group_size=2",
-           "--set", "generation.max_new_tokens=8", "--set", "eval.tasks=3", "--set", "checkpoint.interval_steps=0"]
+           "--set", "generation.max_new_tokens=8", "--set", "eval.tasks=100", "--set", "eval.samples=2",
+           "--set", "checkpoint.interval_steps=0"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x["kind"] == "step"]
     assert [s["version"] for s in steps] == [1, 2] and all(s["samples"] == 4 for s in steps)
-    assert [x["tasks"] for x in lines if x["kind"] == "eval"] == [3, 3]
+    # held-out: eval.tasks=100 but the file holds 3 valid records: each once, 2 samples each, every round
+    assert [(x["tasks"], x["samples"]) for x in lines if x["kind"] == "eval"] == [(3, 6), (3, 6)]
     # the malformed record is named by line in the metrics and the summary, and the run went on
     bad = [x["problem"] for x in lines if x["kind"] == "bad_task"]
     assert len(bad) == 1 and bad[0].startswith(f"{data}:4: ")

@@ -97,6 +97,7 @@ def test_checkpoint_round_trip_restores_outputs_and_the_next_step(make_model, tm
         "generation_config.json",
         "model.safetensors",
         "optimizer.safetensors",
+        "rng.safetensors",
         "trainer_state.json",
     ]
 
@@ -109,6 +110,23 @@ def test_checkpoint_round_trip_restores_outputs_and_the_next_step(make_model, tm
     seqs2, prompts2, extra2 = batch(1)
     stats = [e.train_step(seqs2, prompts2, pg_loss_mean, extra2) for e in (first, second)]
     assert stats[0]["loss"] == stats[1]["loss"] and stats[0]["lr"] == stats[1]["lr"] == first.lr_at(1)
+    for (name, a), b in zip(first.model.named_parameters(), second.model.parameters(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_checkpoint_restores_the_rng_so_dropout_draws_continue_the_same(make_model, tmp_path):
+    models = [make_model(0), make_model(0)]
+    for model in models:
+        for layer in model.model.layers:
+            layer.self_attn.attention_dropout = 0.5
+    first, second = (TorchTrainEngine(m, lr=1e-3) for m in models)
+    (seqs, prompts, extra), (seqs2, prompts2, extra2) = batch(0), batch(1)
+    first.train_step(seqs, prompts, pg_loss_mean, extra)
+    first.save(tmp_path / "ckpt")
+    first.train_step(seqs2, prompts2, pg_loss_mean, extra2)
+    torch.manual_seed(123)  # a fresh process's RNG is elsewhere
+    second.load(tmp_path / "ckpt")
+    second.train_step(seqs2, prompts2, pg_loss_mean, extra2)
     for (name, a), b in zip(first.model.named_parameters(), second.model.parameters(), strict=True):
         assert torch.equal(a, b), name
 

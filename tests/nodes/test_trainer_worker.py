@@ -37,3 +37,22 @@ def test_default_update_raises_the_rewarded_completion_and_lowers_the_other(tmp_
     after = sequence_logps()
     assert after[0] > before[0] and after[1] < before[1]
     assert trainer.version == 5
+
+
+def test_a_sample_with_no_output_tokens_is_left_out_of_the_update(tmp_path):
+    config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")))
+    prompt, output = torch.randint(4, 90, (12,)), torch.randint(4, 90, (10,))
+
+    def weights_after(outputs: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        trainer = TrainerNode()
+        trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
+        logp = Ragged.from_rows([torch.full((len(o),), -2.0) for o in outputs])
+        trainer(Batch({
+            "prompt_ids": Ragged.from_rows([prompt] * len(outputs)), "output_ids": Ragged.from_rows(outputs),
+            "behav_logp": logp, "prox_logp": logp, "advantage": torch.ones(len(outputs)),
+            "versions": Ragged.from_rows([torch.zeros(len(o), dtype=torch.int32) for o in outputs]),
+        }))
+        return trainer.engine.model.state_dict()
+
+    with_empty, alone = weights_after([output, torch.zeros(0, dtype=torch.int64)]), weights_after([output])
+    assert all(torch.equal(with_empty[k], alone[k]) for k in alone)

@@ -65,10 +65,10 @@ def test_killed_trainer_stops_the_run_and_resume_trains_each_acknowledged_sample
         controller.run()
     run = Path(controller.plan.run_dir)
     before = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()]
+    acknowledged = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*")
+                       if (p / "controller.json").exists())  # the checkpoint the resume starts from
     assert run_recipe(tmp_path / "fake_rl.py", resume=run, live=False) == 0
     records = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()]
-    acknowledged = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("step-*")
-                       if (p / "controller.json").exists() and int(p.name.split("-")[1]) < STEPS)
     kept = [r for r in before if r["version"] < acknowledged] + records[len(before):]
     assert sorted(sid for r in kept for sid in r["sample_ids"]) == list(range(STEPS * B * G))
 
@@ -81,3 +81,45 @@ def test_node_that_keeps_failing_stops_the_run_with_its_name(tmp_path, monkeypat
         controller.run()
     for w in controller.workers.values():
         assert w.process.poll() is not None
+
+
+def test_a_node_busy_longer_than_dead_after_s_is_not_declared_silent(tmp_path, monkeypatch):
+    # each optimizer step computes for well over dead_after_s; the worker's pulse thread keeps it alive
+    monkeypatch.setenv("FAKE_TRAIN_WORK", "20000")
+    controller, _ = _controller(tmp_path, "steps=3", "faults.heartbeat_s=0.1", "faults.dead_after_s=0.5",
+                                "faults.policy=fail-fast")
+    state = controller.run()
+    assert state.version == 3
+    run = Path(controller.plan.run_dir)
+    assert '"restart"' not in (run / "metrics.jsonl").read_text()
+    steps = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()]
+    assert len(steps) == 3
+
+
+def test_a_frozen_worker_is_declared_silent_restarted_and_its_work_trained_once(tmp_path):
+    stopped: list[int] = []
+
+    def freeze(controller) -> None:
+        worker = controller.workers["rollout[0]"]
+        if not stopped and controller.state.version >= 2 and worker.ready:
+            os.kill(worker.process.pid, signal.SIGSTOP)  # alive to the OS, silent to the controller
+            stopped.append(worker.process.pid)
+
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(RECIPE, recipe)
+    controller = build_controller(recipe, [f"steps={STEPS}", f"batch_size={B}", f"group_size={G}",
+                                           "faults.heartbeat_s=0.1", "faults.dead_after_s=1"],
+                                  tmp_path / "run", on_event=freeze)
+    try:
+        state = controller.run()
+    finally:
+        for pid in stopped:  # never leave a stopped process behind, whatever happened
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert stopped and state.version == STEPS
+    run = Path(controller.plan.run_dir)
+    assert sorted(_trained_ids(run)) == list(range(STEPS * B * G))
+    restarts = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"restart"' in line]
+    assert [r["worker"] for r in restarts] == ["rollout[0]"] and "silent" in restarts[0]["why"]

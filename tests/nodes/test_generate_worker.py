@@ -1,0 +1,42 @@
+"""The generate node's view of a finished generation: which ones the run notes, and why."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from areal.config import GenerationConfig, RunConfig
+from areal.graph.batch import Batch
+from areal.nodes.generate_worker import GenerateNode, generation_problem
+from tests.local_model import make_checkpoint
+
+
+def test_empty_text_is_noted_before_an_over_long_one_and_a_finished_one_is_not():
+    cases = [("eos", "return x"), ("stop", "return x"), ("length", "return x"), ("eos", ""), ("stop", " \n"),
+             ("length", "  ")]
+    assert [generation_problem(reason, text) for reason, text in cases] == [
+        None, None, "over_long", "empty", "empty", "empty"]
+
+
+def test_a_group_reissued_while_still_in_flight_is_generated_once(tmp_path):
+    # the controller re-issues every unfinished group when a downstream worker dies; a generator
+    # that still holds one must not submit its sample ids twice (the engine refuses duplicates)
+    node = GenerateNode()
+    config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")), group_size=2,
+                       generation=GenerationConfig(max_new_tokens=3, stop=[]))
+    reports: list[tuple[str, dict]] = []
+    node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None,
+                               report=lambda kind, **fields: reports.append((kind, fields))))
+    group = Batch({"prompt": ["def f(x):\n"], "group_id": torch.tensor([5]), "sample_id": torch.tensor([5])})
+    meta = {"admitted_at": 0}
+    node.submit(group, meta)
+    node.submit(group, meta)  # the re-issued copy
+    done = []
+    while node.pending():
+        done += node.step()
+    assert len(done) == 1
+    batch, _ = done[0]
+    assert batch["sample_id"].tolist() == [10, 11]  # group 5 of size 2: ids 5·2 + k
+    # 3 tokens cannot finish a program: both are noted as over-long (or empty), each once
+    assert [sorted(fields["sample_ids"]) for _, fields in reports] == [[10, 11]]
