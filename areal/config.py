@@ -38,6 +38,9 @@ class TrainerConfig(_Section):
     )
     lr_schedule: Literal["constant", "cosine"] = "constant"
     threads: PositiveInt = Field(1, description="torch threads of the trainer process")
+    engine: Literal["torch", "fsdp"] = Field(
+        "torch", description="torch: one process; fsdp: FSDP2 over torch.distributed (gloo on CPU, NCCL on GPU)"
+    )
 
 
 class GenerationConfig(_Section):
@@ -47,6 +50,9 @@ class GenerationConfig(_Section):
     max_batch: PositiveInt = Field(32, description="sequences decoded together by one generate worker")
     stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\n#", "\nprint", "\n\n"])
     threads: PositiveInt = Field(1, description="torch threads of each generate worker")
+    engine: Literal["torch", "vllm"] = Field(
+        "torch", description="torch: CPU or one GPU; vllm: vLLM on a CUDA GPU (pip install 'areal[gpu]')"
+    )
 
 
 class DataConfig(_Section):

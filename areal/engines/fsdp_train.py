@@ -15,27 +15,50 @@ the same number of forwards: a rank with fewer micro-batches (or no sequences) r
 micro-batches, a real sequence whose loss is multiplied by 0. π_prox (`sequence_logprobs`) is
 computed share by share and all-gathered as one flat float tensor (no pickling between ranks).
 
-Not here: starting the processes (torchrun, Ray or the test's spawn does it and initialises the
-process group), tensor or pipeline parallelism, optimizer checkpoints (torch.distributed.checkpoint
-would write them sharded).
+Checkpoints are `TorchTrainEngine`'s format, written by rank 0 from gathered weights and moments
+(and read by every rank, each keeping its shard), so a run can resume on either engine.
+
+Not here: starting the ranks (torchrun, Ray or the test's spawn does it and initialises the
+process group; `join_process_group` joins it, or starts a one-rank group for a lone trainer),
+tensor or pipeline parallelism, sharded checkpoints (torch.distributed.checkpoint) for models
+too large to gather on one rank.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from areal.engines.torch_train import ExtraField, LossFn, MicroBatch, TorchTrainEngine
+from areal.engines.torch_train import ExtraField, LossFn, MicroBatch, TorchTrainEngine, read_trainer_state
 from areal.kernels.packing import balance_across_ranks, pack_microbatches
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+
+def join_process_group() -> str:
+    """Join the process group torchrun (or Ray) described in the environment, or start a one-rank one.
+
+    Returns the device type the ranks train on: "cuda" (NCCL, one GPU per local rank) or "cpu" (gloo).
+    """
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        backend = "nccl" if cuda else "gloo"
+        if "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend)  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return "cuda" if cuda else "cpu"
 
 
 def rank_microbatches(lengths: Sequence[int], n_ranks: int, max_tokens: int) -> list[list[list[int]]]:
@@ -204,7 +227,30 @@ class FSDPTrainEngine:
         """Load full weights (the same on every rank) into the shards: a collective."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+        # a tied head written once (save_pretrained drops the alias) is set through the parameter it shares
         set_model_state_dict(self.model, dict(state_dict), options=StateDictOptions(full_state_dict=True))
+
+    def save(self, directory: str | Path) -> None:
+        """`TorchTrainEngine.save`'s checkpoint, of the full weights and moments: a collective, rank 0 writes."""
+        # gather in the optimizer's order, the same on every rank: each full_tensor is a collective
+        moments = {key: _full(value) for key, value in self.local.optimizer_moments().items()}
+        weights = self.state_dict()
+        if self.rank == 0:
+            self.local.write_checkpoint(directory, moments, version=self.version, model_state=weights)
+        dist.barrier()  # no rank reads the checkpoint before it is whole
+
+    def load(self, directory: str | Path) -> None:
+        """Restore a checkpoint of either engine; every rank reads it and keeps its shard: a collective."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        scalars = read_trainer_state(directory)
+        self.load_state_dict(load_file(str(directory / "model" / "model.safetensors")))
+        params = dict(self.local._named_params)
+        moments = {key: _placed_like(params.get(key.rpartition("::")[0]), value)
+                   for key, value in load_file(str(directory / "optimizer.safetensors")).items()}
+        self.local.load_training_state(directory, moments, scalars)
+        self.version = int(scalars["version"])
 
 
 def _decoder_layers(model: Any) -> list[torch.nn.Module]:
@@ -217,3 +263,12 @@ def _decoder_layers(model: Any) -> list[torch.nn.Module]:
 def _full(t: Tensor) -> Tensor:
     """A DTensor's global value (clip_grad_norm_ over sharded grads returns one); a tensor as it is."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _placed_like(param: Any, value: Tensor) -> Tensor:
+    """A full moment as its sharded parameter holds it (a DTensor of the same placements); others as they are."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor) and value.shape == param.shape:
+        return distribute_tensor(value.to(param.device), param.device_mesh, param.placements)
+    return value  # Adam's step count, or a parameter FSDP left whole

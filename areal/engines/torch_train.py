@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import safetensors.torch
 import torch
@@ -268,16 +268,36 @@ class TorchTrainEngine:
         self.model.load_state_dict(state_dict)
 
     def save(self, directory: str | Path) -> None:
-        """Write model/ (HF layout), optimizer.safetensors and trainer_state.json under directory."""
+        """Write model/ (HF layout), optimizer.safetensors, rng.safetensors and trainer_state.json under directory."""
+        self.write_checkpoint(directory, self.optimizer_moments(), version=self.version)
+
+    def load(self, directory: str | Path) -> None:
+        """Restore what `save` wrote into this engine's model and optimizer."""
+        directory = Path(directory)
+        scalars = read_trainer_state(directory)
+        safetensors.torch.load_model(
+            self.model, str(directory / "model" / "model.safetensors"), device=str(self.device)
+        )
+        moments = safetensors.torch.load_file(str(directory / "optimizer.safetensors"))
+        self.load_training_state(directory, moments, scalars)
+        self.version = int(scalars["version"])
+
+    # the pieces of save and load that the FSDP engine shares (it gathers and shards around them)
+
+    def optimizer_moments(self) -> dict[str, Tensor]:
+        """The optimizer's state keyed "<parameter name>::<field>", as it holds it (FSDP: sharded)."""
+        index = {id(p): name for name, p in self._named_params}
+        return {f"{index[id(p)]}::{key}": value for p, state in self.optimizer.state.items()
+                for key, value in state.items()}
+
+    def write_checkpoint(self, directory: str | Path, moments: dict[str, Tensor], *, version: int,
+                         model_state: dict[str, Tensor] | None = None) -> None:
+        """Write a checkpoint from full moments; `model_state` gives full weights when the model is sharded."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory / "model")
-        index = {id(p): name for name, p in self._named_params}
-        moments: dict[str, Tensor] = {}
-        for p, state in self.optimizer.state.items():
-            for key, value in state.items():
-                moments[f"{index[id(p)]}::{key}"] = torch.as_tensor(value).detach().cpu().contiguous()
-        safetensors.torch.save_file(moments, str(directory / "optimizer.safetensors"))
+        self.model.save_pretrained(directory / "model", state_dict=model_state)
+        safetensors.torch.save_file({k: torch.as_tensor(v).detach().cpu().contiguous() for k, v in moments.items()},
+                                    str(directory / "optimizer.safetensors"))
         rng = {"cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
@@ -286,25 +306,14 @@ class TorchTrainEngine:
         scalars = {
             "format": CHECKPOINT_FORMAT,
             "step": self.step,
-            "version": self.version,
+            "version": version,
             "param_groups": groups,
         }
         (directory / "trainer_state.json").write_text(json.dumps(scalars, indent=1))
 
-    def load(self, directory: str | Path) -> None:
-        """Restore what `save` wrote into this engine's model and optimizer."""
-        directory = Path(directory)
-        scalars = json.loads((directory / "trainer_state.json").read_text())
-        if scalars.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(
-                f"{directory / 'trainer_state.json'}: checkpoint format {scalars.get('format')!r}, "
-                f"this areal reads format {CHECKPOINT_FORMAT}"
-            )
-        safetensors.torch.load_model(
-            self.model, str(directory / "model" / "model.safetensors"), device=str(self.device)
-        )
+    def load_training_state(self, directory: Path, moments: dict[str, Tensor], scalars: dict[str, Any]) -> None:
+        """The optimizer's moments (placed like their parameters), its step, and the RNG state."""
         # on CPU: the optimizer moves each moment to its parameter's device and keeps `step` as it is
-        moments = safetensors.torch.load_file(str(directory / "optimizer.safetensors"))
         position = {name: i for i, (name, _) in enumerate(self._named_params)}
         state: dict[int, dict[str, Tensor]] = {}
         for key, value in moments.items():
@@ -314,9 +323,20 @@ class TorchTrainEngine:
             state.setdefault(position[name], {})[field] = value
         groups = [dict(g, params=list(range(len(position)))) for g in scalars["param_groups"]]
         self.optimizer.load_state_dict({"state": state, "param_groups": groups})
-        self.step, self.version = int(scalars["step"]), int(scalars["version"])
+        self.step = int(scalars["step"])
         if (directory / "rng.safetensors").exists():  # absent from checkpoints written before it was kept
             rng = safetensors.torch.load_file(str(directory / "rng.safetensors"))
             torch.set_rng_state(rng["cpu"])
             if "cuda" in rng and self.device.type == "cuda":
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
+
+
+def read_trainer_state(directory: Path) -> dict[str, Any]:
+    """trainer_state.json of a checkpoint, refused when written in another format."""
+    scalars: dict[str, Any] = json.loads((directory / "trainer_state.json").read_text())
+    if scalars.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(
+            f"{directory / 'trainer_state.json'}: checkpoint format {scalars.get('format')!r}, "
+            f"this areal reads format {CHECKPOINT_FORMAT}"
+        )
+    return scalars

@@ -38,7 +38,8 @@ from torch import Tensor
 from areal.engines.sampling import check_sampling, finish_reason, request_seed, run_to_completion
 from areal.engines.torch_generate import FinishReason, GenRequest, GenResult
 
-MISSING_VLLM = "vLLM generation needs the 'vllm' package (pip install 'areal[gpu]'); engine=\"torch\" runs without it."
+MISSING_VLLM = ("generation.engine=\"vllm\" needs the 'vllm' package (pip install 'areal[gpu]'); "
+                "generation.engine=\"torch\" runs without it.")
 
 
 @dataclass(frozen=True)

@@ -32,20 +32,37 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def load_policy(spec: str, *, dtype: str = "float32", seed: int = 0) -> tuple[PreTrainedModel, Any]:
     """The model (in eval mode) and tokenizer that `spec` names; `seed` picks the built-in warm start."""
+    _check_dtype(dtype)
+    path = checkpoint_dir(spec, seed=seed)
+    return load_model(path, dtype=dtype), load_tokenizer(path)
+
+
+def checkpoint_dir(spec: str, *, seed: int = 0) -> Path:
+    """The Hugging Face checkpoint directory `spec` names (a built-in is warm-started on first use).
+
+    A backend that loads the checkpoint itself (vLLM) is given this path instead of a model.
+    """
+    if spec.startswith(BUILTIN_PREFIX):
+        return _builtin_path(spec[len(BUILTIN_PREFIX) :], seed)
+    path = Path(spec).expanduser()
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise ConfigError(
+            f"model {spec!r}: no Hugging Face checkpoint there (a directory with config.json); "
+            f"give a local checkpoint path or a built-in: "
+            f"{', '.join(BUILTIN_PREFIX + b for b in BUILTINS)}."
+        )
+    return path
+
+
+def load_model(path: Path, *, dtype: str = "float32") -> PreTrainedModel:
+    """The causal LM of a checkpoint directory, in eval mode."""
+    _check_dtype(dtype)
+    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype]).eval()
+
+
+def _check_dtype(dtype: str) -> None:
     if dtype not in DTYPES:
         raise ConfigError(f"model dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
-    if spec.startswith(BUILTIN_PREFIX):
-        path = _builtin_path(spec[len(BUILTIN_PREFIX) :], seed)
-    else:
-        path = Path(spec).expanduser()
-        if not path.is_dir() or not (path / "config.json").is_file():
-            raise ConfigError(
-                f"model {spec!r}: no Hugging Face checkpoint there (a directory with config.json); "
-                f"give a local checkpoint path or a built-in: "
-                f"{', '.join(BUILTIN_PREFIX + b for b in BUILTINS)}."
-            )
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype])
-    return model.eval(), _load_tokenizer(path)
 
 
 def _builtin_path(name: str, seed: int) -> Path:
@@ -64,7 +81,7 @@ def _builtin_path(name: str, seed: int) -> Path:
     return warm_start(config, tasks, WARMSTART_STEPS, seed)
 
 
-def _load_tokenizer(path: Path) -> Any:
+def load_tokenizer(path: Path) -> Any:
     """CharTokenizer for our own checkpoints (AutoTokenizer does not know it), else AutoTokenizer."""
     tokenizer_config = path / "tokenizer_config.json"
     if tokenizer_config.is_file():

@@ -1,4 +1,4 @@
-"""What runs inside a generate worker: the torch engine, driven one decode step at a time.
+"""What runs inside a generate worker: the engine `generation.engine` names, driven one step at a time.
 
 Each submitted batch holds prompts (one group for training, many prompts for evaluation); each
 prompt becomes `samples` requests whose request id is the sample id, so a sample regenerated
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from areal.graph.batch import Batch, Ragged
-from areal.nodes.policy import load_run_policy, load_weights
+from areal.nodes.policy import first_file, load_weights
 
 
 @dataclass
@@ -41,24 +41,21 @@ class GenerateNode:
         self._batches: list[_Pending] = []
 
     def setup(self, context: Any) -> None:
-        from areal.engines.torch_generate import TorchGenerationEngine
+        from areal.engines import generation_engine, require_engines
+        from areal.models.loading import checkpoint_dir, load_tokenizer
 
         config = context.config
+        require_engines(config, training=False)  # before loading anything: the error comes in seconds
         self.report = context.report
         self.group_size = self.group_size or config.group_size
-        model, self.tokenizer = load_run_policy(
-            config,
-            context.run_dir / "weights" / f"v{context.version:06d}.safetensors",
-            context.resume_dir / "policy.safetensors" if context.resume_dir else None,
-        )
-        gen = config.generation
-        self.stops = list(gen.stop)
-        self.engine = TorchGenerationEngine(
-            model, eos_token_id=self.tokenizer.eos_token_id, pad_token_id=self.tokenizer.pad_token_id,
-            max_new_tokens=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p,
-            stop_strings=self.stops, decode=self._decode, max_batch=gen.max_batch,
-            seed=config.seed, version=context.version,
-        )
+        checkpoint = checkpoint_dir(config.model, seed=config.seed)
+        self.tokenizer = load_tokenizer(checkpoint)
+        self.stops = list(config.generation.stop)
+        # the run's newest published weights (a restarted generator), else the checkpoint's (a resumed one)
+        weights = first_file(context.run_dir / "weights" / f"v{context.version:06d}.safetensors",
+                             context.resume_dir / "policy.safetensors" if context.resume_dir else None)
+        self.engine = generation_engine(config, checkpoint, self.tokenizer, weights=weights, version=context.version,
+                                        decode=self._decode)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

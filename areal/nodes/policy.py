@@ -21,16 +21,19 @@ def load_run_policy(config: RunConfig, *candidates: Path | None) -> tuple[Any, A
     from areal.models.loading import load_policy
 
     model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=config.seed)
-    found = next((p for p in candidates if p is not None and p.exists()), None)
+    found = first_file(*candidates)
     if found is not None:
         model.load_state_dict(load_weights(str(found)))
     return model, tokenizer
 
 
-def save_weights(model: torch.nn.Module, path: str) -> None:
-    """Safetensors of every parameter and buffer; tied tensors are written once each under their names."""
-    state = {name: t.detach().contiguous().clone() for name, t in model.state_dict().items()}
-    save_file(state, path)
+def first_file(*candidates: Path | None) -> Path | None:
+    return next((p for p in candidates if p is not None and p.exists()), None)
+
+
+def save_weights(state: dict[str, Tensor], path: str) -> None:
+    """Safetensors of a model's full state dict; tied tensors are written once each under their names."""
+    save_file({name: t.detach().contiguous().clone() for name, t in state.items()}, path)
 
 
 def load_weights(path: str) -> dict[str, Tensor]:

@@ -27,20 +27,17 @@ class TrainerNode:
         self.objective = objective
 
     def setup(self, context: Any) -> None:
-        from areal.engines.torch_train import TorchTrainEngine
+        from areal.engines import require_engines, train_engine
 
         config = context.config
+        require_engines(config, generation=False)  # before loading the model: the error comes in seconds
         t = config.trainer
         self.clip_eps = self.clip_eps or t.clip_eps
         self.objective = self.objective or t.objective
         self.cap = t.behav_weight_cap
         self.minibatches = t.minibatches
         model, _ = load_run_policy(config)
-        self.engine = TorchTrainEngine(
-            model, lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
-            microbatch_tokens=t.microbatch_tokens, warmup_steps=t.warmup_steps, lr_schedule=t.lr_schedule,
-            total_steps=config.steps, temperature=config.generation.temperature,
-        )
+        self.engine = train_engine(config, model)  # trainer.engine: torch, or FSDP (which shards the model)
         if context.resume_dir is not None:
             self.engine.load(context.resume_dir / "trainer")
         self.version = context.version
@@ -87,7 +84,7 @@ class TrainerNode:
         return totals
 
     def save_weights(self, path: str) -> None:
-        save_weights(self.engine.model, path)
+        save_weights(self.engine.state_dict(), path)  # FSDP: gathered from the shards
 
     def save_checkpoint(self, folder: str) -> None:
         self.engine.save(folder)

@@ -16,7 +16,9 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
+from areal.engines import require_engines
 from areal.errors import RecipeError, RunError
+from areal.graph.node import Node
 from areal.graph.recipe import Recipe, load_recipe
 from areal.runtime.compile import compile_plan
 from areal.runtime.controller import Controller
@@ -65,6 +67,7 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
                      on_event: Any = None) -> Controller:
     """Load, compile and wire a run without starting it (tests drive the controller directly)."""
     recipe = load_recipe(recipe_path, overrides)
+    _check_engines(recipe)
     saved = json.loads((checkpoint / "controller.json").read_text()) if checkpoint is not None else None
     folder = Path(run_dir or recipe.config.run_dir or _default_run_dir(recipe))
     folder.mkdir(parents=True, exist_ok=True)
@@ -90,10 +93,24 @@ def _resume_point(run_dir: Path) -> tuple[str, list[str], Path | None]:
     return plan["recipe"], list(plan["overrides"]), complete[-1] if complete else None
 
 
+def _check_engines(recipe: Recipe) -> None:
+    """Fail in seconds, before the run directory or any worker exists, when this machine lacks what the
+    configured engines need (vLLM and a GPU). Ray workers run on other hosts: each checks its own at setup."""
+    if recipe.config.cluster.backend != "local":
+        return
+    kinds = {n.kind for n in _builtin_policy_nodes(recipe)}
+    require_engines(recipe.config, generation="generate" in kinds, training="ppo-update" in kinds)
+
+
+def _builtin_policy_nodes(recipe: Recipe) -> list[Node]:
+    """The generate and ppo-update nodes built from areal's own node kinds (custom ones bring their models)."""
+    return [n for n in recipe.graph.nodes.values()
+            if n.kind in ("generate", "ppo-update") and n.spec.factory.__module__.startswith("areal.nodes")]
+
+
 def _prepare_models(recipe: Recipe) -> None:
     """Build the warm-start model once, here, before workers race to build it."""
-    builtin = [n for n in recipe.graph.nodes.values()
-               if n.kind in ("generate", "ppo-update") and n.spec.factory.__module__.startswith("areal.nodes")]
+    builtin = _builtin_policy_nodes(recipe)
     if not builtin:
         return  # custom policy nodes bring their own models
     from areal.models.loading import load_policy

@@ -1,0 +1,133 @@
+"""The engines RunConfig names: torch by default, vLLM refused with the way out, FSDP on one gloo rank."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+from areal.config import GenerationConfig, RunConfig, TrainerConfig
+from areal.engines import TorchGenerationEngine, TorchTrainEngine, generation_engine, train_engine
+from areal.errors import ConfigError
+from areal.graph.batch import Batch, Ragged
+from areal.graph.recipe import load_recipe
+from areal.models.loading import load_model, load_tokenizer
+from areal.nodes.generate_worker import GenerateNode
+from areal.nodes.trainer_worker import TrainerNode
+from areal.runtime.launch import _check_engines, build_controller
+from tests.local_model import make_checkpoint
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "code_rl.py"
+NO_VLLM_NO_GPU = ("generation.engine=\"vllm\" needs the 'vllm' package (pip install 'areal[gpu]') and a CUDA GPU "
+                  "(this process sees none); generation.engine=\"torch\" runs without them.")
+VLLM = RunConfig(generation=GenerationConfig(engine="vllm"))
+
+
+@pytest.fixture
+def bare_machine(monkeypatch):
+    """This process sees neither vllm nor a GPU, whatever the machine has."""
+    monkeypatch.setitem(sys.modules, "vllm", None)  # find_spec gives None, import raises ImportError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.fixture
+def one_rank_group():
+    """Tear down the process group the FSDP trainer starts, so later tests start from none."""
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_vllm_without_the_package_or_a_gpu_fails_worker_setup_naming_both(bare_machine, tmp_path):
+    context = SimpleNamespace(config=VLLM, run_dir=tmp_path, version=0, resume_dir=None, report=None)
+    with pytest.raises(ConfigError) as info:
+        GenerateNode().setup(context)  # before the model or tokenizer is touched: nothing to load here
+    assert str(info.value) == NO_VLLM_NO_GPU
+
+
+def test_vllm_with_the_package_but_no_gpu_names_only_the_gpu(bare_machine, monkeypatch):
+    monkeypatch.setattr("areal.engines._has_package", lambda name: True)
+    with pytest.raises(ConfigError) as info:
+        generation_engine(VLLM, Path("unused"), None, weights=None, version=0, decode=str)
+    assert str(info.value) == ('generation.engine="vllm" needs a CUDA GPU (this process sees none); '
+                               'generation.engine="torch" runs without it.')
+
+
+def test_a_local_run_refuses_vllm_before_its_run_directory_or_workers_exist(bare_machine, tmp_path):
+    with pytest.raises(ConfigError) as info:
+        build_controller(RECIPE, ["generation.engine=vllm"], tmp_path / "run")
+    assert str(info.value) == NO_VLLM_NO_GPU
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_ray_run_leaves_the_check_to_the_workers_hosts(bare_machine):
+    _check_engines(load_recipe(RECIPE, ["generation.engine=vllm", "cluster.backend=ray"]))  # no error
+
+
+def test_the_factories_build_the_torch_engines_by_default_with_the_given_weights(tmp_path):
+    checkpoint = make_checkpoint(tmp_path / "ckpt")
+    config = RunConfig(model=str(checkpoint))
+    published = {k: v + 0.5 for k, v in load_model(checkpoint).state_dict().items()}
+    save_file({k: v.contiguous() for k, v in published.items()}, str(tmp_path / "v000003.safetensors"))
+    gen = generation_engine(config, checkpoint, load_tokenizer(checkpoint), weights=tmp_path / "v000003.safetensors",
+                            version=3, decode=str)
+    train = train_engine(config, load_model(checkpoint))
+    assert (type(gen), type(train)) == (TorchGenerationEngine, TorchTrainEngine)
+    assert gen.version == 3
+    assert all(torch.equal(gen.model.state_dict()[k], v) for k, v in published.items())
+
+
+def _batch(seed: int) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(4, 90, (n,), generator=g) for n in (7, 12, 5)]
+    outputs = [torch.randint(4, 90, (n,), generator=g) for n in (9, 4, 11)]
+    logp = Ragged.from_rows([-torch.rand(len(o), generator=g) - 1 for o in outputs])
+    return Batch({
+        "prompt_ids": Ragged.from_rows(prompts), "output_ids": Ragged.from_rows(outputs),
+        "behav_logp": logp, "prox_logp": logp, "advantage": torch.randn(3, generator=g),
+        "versions": Ragged.from_rows([torch.zeros(len(o), dtype=torch.int32) for o in outputs]),
+    })
+
+
+def _trainer(checkpoint: Path, engine: str, run_dir: Path, resume_dir: Path | None = None) -> TrainerNode:
+    config = RunConfig(model=str(checkpoint), trainer=TrainerConfig(engine=engine, lr=1e-2, warmup_steps=0,
+                                                                   microbatch_tokens=24))
+    node = TrainerNode()
+    node.setup(SimpleNamespace(config=config, resume_dir=resume_dir, version=0, node=f"actor-{engine}",
+                               run_dir=run_dir))
+    return node
+
+
+def test_a_one_rank_fsdp_trainer_steps_saves_and_resumes_like_the_torch_trainer(tmp_path, one_rank_group):
+    checkpoint = make_checkpoint(tmp_path / "ckpt")
+    torch_node, fsdp_node = _trainer(checkpoint, "torch", tmp_path), _trainer(checkpoint, "fsdp", tmp_path)
+    assert type(fsdp_node.engine).__name__ == "FSDPTrainEngine" and dist.get_world_size() == 1
+    start = {k: v.clone() for k, v in torch_node.engine.state_dict().items()}
+    got, want = fsdp_node(_batch(1)), torch_node(_batch(1))
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
+
+    fsdp_node.save_weights(str(tmp_path / "published.safetensors"))  # gathered from the shards
+    published, expected = load_file(str(tmp_path / "published.safetensors")), torch_node.engine.state_dict()
+    assert published.keys() == expected.keys()
+    assert max(float((expected[k] - start[k]).abs().max()) for k in expected) > 1e-3  # the step moved them
+    for name, value in expected.items():
+        torch.testing.assert_close(published[name], value, rtol=0, atol=1e-6, msg=name)
+
+    # each engine's checkpoint resumes on the other (the worker saves under <checkpoint>/trainer), and the
+    # next step still agrees with the trainer that never stopped
+    fsdp_node.save_checkpoint(str(tmp_path / "from-fsdp" / "trainer"))
+    torch_node.save_checkpoint(str(tmp_path / "from-torch" / "trainer"))
+    torch_resumed = _trainer(checkpoint, "torch", tmp_path, resume_dir=tmp_path / "from-fsdp")
+    fsdp_resumed = _trainer(checkpoint, "fsdp", tmp_path, resume_dir=tmp_path / "from-torch")
+    assert (torch_resumed.engine.version, fsdp_resumed.engine.version) == (1, 1)
+    for node in (torch_resumed, fsdp_resumed, torch_node):
+        node(_batch(2))
+    after = torch_node.engine.state_dict()
+    for engine in (torch_resumed.engine, fsdp_resumed.engine):
+        for name, value in engine.state_dict().items():
+            torch.testing.assert_close(value, after[name], rtol=0, atol=1e-6, msg=name)
