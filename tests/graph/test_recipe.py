@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from areal.config import RunConfig
 from areal.errors import ConfigError, RecipeError
 from areal.graph.recipe import load_recipe
 from tests.graph import recipes
@@ -15,14 +16,14 @@ def test_recipe_config_and_overrides_are_applied(write_recipe):
 
 def test_recipe_without_config_gets_defaults(write_recipe):
     loaded = load_recipe(write_recipe(recipes.GOOD))
-    assert loaded.config.batch_size == 8 and loaded.graph.name == "ok"
+    assert loaded.config == RunConfig() and loaded.config.batch_size == 16 and loaded.graph.name == "ok"
 
 
 def test_bad_override_names_the_field(write_recipe):
     path = write_recipe(recipes.GOOD)
     with pytest.raises(ConfigError, match=r"^--set trainer\.lr=fast: trainer\.lr: input should be a valid number"):
         load_recipe(path, overrides=["trainer.lr=fast"])
-    with pytest.raises(ConfigError, match=r"trainer\.lrr: unknown field \(trainer has: lr, weight_decay"):
+    with pytest.raises(ConfigError, match=r"trainer\.lrr: unknown field \(trainer has: lr, adam_betas, weight_decay"):
         load_recipe(path, overrides=["trainer.lrr=1"])
 
 
