@@ -12,6 +12,7 @@ do not, and are the fair comparison.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import resource
 import statistics
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from areal.rewards import CodeTests, detect_layers
 
-PROGRAM = "```python\ndef add(a, b):\n    return a + b\n```"
+PROGRAM = "```python\ndef add(a, b):\n    return a + b  # run {}\n```"  # distinct, so none is reused
 TESTS = {"kind": "call", "fn_name": "add", "inputs": [[1, 2], [3, 4], [5, 6]], "outputs": [3, 7, 11]}
 ONE_TEST = {"kind": "call", "fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}
 PATHS = {"per-program bwrap": False, "pool": True}
@@ -65,9 +66,13 @@ def bare_ms(python: str, runs: int) -> tuple[float, float]:
     return 1000 * statistics.median(times), 1000 * (cpu_s() - cpu) / runs
 
 
+RUN_IDS = itertools.count()
+
+
 def timed(scorer: CodeTests, programs: int, tests: dict) -> float:
+    batch = [PROGRAM.format(next(RUN_IDS)) for _ in range(programs)]
     start = time.perf_counter()
-    results = scorer([PROGRAM] * programs, [tests] * programs)
+    results = scorer(batch, [tests] * programs)
     elapsed = time.perf_counter() - start
     assert all(r.reward == 1.0 for r in results), results
     return elapsed

@@ -10,9 +10,12 @@ without bubblewrap, each in one plain sandbox process.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
@@ -32,6 +35,9 @@ REASONS = (
 )
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _DETAIL_CHARS = 200
+# outcomes a rerun of the same program on the same tests gives again; a timeout or a broken
+# sandbox may be the machine's load or a fault, so those are always run afresh
+_REPEATABLE = (None, "wrong_answer", "syntax_error", "crash")
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,12 @@ class CodeTests:
 
     `pooled=False` starts one sandbox per program instead of reusing workers (~20x slower per
     program; kept to measure against). Sandbox processes start on the first call, not here.
+
+    A group of samples for one prompt often holds the same program several times, and a
+    held-out round asks again what an earlier round asked: identical (code, tests) jobs in one
+    call run once, and with `remember` > 0 the last `remember` repeatable results (pass, wrong
+    answer, crash, syntax error) are reused across calls. A program that reads the clock or draws
+    random numbers then gets the reward of its first run.
     """
 
     def __init__(
@@ -71,6 +83,7 @@ class CodeTests:
         workers: int | None = None,
         allow_weaker: bool = False,
         pooled: bool = True,
+        remember: int = 4096,
     ) -> None:
         if mode not in ("fraction", "all"):
             raise ValueError(f"code_tests: mode must be 'fraction' or 'all', got {mode!r}")
@@ -82,14 +95,38 @@ class CodeTests:
         self._threads = ThreadPoolExecutor(size, "code-sandbox")
         # the pool needs the namespaces: without them each program gets its own plain process
         self._pool = SandboxPool(self.layers, self.limits, size) if pooled and self.layers.namespaces else None
+        self._remember = remember
+        self._results: OrderedDict[str, CodeResult] = OrderedDict()
+        self._lock = threading.Lock()
+        self.programs_run = 0  # sandbox runs so far: calls minus the reused results
 
     def __call__(self, programs: list[str], tests: list[dict]) -> list[CodeResult]:
         if len(programs) != len(tests):
             raise ValueError(f"code_tests: {len(programs)} programs but {len(tests)} test dicts")
-        return list(self._threads.map(self.score, programs, tests))
+        jobs = [self._job(program, test) for program, test in zip(programs, tests)]
+        keys = [_job_key(job, outputs) for job, outputs in jobs]
+        with self._lock:
+            known = {key: self._results[key] for key in keys if key in self._results}
+        todo = {key: job for key, job in zip(keys, jobs) if key not in known}  # one run per distinct job
+        fresh = dict(zip(todo, self._threads.map(lambda job: self._run(*job), todo.values())))
+        with self._lock:
+            self.programs_run += len(fresh)
+            for key, result in fresh.items():
+                if self._remember and result.reason in _REPEATABLE:
+                    self._results[key] = result
+                    self._results.move_to_end(key)
+            for key in known:
+                self._results.move_to_end(key)
+            while len(self._results) > self._remember:
+                self._results.popitem(last=False)
+        return [known.get(key) or fresh[key] for key in keys]
 
     def score(self, program: str, tests: dict) -> CodeResult:
         """Score one completion against one sample's tests dict."""
+        return self([program], [tests])[0]
+
+    def _job(self, program: str, tests: dict) -> tuple[dict, list]:
+        """The sandbox job for one completion, and the outputs its tests expect (kept out of it)."""
         kind = tests.get("kind")
         inputs, outputs = list(tests.get("inputs", ())), list(tests.get("outputs", ()))
         if kind not in ("call", "stdio") or len(inputs) != len(outputs) or not inputs:
@@ -99,7 +136,10 @@ class CodeTests:
             )
         if kind == "call" and not isinstance(tests.get("fn_name"), str):
             raise ValueError(f"code_tests: a 'call' test needs 'fn_name', got {tests!r:.200}")
-        job = {"kind": kind, "code": extract_code(program), "inputs": inputs, "fn_name": tests.get("fn_name")}
+        return {"kind": kind, "code": extract_code(program), "inputs": inputs, "fn_name": tests.get("fn_name")}, outputs
+
+    def _run(self, job: dict, outputs: list) -> CodeResult:
+        kind, inputs = job["kind"], job["inputs"]
         try:
             run = run_in_sandbox(job, self.limits, self.layers) if self._pool is None else self._pool.run(job)
         except OSError as exc:
@@ -132,6 +172,11 @@ class CodeTests:
 def code_tests(timeout_s: float = 2.0, **kw) -> CodeTests:
     """The code reward a recipe plugs in: `reward("score", code_tests(timeout_s=2.0))`."""
     return CodeTests(timeout_s=timeout_s, **kw)
+
+
+def _job_key(job: dict, outputs: list) -> str:
+    text = json.dumps([job, outputs], sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _verdicts(run: SandboxRun, kind: str, outputs: list) -> list[tuple[str | None, str]]:

@@ -97,11 +97,11 @@ def sandbox() -> Iterator[CodeTests]:
 
 @pytest.fixture(scope="module")
 def solo() -> Iterator[CodeTests]:
-    """One warm worker: consecutive programs run on the same worker, one after another."""
+    """One warm worker, nothing reused: consecutive programs run on the same worker, one after another."""
     layers = detect_layers()
     if layers.missing:
         pytest.skip(f"full sandbox unavailable here: {layers.describe()}")
-    with CodeTests(timeout_s=1.0, memory_mb=256, workers=1) as scorer:
+    with CodeTests(timeout_s=1.0, memory_mb=256, workers=1, remember=0) as scorer:
         assert scorer(["print(1)"], [{"kind": "stdio", "inputs": [""], "outputs": ["1"]}])[0].reward == 1.0
         yield scorer
         workers = worker_pids(scorer)

@@ -117,7 +117,7 @@ def test_no_process_starts_before_the_first_program_and_close_ends_them_all():
 
 
 def test_a_worker_killed_mid_program_fails_it_as_killed_and_a_fresh_worker_runs_the_next():
-    with CodeTests(timeout_s=5.0, workers=1) as scorer, ThreadPoolExecutor(1) as caller:
+    with CodeTests(timeout_s=5.0, workers=1, remember=0) as scorer, ThreadPoolExecutor(1) as caller:
         run_one(scorer, "print(1)", ONE)
         (old,) = worker_pids(scorer)
         pending = caller.submit(run_one, scorer, SLEEPER, ONE)
