@@ -3,8 +3,8 @@
     python benchmarks/_trl_side.py SPEC.json RESULT.json
 
 Run as its own process (by bench_vs_trl.py) so its memory is measured alone. SPEC holds the
-pinned settings (steps, batch_size, group_size, lr, eval_interval, eval_tasks, threads, seed,
-generation); RESULT gets the eval rounds, the step times and the token counts. Times count from
+pinned settings (steps, batch_size, group_size, lr, warmup_steps, adam_beta2, eval_interval,
+eval_tasks, threads, seed, generation); RESULT gets the eval rounds, the step times and the token counts. Times count from
 TRL's `on_train_begin` (model loaded), as areal's count from "workers ready".
 
 Two adapters make TRL's generation match areal's: HF `generate` stops at stop strings only when
@@ -151,8 +151,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         output_dir=str(spec["output_dir"]), max_steps=int(spec["steps"]), seed=int(spec["seed"]),
         per_device_train_batch_size=samples, gradient_accumulation_steps=1, num_generations=int(spec["group_size"]),
         num_iterations=1, beta=0.0, epsilon=0.2, loss_type="dapo", scale_rewards="group",
-        mask_truncated_completions=False, learning_rate=float(spec["lr"]), lr_scheduler_type="constant",
-        warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.999,
+        mask_truncated_completions=False, learning_rate=float(spec["lr"]), lr_scheduler_type="constant_with_warmup",
+        warmup_steps=int(spec["warmup_steps"]), weight_decay=0.0, max_grad_norm=1.0, adam_beta1=0.9,
+        adam_beta2=float(spec["adam_beta2"]),
         max_completion_length=int(gen["max_new_tokens"]), temperature=float(gen["temperature"]),
         top_p=float(gen["top_p"]), top_k=0, generation_kwargs={"stop_strings": stops}, shuffle_dataset=False,
         use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=10**9,

@@ -42,12 +42,17 @@ class Pinned:
     batch_size: int
     group_size: int
     lr: float
+    warmup_steps: int  # linear warmup, then constant
+    adam_beta2: float
     eval_interval: int
     eval_tasks: int
 
 
-FULL = Pinned(steps=100, batch_size=8, group_size=8, lr=1e-4, eval_interval=10, eval_tasks=128)
-QUICK = Pinned(steps=4, batch_size=4, group_size=4, lr=1e-4, eval_interval=2, eval_tasks=16)
+# the code_rl recipe's own learning settings (lr, warmup, β2, batch, steps)
+FULL = Pinned(steps=120, batch_size=16, group_size=8, lr=3e-4, warmup_steps=20, adam_beta2=0.99, eval_interval=20,
+              eval_tasks=128)
+QUICK = Pinned(steps=4, batch_size=4, group_size=4, lr=3e-4, warmup_steps=2, adam_beta2=0.99, eval_interval=2,
+               eval_tasks=16)
 
 
 @dataclass
@@ -122,7 +127,8 @@ def run_tree(argv: list[str], log: Path) -> TreeMemory:
 
 def run_trl(pinned: Pinned, threads: int, folder: Path) -> Outcome:
     spec = {"steps": pinned.steps, "batch_size": pinned.batch_size, "group_size": pinned.group_size,
-            "lr": pinned.lr, "eval_interval": pinned.eval_interval, "eval_tasks": pinned.eval_tasks,
+            "lr": pinned.lr, "warmup_steps": pinned.warmup_steps, "adam_beta2": pinned.adam_beta2,
+            "eval_interval": pinned.eval_interval, "eval_tasks": pinned.eval_tasks,
             "threads": threads, "seed": SEED, "output_dir": str(folder / "trainer"), "generation": GENERATION}
     (folder / "spec.json").write_text(json.dumps(spec, indent=1) + "\n")
     argv = [sys.executable, str(ROOT / "benchmarks" / "_trl_side.py"), str(folder / "spec.json"),
@@ -145,9 +151,10 @@ def areal_overrides(pinned: Pinned, mode: str) -> list[str]:
         "model": "builtin:tiny-coder", "seed": SEED, "data.seed": SEED, "steps": pinned.steps, "mode": mode,
         "staleness": STALENESS, "batch_size": pinned.batch_size, "group_size": pinned.group_size,
         "trainer.lr": pinned.lr, "trainer.objective": "decoupled", "trainer.clip_eps": 0.2, "trainer.minibatches": 1,
-        "trainer.lr_schedule": "constant", "trainer.warmup_steps": 0, "trainer.weight_decay": 0.0,
+        "trainer.lr_schedule": "constant", "trainer.warmup_steps": pinned.warmup_steps,
+        "trainer.adam_betas": [0.9, pinned.adam_beta2], "trainer.weight_decay": 0.0,
         "trainer.grad_clip": 1.0, "trainer.threads": 1, "generation.threads": 1,
-        "eval.interval_steps": pinned.eval_interval, "eval.tasks": pinned.eval_tasks,
+        "eval.interval_steps": pinned.eval_interval, "eval.tasks": pinned.eval_tasks, "eval.samples": 1,
         "checkpoint.interval_steps": 0, "max_minutes": None,
         **{f"generation.{k}": v for k, v in GENERATION.items()},
     }
