@@ -4,8 +4,9 @@
 
 Run as its own process (by bench_vs_trl.py) so its memory is measured alone. SPEC holds the
 pinned settings (steps, batch_size, group_size, lr, warmup_steps, adam_beta2, eval_interval,
-eval_tasks, threads, seed, generation); RESULT gets the eval rounds, the step times and the token counts. Times count from
-TRL's `on_train_begin` (model loaded), as areal's count from "workers ready".
+eval_tasks, threads, seed, generation); RESULT gets the eval rounds, the step times and the token
+counts. Times count from TRL's `on_train_begin` (model loaded), as areal's count from "workers
+ready".
 
 Two adapters make TRL's generation match areal's: HF `generate` stops at stop strings only when
 it is handed the tokenizer, which TRL does not pass, so the model's `generate` is bound to it;
