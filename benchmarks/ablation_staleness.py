@@ -91,7 +91,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="areal-ablation-") as tmp:
         for seed in range(seeds):
             for eta in etas:
-                for objective in args.objectives[:1] if eta == 0 else args.objectives:
+                for objective in (args.objectives[:1] if eta == 0 else args.objectives):
                     mode = "sync" if eta == 0 else "async"
                     print(f"running η={eta} {objective} seed={seed} ...", file=sys.stderr, flush=True)
                     run = run_once(args.recipe, mode, eta, seed, steps, [*extra, f"trainer.objective={objective}"],

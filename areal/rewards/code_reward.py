@@ -16,6 +16,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
@@ -106,20 +107,24 @@ class CodeTests:
         jobs = [self._job(program, test) for program, test in zip(programs, tests)]
         keys = [_job_key(job, outputs) for job, outputs in jobs]
         with self._lock:
-            known = {key: self._results[key] for key in keys if key in self._results}
-        todo = {key: job for key, job in zip(keys, jobs) if key not in known}  # one run per distinct job
+            results = {key: self._results[key] for key in keys if key in self._results}
+        todo = {key: job for key, job in zip(keys, jobs) if key not in results}  # one run per distinct job
         fresh = dict(zip(todo, self._threads.map(lambda job: self._run(*job), todo.values())))
+        self._keep(reused=list(results), fresh=fresh)
+        results.update(fresh)
+        return [results[key] for key in keys]
+
+    def _keep(self, reused: Iterable[str], fresh: dict[str, CodeResult]) -> None:
+        """Count the runs; remember the repeatable fresh results, most recently used last, `remember` at most."""
         with self._lock:
             self.programs_run += len(fresh)
-            for key, result in fresh.items():
-                if self._remember and result.reason in _REPEATABLE:
-                    self._results[key] = result
+            for key in reused:
+                if key in self._results:  # another caller may have pushed it out meanwhile
                     self._results.move_to_end(key)
-            for key in known:
-                self._results.move_to_end(key)
+            if self._remember:
+                self._results.update((key, r) for key, r in fresh.items() if r.reason in _REPEATABLE)
             while len(self._results) > self._remember:
                 self._results.popitem(last=False)
-        return [known.get(key) or fresh[key] for key in keys]
 
     def score(self, program: str, tests: dict) -> CodeResult:
         """Score one completion against one sample's tests dict."""
