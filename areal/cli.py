@@ -45,7 +45,8 @@ def run(
         [], "--set", metavar="KEY=VALUE", help="Override a config field: --set trainer.lr=3e-6 (repeatable)."
     ),
     mode: str | None = typer.Option(
-        None, "--mode", metavar="async|sync", help="async (default) or sync (η = 0, no overlap)."
+        None, "--mode", metavar="async|sync|lagged",
+        help="async (default), sync (η = 0, no overlap) or lagged (as sync, sampling from the policy η versions old).",
     ),
     run_dir: Path | None = typer.Option(
         None, "--run-dir", metavar="DIR", help="Where to write metrics, checkpoints, logs."

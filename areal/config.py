@@ -106,7 +106,10 @@ class RunConfig(_Section):
     batch_size: PositiveInt = Field(16, description="B: prompt groups per trainer step")
     group_size: PositiveInt = Field(8, description="G: samples generated per prompt")
     staleness: NonNegativeInt = Field(2, description="η: no trained sample is more than η versions behind")
-    mode: Literal["async", "sync"] = Field("async", description="sync = η 0, generation waits for training")
+    mode: Literal["async", "sync", "lagged"] = Field(
+        "async", description="sync: η 0, generation waits for training; lagged: as sync, but every sample is drawn "
+        "from the policy exactly η versions old (a controlled-staleness experiment)"
+    )
     steps: PositiveInt = Field(120, description="trainer steps (policy versions) to run")
     max_minutes: PositiveFloat | None = Field(None, description="stop (with a checkpoint) after this wall-clock")
     run_dir: str | None = Field(None, description="default: runs/<graph>-<timestamp>")
@@ -124,7 +127,18 @@ class RunConfig(_Section):
 
     @property
     def effective_staleness(self) -> int:
+        """The bound the trainer checks: no trained sample more than this many versions behind."""
         return 0 if self.mode == "sync" else self.staleness
+
+    @property
+    def admission_staleness(self) -> int:
+        """How far ahead of the trainer the source may admit groups: only async overlaps the two."""
+        return self.staleness if self.mode == "async" else 0
+
+    @property
+    def sampling_lag(self) -> int:
+        """How many versions behind the trainer the generators' weights are held (lagged mode only)."""
+        return self.staleness if self.mode == "lagged" else 0
 
 
 def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from areal.config import RunConfig
-from areal.errors import RunError
+from areal.errors import ConfigError, RunError
 from areal.graph.batch import Batch
 from areal.graph.graph import Graph
 from areal.runtime.accounting import Accounting
@@ -86,6 +86,9 @@ class Controller:
         self.source_node = graph.nodes[source_pool.nodes[0]]
         self.tasks = _configured(self.source_node.spec.instantiate(), config)
         start_version = int(saved["version"]) if saved else 0
+        if saved and config.sampling_lag:
+            raise ConfigError("mode=lagged: a run cannot resume (the checkpoint holds the newest policy, not the "
+                              "lagged ones the generators sample from); start it again")
         if saved and saved.get("source"):
             self.tasks.restore(saved["source"])
         heldout = _configured(graph.heldout.get(self.source_node.name), config)
@@ -94,7 +97,7 @@ class Controller:
         self.group_size = config.group_size
         self.state = RunState(version=start_version, steps=config.steps)
         started = start_version * config.batch_size  # after a resume: i·B, never the old count
-        self.gate = StalenessGate(config.batch_size, config.effective_staleness, started=started)
+        self.gate = StalenessGate(config.batch_size, config.admission_staleness, started=started)
         self.accounting = Accounting(config.batch_size, config.group_size, started_groups=started)
         if saved:
             self.accounting.trained = set(saved.get("trained_ids", []))
@@ -115,6 +118,9 @@ class Controller:
         self._restarts: dict[str, list[float]] = {}
         self._plan_path = self.run_dir / "plan.json"
         self._latest_path: str | None = None  # newest published weights file
+        # lagged mode: generators hold the policy this many versions behind; 0 once training is over
+        self._sampling_lag = config.sampling_lag
+        self._told_version: int | None = None  # the policy version generators were last sent
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -162,7 +168,8 @@ class Controller:
     def _spawn(self, plan_path: Path, pool: str, replica: int) -> None:
         worker_id = f"{pool}[{replica}]"
         log_path = self.run_dir / "logs" / f"{pool}-{replica}.log"
-        spec = worker_spec(self.plan, plan_path, pool, replica, self.state.version, self.resume_dir, log_path)
+        version = self._sampled_version() if self._receives_weights(pool) else self.state.version
+        spec = worker_spec(self.plan, plan_path, pool, replica, version, self.resume_dir, log_path)
         process = launcher_for(self.config.cluster).start(spec)
         self.workers[worker_id] = WorkerProcess(worker_id, pool, replica, process, log_path)
 
@@ -187,6 +194,8 @@ class Controller:
                 log.info("max_minutes reached at version %d", self.state.version)
                 break
         if self.heldout is not None and self.state.version > 0:
+            self._sampling_lag = 0  # training is over: the last held-out round judges the trained policy
+            self._update_generators()
             self._start_eval()
             self._drain_evals(timeout_s=300)
 
@@ -224,7 +233,7 @@ class Controller:
             self.gate.try_start(self.state.version)
             self.accounting.started_groups += 1
             # admitted_at: the generator must hold this version's weights before it samples the group
-            meta = {"group": group, "samples": self.group_size, "admitted_at": self.state.version}
+            meta = {"group": group, "samples": self.group_size, "admitted_at": self._sampled_version()}
             batch = self._task_batch([task], [group])
             self._issued[group] = (batch, meta)
             self._send_source(batch, meta)
@@ -287,9 +296,10 @@ class Controller:
         # each held-out task repeated `eval.samples` times, every copy its own one-sample group
         tasks = [task for task in tasks for _ in range(self.config.eval.samples)]
         groups = [-(round_id * EVAL_ROUND_IDS + i) - 1 for i in range(len(tasks))]
-        self._eval_pending[round_id] = {"version": self.state.version, "n": len(tasks), "rewards": {},
+        version = self._sampled_version()  # the policy the generators sample with, not the trainer's in lagged mode
+        self._eval_pending[round_id] = {"version": version, "n": len(tasks), "rewards": {},
                                         "failed": set(), "started": time.monotonic()}
-        meta = {"eval": True, "round": round_id, "samples": 1, "group": groups[0], "admitted_at": self.state.version,
+        meta = {"eval": True, "round": round_id, "samples": 1, "group": groups[0], "admitted_at": version,
                 "task_ids": [str(t.get("task_id", i)) for i, t in enumerate(tasks)]}
         batch = self._task_batch(tasks, groups)
         self._eval_sent[round_id] = (batch, meta)
@@ -336,9 +346,10 @@ class Controller:
         kind = message["type"]
         if kind == "ready":
             worker.ready = True
-            if self._receives_weights(worker):
-                # a (re)started generator must not sample before it holds the newest policy
-                self.control.send(worker.worker_id, "weights", version=self.state.version, path=self._latest_path)
+            if self._receives_weights(worker.pool):
+                # a (re)started generator must not sample before it holds the policy it is to sample with
+                version = self._sampled_version()
+                self.control.send(worker.worker_id, "weights", version=version, path=self._weights_path(version))
         elif kind in ("heartbeat", "stopped"):
             worker.busy = float(message.get("busy", worker.busy))
             worker.holding = {int(g) for g in message.get("holding", [])}
@@ -393,15 +404,34 @@ class Controller:
         self.metrics.write(record)
         if message.get("path"):
             self._latest_path = message["path"]
-            for w in self.workers.values():
-                if self._receives_weights(w):
-                    self.control.send(w.worker_id, "weights", version=version, path=message["path"])
+            self._update_generators()
         every = self.config.eval.interval_steps
         if self.heldout is not None and every and version % every == 0 and version < self.state.steps:
             self._start_eval()
 
-    def _receives_weights(self, worker: WorkerProcess) -> bool:
-        return any(dst == worker.pool for _, dst in self.plan.weights_route)
+    def _receives_weights(self, pool: str) -> bool:
+        return any(dst == pool for _, dst in self.plan.weights_route)
+
+    def _sampled_version(self) -> int:
+        """The policy version generators sample with: the trainer's, or η behind it in lagged mode."""
+        return max(0, self.state.version - self._sampling_lag)
+
+    def _weights_path(self, version: int) -> str | None:
+        if version == self.state.version:
+            return self._latest_path
+        older = Path(self.plan.weights_dir) / f"v{version:06d}.safetensors"  # the trainer keeps 3 + lag of them
+        return str(older) if older.exists() else None  # none for v0: generators start from the checkpoint
+
+    def _update_generators(self) -> None:
+        """Send every generator the weights it should now sample with, once per version."""
+        version = self._sampled_version()
+        if version == self._told_version:
+            return
+        self._told_version = version
+        path = self._weights_path(version)
+        for w in self.workers.values():
+            if self._receives_weights(w.pool):
+                self.control.send(w.worker_id, "weights", version=version, path=path)
 
     def _on_failed(self, message: dict[str, Any]) -> None:
         ids = [int(s) for s in message.get("sample_ids", [])]

@@ -259,9 +259,10 @@ class Worker:
         tmp = folder / f".v{self.version:06d}.tmp"
         _guard(self.nodes[-1].name, trainer.save_weights, str(tmp))
         os.replace(tmp, final)  # readers never see a half-written file
+        keep = 3 + self.config.sampling_lag  # lagged mode: generators sample from the one η versions old
         for old in folder.glob("v*.safetensors"):
-            # keep the newest 3; a file above this version is rolled-back work from before a resume
-            if not self.version - 3 < int(old.stem[1:]) <= self.version:
+            # keep the newest; a file above this version is rolled-back work from before a resume
+            if not self.version - keep < int(old.stem[1:]) <= self.version:
                 old.unlink(missing_ok=True)
         return str(final)
 

@@ -19,8 +19,9 @@ from areal.graph.ports import Int32
 TOKENS = int(os.environ.get("FAKE_TOKENS", "4"))
 STEP_WORK = int(os.environ.get("FAKE_STEP_WORK", "0"))  # matmuls per decode step: a slow generator
 TRAIN_WORK = int(os.environ.get("FAKE_TRAIN_WORK", "0"))  # matmuls per optimizer step
-RAISE_ON_GROUP = int(os.environ.get("FAKE_RAISE_ON_GROUP", "-1"))
+RAISE_ON_GROUP = int(os.environ["FAKE_RAISE_ON_GROUP"]) if "FAKE_RAISE_ON_GROUP" in os.environ else None
 ADVANTAGE_POOL = int(os.environ.get("FAKE_ADVANTAGE_POOL", "0")) or None  # its own process when set
+HELDOUT = [{"prompt": f"h{i}"} for i in range(int(os.environ.get("FAKE_HELDOUT", "0")))] or None
 
 
 def _compute(matmuls: int) -> None:
@@ -68,6 +69,8 @@ class FakeGenerate:
         return len(self.queue)
 
     def load_weights(self, path, version):
+        if path is not None and int(Path(path).read_text()) != version:  # FakeTrainer writes its version
+            raise ValueError(f"sent {path} as version {version}")
         self.version = version
 
     def step(self):
@@ -98,7 +101,7 @@ class FakeGenerate:
 
 @node(inputs={"group_id": Int["S"]}, outputs={"advantage": Float["S"], "reward": Float["S"]})
 def advantage(batch):
-    if RAISE_ON_GROUP in batch["group_id"].tolist():
+    if RAISE_ON_GROUP is not None and RAISE_ON_GROUP in batch["group_id"].tolist():
         raise ValueError(f"bad group {RAISE_ON_GROUP}")
     return {"advantage": torch.zeros(batch.size), "reward": torch.ones(batch.size)}
 
@@ -129,7 +132,7 @@ class FakeTrainer:
 
 config = RunConfig(batch_size=2, group_size=3, staleness=1, steps=6)
 g = Graph("fake-rl")
-g.source("tasks", Counting())
+g.source("tasks", Counting(), heldout=HELDOUT)
 g.add(FakeGenerate, name="rollout")
 g.add(advantage, pool=ADVANTAGE_POOL)
 g.add(FakeTrainer, name="actor")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from areal.errors import RunError
-from areal.runtime.launch import build_controller
+from areal.errors import ConfigError, RunError
+from areal.runtime.launch import build_controller, run_recipe
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 
@@ -68,6 +68,37 @@ def test_sync_mode_is_eta_zero(tmp_path):
     controller = _run(tmp_path, "mode=sync", "staleness=4", "steps=3", "batch_size=2", "group_size=2")
     controller.run()
     assert {r["version"] - v for r in _trained(controller) for v in r["min_versions"]} == {0}
+
+
+@pytest.mark.parametrize("lag", [1, 3])
+def test_lagged_mode_samples_every_step_from_the_policy_exactly_eta_versions_old(tmp_path, lag):
+    controller = _run(tmp_path, "mode=lagged", f"staleness={lag}", "steps=6", "batch_size=2", "group_size=2")
+    controller.run()
+    records = _trained(controller)
+    assert [r["version"] for r in records] == list(range(6))
+    for r in records:  # the first steps have no older policy than v0
+        assert set(r["min_versions"]) == {max(0, r["version"] - lag)}, r
+    lags = [r["version"] - v for r in records for v in r["min_versions"]]
+    assert dict(controller.state.staleness) == {k: lags.count(k) for k in set(lags)}
+
+
+def test_lagged_mode_scores_held_out_rounds_on_the_sampled_policy_and_the_last_on_the_trained_one(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_HELDOUT", "2")
+    controller = _run(tmp_path, "mode=lagged", "staleness=2", "steps=6", "eval.interval_steps=3",
+                      "batch_size=2", "group_size=2")
+    controller.run()
+    # at the start (v0), after step 3 (generators hold v1), and after training (v6, sent for that round)
+    assert [e["version"] for e in controller.state.evals] == [0, 1, 6]
+
+
+def test_lagged_mode_refuses_to_resume(tmp_path):
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(RECIPE, recipe)
+    run = tmp_path / "run"
+    assert run_recipe(recipe, overrides=["mode=lagged", "staleness=1", "steps=2"], run_dir=run, live=False) == 0
+    with pytest.raises(ConfigError, match="mode=lagged: a run cannot resume"):
+        run_recipe(recipe, overrides=["steps=4"], resume=run, live=False)
 
 
 def test_node_that_raises_stops_a_fail_fast_run_naming_it_and_leaves_no_process(tmp_path, monkeypatch):
