@@ -10,7 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 from areal.errors import ConfigError
 
@@ -41,6 +50,13 @@ class TrainerConfig(_Section):
     engine: Literal["torch", "fsdp"] = Field(
         "torch", description="torch: one process; fsdp: FSDP2 over torch.distributed (gloo on CPU, NCCL on GPU)"
     )
+    ranks: PositiveInt = Field(1, description="data-parallel trainer processes (more than 1 needs engine=fsdp)")
+
+    @model_validator(mode="after")
+    def _ranks_need_fsdp(self) -> TrainerConfig:
+        if self.ranks > 1 and self.engine != "fsdp":
+            raise ValueError(f"ranks={self.ranks} trains data-parallel, which needs engine=fsdp (engine={self.engine})")
+        return self
 
 
 class GenerationConfig(_Section):

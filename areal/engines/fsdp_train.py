@@ -51,7 +51,8 @@ def join_process_group() -> str:
     """
     cuda = torch.cuda.is_available()
     if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # a rank per GPU on one node; under Ray each rank sees only its own GPU, so it is device 0
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     if not dist.is_initialized():
         backend = "nccl" if cuda else "gloo"
         if "WORLD_SIZE" in os.environ:

@@ -83,8 +83,11 @@ class TrainerNode:
         self.version += 1
         return totals
 
-    def save_weights(self, path: str) -> None:
-        save_weights(self.engine.state_dict(), path)  # FSDP: gathered from the shards
+    def save_weights(self, path: str | None) -> None:
+        """Write the policy to `path`; None: only take part in gathering it (a trainer rank > 0)."""
+        weights = self.engine.state_dict()  # FSDP: a collective, gathered from the shards
+        if path is not None:
+            save_weights(weights, path)
 
     def save_checkpoint(self, folder: str) -> None:
         self.engine.save(folder)

@@ -103,13 +103,16 @@ def _pool(index: int, members: list[Node], graph: Graph, config: RunConfig, run:
         role = "stream"
     else:
         role = "map"
-    if role in ("source", "train"):
-        replicas = 1  # one source cursor; one trainer (data-parallel training is the FSDP engine's job)
+    if role == "source":
+        replicas = 1  # one source cursor
+    elif role == "train":
+        replicas = config.trainer.ranks  # the ranks of one data-parallel trainer (FSDP)
     else:
         replicas = config.placement.get(head.name) or head.pool or 1
     threads = {"train": config.trainer.threads, "stream": config.generation.threads}.get(role, 1)
     name = head.name if role != "train" else next(n.name for n in members if n.kind == "ppo-update")
-    endpoints = () if role == "source" else tuple(_endpoint(run, f"{name}-{r}", config) for r in range(replicas))
+    bound = {"source": 0, "train": 1}.get(role, replicas)  # a trainer's rank 0 receives for all its ranks
+    endpoints = tuple(_endpoint(run, f"{name}-{r}", config) for r in range(bound))
     return PoolSpec(
         name=name,
         nodes=tuple(n.name for n in members),
@@ -119,6 +122,7 @@ def _pool(index: int, members: list[Node], graph: Graph, config: RunConfig, run:
         threads=threads,
         endpoints=endpoints,
         gather_groups=config.batch_size if role == "train" else 1,
+        rendezvous=f"127.0.0.1:{_free_port()}" if role == "train" and replicas > 1 else "",
     )
 
 

@@ -3,7 +3,8 @@
 A `Plan` is plain data (frozen dataclasses of strings and ints), printable as a table and
 serialisable to JSON, so `plan.json` in the run directory is enough to read or repeat a run.
 Pools form a pipeline in data order; each replica of a pool binds one PULL endpoint and every
-replica of the pool before it connects a PUSH to all of them (ZeroMQ load-balances).
+replica of the pool before it connects a PUSH to all of them (ZeroMQ load-balances). A trainer
+pool's replicas are the ranks of one data-parallel trainer: rank 0 alone binds an endpoint.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class PoolSpec:
     threads: int
     endpoints: tuple[str, ...] = ()  # one PULL endpoint per replica (none for the source)
     gather_groups: int = 1  # groups gathered before the pool's nodes run (B for a trainer)
+    # a trainer of several ranks: only rank 0 has an endpoint (it passes each step on, areal/runtime/ranks.py);
+    # the ranks' torch.distributed rendezvous, host:port
+    rendezvous: str = ""
 
     def worker_ids(self) -> list[str]:
         return [f"{self.name}[{r}]" for r in range(self.replicas)]

@@ -8,7 +8,8 @@ then runs one loop chosen by its pool's role:
 - stream: a generate node is stepped one decode step at a time, taking prompts and new weights
   between steps, and each finished group goes through the rest of the pool's nodes;
 - train: groups are gathered until batch k (groups [kB, (k+1)B)) is complete, then the
-  proximal pass and the update run and version k+1 is published.
+  proximal pass and the update run and version k+1 is published. A trainer of several ranks
+  (trainer.ranks) does this in rank 0, which orders the others to do the same (runtime/ranks.py).
 A node that raises stops the worker with an "error" event naming it; the controller stops the run.
 """
 
@@ -36,6 +37,7 @@ from areal.runtime.channels import BatchReceiver, BatchSender
 from areal.runtime.context import WorkerContext
 from areal.runtime.control import ControlClient, Pulse
 from areal.runtime.plan import Plan
+from areal.runtime.ranks import RankOrders, rank_environment
 from areal.runtime.staleness import staleness_histogram
 
 log = logging.getLogger("areal.worker")
@@ -63,6 +65,8 @@ class Worker:
         self.config: RunConfig = recipe.config
         self.nodes: list[Node] = [recipe.graph.nodes[name] for name in self.pool.nodes]
         self.impls: list[Any] = []
+        if self.pool.rendezvous:  # one rank of a data-parallel trainer: its node's engine joins the group
+            rank_environment(self.pool.rendezvous, replica, self.pool.replicas)
         for n in self.nodes:
             impl = n.spec.instantiate()
             if hasattr(impl, "setup"):
@@ -70,17 +74,21 @@ class Worker:
                                         self.control)
                 _guard(n.name, impl.setup, context)
             self.impls.append(impl)
+        self.orders = RankOrders() if self.pool.rendezvous else None
+        self.follower = self.orders is not None and replica > 0  # gets its steps from rank 0, not a socket
         upstream = plan.pools[[p.name for p in plan.pools].index(pool_name) - 1].name
-        self.inbox = BatchReceiver(self.pool.endpoints[replica], bind=True, hwm=plan.high_water_mark,
-                                   max_frame_bytes=plan.max_frame_bytes, name=f"'{upstream}'")
+        self.poller = zmq.Poller()
+        self.inbox: BatchReceiver | None = None
+        if not self.follower:
+            self.inbox = BatchReceiver(self.pool.endpoints[replica], bind=True, hwm=plan.high_water_mark,
+                                       max_frame_bytes=plan.max_frame_bytes, name=f"'{upstream}'")
+            self.poller.register(self.inbox.socket, zmq.POLLIN)
         downstream = plan.next_pool(pool_name)
         self.outbox: BatchSender | None = None
         if downstream is not None:
             self.outbox = BatchSender(downstream.endpoints[0], bind=False, hwm=plan.high_water_mark)
             for endpoint in downstream.endpoints[1:]:
                 self.outbox.socket.connect(endpoint)
-        self.poller = zmq.Poller()
-        self.poller.register(self.inbox.socket, zmq.POLLIN)
         self.poller.register(self.control.socket, zmq.POLLIN)
         self.stopping = False
         self.busy_s = 0.0
@@ -95,6 +103,8 @@ class Worker:
         self.control.send("ready", pid=os.getpid())
         pulse = Pulse(self.plan.control_endpoint, self.worker_id, self.config.faults.heartbeat_s)
         loop = {"map": self._map_loop, "stream": self._stream_loop, "train": self._train_loop}[self.pool.role]
+        if self.follower:
+            loop = self._follow_loop
         try:
             loop()
         finally:
@@ -125,7 +135,7 @@ class Worker:
 
     def _drain(self) -> list[tuple[Batch, dict[str, Any]]]:
         got = []
-        while (item := self.inbox.recv(timeout_ms=0)) is not None:
+        while self.inbox is not None and (item := self.inbox.recv(timeout_ms=0)) is not None:
             got.append(item)
         return got
 
@@ -219,6 +229,19 @@ class Worker:
                 self._train(Batch.concat([p for p in parts if p.size]) if any(p.size for p in parts) else None)
                 if self.stopping:
                     break
+        if self.orders is not None:
+            self.orders.send("stop")
+
+    def _follow_loop(self) -> None:
+        """A trainer rank > 0: rank 0's orders, in its order, so every collective meets its peers."""
+        while True:
+            order, batch, fields = self.orders.receive()
+            if order == "stop":
+                return
+            if order == "checkpoint":
+                self._checkpoint(Path(fields["folder"]))
+            else:
+                self._train(batch)
 
     def _train(self, batch: Batch | None) -> None:
         eta = self.config.effective_staleness
@@ -230,6 +253,9 @@ class Worker:
             hist = dict(lags)
             if any(lag > eta for lag in lags):
                 raise RunError(f"staleness bound broken at version {step}: lags {hist} exceed η={eta}")
+        if self.orders is not None and not self.follower:
+            self.orders.send("train", batch)
+        if batch is not None:
             start = time.monotonic()
             batch = self._run_chain(self.nodes[:-1], self.impls[:-1], batch, {})
             middle = time.monotonic()
@@ -239,6 +265,8 @@ class Worker:
             stats |= {"prox_s": middle - start, "update_s": end - middle}
         self.version = step + 1
         path = self._publish()
+        if self.follower:
+            return  # rank 0 reports the step and decides on checkpoints
         self.control.send(
             "version", version=self.version, path=path, stats=stats, staleness={str(k): v for k, v in hist.items()},
             sample_ids=batch["sample_id"].tolist() if batch is not None else [],
@@ -252,6 +280,9 @@ class Worker:
     def _publish(self) -> str | None:
         trainer = self.impls[-1]
         if not hasattr(trainer, "save_weights"):
+            return None
+        if self.follower:
+            _guard(self.nodes[-1].name, trainer.save_weights, None)  # its part of gathering the weights
             return None
         folder = Path(self.plan.weights_dir)
         folder.mkdir(parents=True, exist_ok=True)
@@ -268,11 +299,14 @@ class Worker:
 
     def _checkpoint(self, folder: Path) -> None:
         trainer = self.impls[-1]
+        if self.orders is not None and not self.follower:
+            self.orders.send("checkpoint", folder=str(folder))
         if hasattr(trainer, "save_checkpoint"):
             target = folder / "trainer"
             target.mkdir(parents=True, exist_ok=True)
-            _guard(self.nodes[-1].name, trainer.save_checkpoint, str(target))
-        self.control.send("checkpoint", version=self.version, path=str(folder))
+            _guard(self.nodes[-1].name, trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
+        if not self.follower:
+            self.control.send("checkpoint", version=self.version, path=str(folder))
 
     def _report_eval(self, batch: Batch, meta: dict[str, Any]) -> None:
         rewards = batch["reward"].tolist() if "reward" in batch else []
