@@ -104,6 +104,14 @@ class TransportConfig(_Section):
     max_frame_bytes: PositiveInt = 1 << 28
     high_water_mark: PositiveInt = 64
     kind: Literal["ipc", "tcp"] = "ipc"
+    host: str = Field(
+        "127.0.0.1", description="where the controller and workers bind: 127.0.0.1 keeps a run on one machine; "
+        "'node' binds each process on its own Ray node's IP, for a cluster of machines (cluster.backend=ray)"
+    )
+    weights: Literal["files", "broadcast"] = Field(
+        "files", description="files: the trainer writes each version to the run directory (a restarted generator "
+        "reads it); broadcast: a process group from trainer to generators (NCCL on GPU, gloo on CPU), no disk"
+    )
 
 
 class ClusterConfig(_Section):
@@ -140,6 +148,24 @@ class RunConfig(_Section):
     placement: dict[str, PositiveInt] = Field(
         default_factory=dict, description="replicas per node name, overriding the recipe's pool="
     )
+
+    @model_validator(mode="after")
+    def _lagged_needs_files(self) -> RunConfig:
+        if self.mode == "lagged" and self.transport.weights == "broadcast":
+            raise ValueError("mode=lagged samples from older policies, which only transport.weights=files keeps")
+        return self
+
+    @model_validator(mode="after")
+    def _node_host_needs_ray(self) -> RunConfig:
+        if self.transport.host != "node":
+            return self
+        if self.cluster.backend != "ray":
+            raise ValueError("transport.host=node binds on each Ray node's IP, which needs cluster.backend=ray")
+        if self.trainer.ranks > 1 or self.transport.weights == "broadcast":
+            raise ValueError("transport.host=node: the trainer's ranks (trainer.ranks > 1) and the weights group "
+                             "(transport.weights=broadcast) still meet on one machine; use trainer.ranks=1 and "
+                             "transport.weights=files across nodes")
+        return self
 
     @property
     def effective_staleness(self) -> int:

@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--etas", type=int, nargs="+", default=[0, 1, 2, 4, 8])
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=OBJECTIVES)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--lag", choices=("fixed", "bound"), default="fixed",
                         help="fixed: every sample exactly η versions old (mode=lagged); bound: async, lag <= η")
     parser.add_argument("--quick", action="store_true", help="η 0 and 2, 1 seed, 4 steps")

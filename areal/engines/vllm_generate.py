@@ -68,6 +68,8 @@ class Backend(Protocol):
     def abort(self, request_ids: list[str]) -> None: ...
     def step(self) -> list[BackendOutput]: ...
     def load_weights(self, state_dict: dict[str, Tensor]) -> None: ...
+    def join_weight_group(self, rendezvous: str, member: int, size: int) -> None: ...
+    def receive_weights(self) -> None: ...
 
 
 @dataclass
@@ -152,11 +154,22 @@ class VLLMGenerationEngine:
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         """Abort everything in flight, load the weights into the live backend, resubmit with the tokens so far."""
+        self._interrupted_by(lambda: self.backend.load_weights(state_dict), version)
+
+    def join_weight_group(self, rendezvous: str, member: int, size: int) -> None:
+        """Make the backend's worker a member of the trainer's weights group (transport.weights=broadcast)."""
+        self.backend.join_weight_group(rendezvous, member, size)
+
+    def receive_weights(self, version: int) -> None:
+        """`update_weights`, with the weights arriving in the backend's worker over the weights group."""
+        self._interrupted_by(self.backend.receive_weights, version)
+
+    def _interrupted_by(self, load: Callable[[], None], version: int) -> None:
         interrupted = list(self._running.values())
         if interrupted:
             self.backend.abort([r.backend_id for r in interrupted])
         self._running.clear()
-        self.backend.load_weights(state_dict)
+        load()
         self.version = version
         for req in interrupted:
             req.attempt += 1
@@ -222,12 +235,24 @@ def import_vllm() -> Any:
 
 
 class WeightLoader:
-    """vLLM worker extension (runs inside each vLLM worker): load named tensors into the live model."""
+    """vLLM worker extension (runs inside each vLLM worker): load named tensors into the live model.
+
+    With transport.weights=broadcast the worker itself joins the trainer's weights group (NCCL), so
+    the tensors go from GPU to GPU without passing through the generate worker's process.
+    """
 
     model_runner: Any  # set by vLLM's worker
 
     def areal_load_weights(self, named: list[tuple[str, Tensor]]) -> None:
         self.model_runner.model.load_weights(weights=named)
+
+    def areal_join_weight_group(self, rendezvous: str, member: int, size: int) -> None:
+        from areal.engines.weight_group import WeightGroup
+
+        self.areal_weights = WeightGroup(rendezvous, member, size, device="cuda")
+
+    def areal_receive_weights(self) -> None:
+        self.model_runner.model.load_weights(weights=list(self.areal_weights.receive().items()))
 
 
 class VLLMBackend:
@@ -269,4 +294,12 @@ class VLLMBackend:
     def load_weights(self, state_dict: dict[str, Tensor]) -> None:
         self.engine.collective_rpc("areal_load_weights", args=(list(state_dict.items()),))
         # resubmitted prompts would otherwise reuse KV blocks computed with the old weights
+        self.engine.reset_prefix_cache()
+
+    def join_weight_group(self, rendezvous: str, member: int, size: int) -> None:
+        # one member per engine: vLLM's tensor parallelism (several workers) is not supported here
+        self.engine.collective_rpc("areal_join_weight_group", args=(rendezvous, member, size))
+
+    def receive_weights(self) -> None:
+        self.engine.collective_rpc("areal_receive_weights")
         self.engine.reset_prefix_cache()

@@ -5,6 +5,10 @@ prompt becomes `samples` requests whose request id is the sample id, so a sample
 after a resume draws the same random numbers. A batch is returned once all of its samples
 finished, with the prompt's fields repeated per sample.
 
+With transport.weights=broadcast the worker is a member of the weights group (engines/
+weight_group.py): it takes the trainer's weights when the group forms, and each new version the
+moment it is told one is coming. Under vLLM the member is vLLM's own worker, where the model is.
+
 A training sample whose generation is over-long (it hit max_new_tokens) or empty (no text left
 after the stop cut) is reported to the controller ("noted", with its id and reason): it trains
 on like any other and earns its reward, but the run's accounting counts it.
@@ -51,11 +55,31 @@ class GenerateNode:
         checkpoint = checkpoint_dir(config.model, seed=config.seed)
         self.tokenizer = load_tokenizer(checkpoint)
         self.stops = list(config.generation.stop)
+        self.engine_name = config.generation.engine
         # the run's newest published weights (a restarted generator), else the checkpoint's (a resumed one)
         weights = first_file(context.run_dir / "weights" / f"v{context.version:06d}.safetensors",
                              context.resume_dir / "policy.safetensors" if context.resume_dir else None)
         self.engine = generation_engine(config, checkpoint, self.tokenizer, weights=weights, version=context.version,
                                         decode=self._decode)
+        self.group: Any = None  # the weights group, when this process is the member
+        if context.weights_group is not None:
+            self._join_weights_group(*context.weights_group, version=context.version)
+
+    def _join_weights_group(self, rendezvous: str, member: int, size: int, version: int) -> None:
+        if hasattr(self.engine, "join_weight_group"):  # vLLM: its worker process holds the model
+            self.engine.join_weight_group(rendezvous, member, size)
+        else:
+            from areal.engines.weight_group import WeightGroup, group_device
+
+            self.group = WeightGroup(rendezvous, member, size, device=group_device(self.engine_name))
+        self.receive_weights(version)  # the trainer's weights as the group forms (its resumed ones, after a resume)
+
+    def receive_weights(self, version: int) -> None:
+        """Take part in the trainer's broadcast of `version`; in-flight requests continue on the new weights."""
+        if self.group is None:
+            self.engine.receive_weights(version)
+        else:
+            self.engine.update_weights(self.group.receive(), version)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

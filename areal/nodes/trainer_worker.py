@@ -83,9 +83,13 @@ class TrainerNode:
         self.version += 1
         return totals
 
+    def policy_weights(self) -> dict[str, Tensor]:
+        """The whole policy, on every rank (FSDP: a collective, gathered from the shards)."""
+        return self.engine.state_dict()
+
     def save_weights(self, path: str | None) -> None:
         """Write the policy to `path`; None: only take part in gathering it (a trainer rank > 0)."""
-        weights = self.engine.state_dict()  # FSDP: a collective, gathered from the shards
+        weights = self.policy_weights()
         if path is not None:
             save_weights(weights, path)
 

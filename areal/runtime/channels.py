@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
+import os
 import re
 import tempfile
 import time
@@ -49,6 +50,18 @@ def ipc_endpoint(run_dir: Path | str, name: str) -> str:
     return f"ipc://{path}"
 
 
+def is_dynamic(endpoints: tuple[str, ...]) -> bool:
+    """Endpoints whose port (and, for host 'node', address) the binding worker picks when it starts."""
+    return any(e.endswith(":*") for e in endpoints)
+
+
+def bind_address(endpoint: str) -> str:
+    """The endpoint a worker binds: `tcp://node:*` becomes its Ray node's IP (AREAL_NODE_IP), any free port."""
+    if endpoint.startswith("tcp://node:"):
+        return f"tcp://{os.environ['AREAL_NODE_IP']}:{endpoint.rpartition(':')[2]}"
+    return endpoint
+
+
 def tcp_endpoint(host: str = "127.0.0.1", port: int | None = None) -> str:
     """`tcp://HOST:PORT`; without a port, `tcp://HOST:*`: the binding end picks a free one."""
     return f"tcp://{host}:{'*' if port is None else port}"
@@ -59,7 +72,7 @@ class BatchSender:
 
     def __init__(
         self,
-        endpoint: str,
+        endpoint: str | None,
         *,
         bind: bool,
         hwm: int = 16,
@@ -68,13 +81,35 @@ class BatchSender:
         context: zmq.Context | None = None,
     ) -> None:
         """`hwm`: messages queued per peer before `send` blocks; `timeout_ms`: how long it
-        blocks before raising `TimeoutError` (None: forever)."""
+        blocks before raising `TimeoutError` (None: forever). `endpoint` None: no peer yet;
+        `connect` adds them as they become known, and only live connections take batches."""
         self.socket = _socket(context, zmq.PUSH, zmq.SNDHWM, hwm)
         self.hwm = hwm
         self.timeout_ms = timeout_ms
         self._sndtimeo = -1
         self._bound = bind
-        self.endpoint = _attach(self.socket, endpoint, bind, allow_remote)
+        self.peers: set[str] = set()
+        if endpoint is None:
+            # queue nothing for a peer that is not (or no longer) there: it may never come back
+            self.socket.setsockopt(zmq.IMMEDIATE, 1)
+            self.endpoint = "(peers as they come)"
+        else:
+            self.endpoint = _attach(self.socket, endpoint, bind, allow_remote)
+
+    def connect(self, endpoint: str) -> None:
+        """One more receiver to deal batches to (a repeat is ignored)."""
+        if endpoint not in self.peers:
+            try:
+                self.socket.connect(endpoint)
+            except zmq.ZMQError as exc:
+                raise zmq.ZMQError(exc.errno, f"cannot connect {endpoint}: {exc.strerror}") from exc
+            self.peers.add(endpoint)
+
+    def disconnect(self, endpoint: str) -> None:
+        """Stop dealing to a receiver that went away; batches queued for it are dropped (and re-issued)."""
+        if endpoint in self.peers:
+            self.socket.disconnect(endpoint)
+            self.peers.discard(endpoint)
 
     def send(
         self, batch: Batch, meta: Mapping[str, Any] | None = None, *, timeout_ms: int | None = None

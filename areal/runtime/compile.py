@@ -58,12 +58,13 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         overrides=tuple(overrides),
         run_dir=str(run),
         pools=pools,
-        control_endpoint=_endpoint(run, "control", config),
+        control_endpoint=_control_endpoint(run, config),
         weights_route=route,
         weights_dir=str(run / "weights"),
         high_water_mark=config.transport.high_water_mark,
         max_frame_bytes=config.transport.max_frame_bytes,
         colocated=tuple(p.nodes for p in pools if len(p.nodes) > 1),
+        weights_rendezvous=f"127.0.0.1:{_free_port()}" if route and config.transport.weights == "broadcast" else "",
     )
 
 
@@ -127,9 +128,24 @@ def _pool(index: int, members: list[Node], graph: Graph, config: RunConfig, run:
 
 
 def _endpoint(run: Path, name: str, config: RunConfig) -> str:
-    if config.transport.kind == "tcp" or config.cluster.backend == "ray":  # Ray workers may sit on other hosts
-        return f"tcp://127.0.0.1:{_free_port()}"
+    """A data endpoint. Under Ray a worker may land on any node and start in any order, so it binds a
+    free port there and tells the controller, which wires its neighbours to it (`tcp://HOST:*`)."""
+    if config.cluster.backend == "ray":
+        return f"tcp://{config.transport.host}:*"
+    if config.transport.kind == "tcp":
+        return f"tcp://{config.transport.host}:{_free_port()}"
     return f"ipc://{run / 'sockets' / name}"
+
+
+def _control_endpoint(run: Path, config: RunConfig) -> str:
+    """The controller's endpoint, known before any worker starts: on this machine, reachable from the nodes."""
+    if config.transport.host == "node":
+        from areal.runtime.placement import import_ray
+
+        return f"tcp://{import_ray().util.get_node_ip_address()}:{_free_port()}"
+    if config.transport.kind == "tcp" or config.cluster.backend == "ray":
+        return f"tcp://{config.transport.host}:{_free_port()}"
+    return f"ipc://{run / 'sockets' / 'control'}"
 
 
 def _free_port() -> int:

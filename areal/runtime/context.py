@@ -30,6 +30,14 @@ class WorkerContext:
     def worker_id(self) -> str:
         return f"{self.pool.name}[{self.replica}]"
 
+    @property
+    def weights_group(self) -> tuple[str, int, int] | None:
+        """(rendezvous, member, size) of the weights group this worker is in (transport.weights=broadcast)."""
+        members = self.plan.weights_members()
+        if not self.plan.weights_rendezvous or self.worker_id not in members:
+            return None
+        return self.plan.weights_rendezvous, members[self.worker_id], len(members)
+
     def report(self, kind: str, **fields: Any) -> None:
         """Send an event to the controller (metrics, progress) tagged with this node."""
         self.control.send(kind, node=self.node, **fields)

@@ -28,7 +28,7 @@ from areal.errors import ConfigError, RunError
 from areal.graph.batch import Batch
 from areal.graph.graph import Graph
 from areal.runtime.accounting import Accounting
-from areal.runtime.channels import BatchSender
+from areal.runtime.channels import BatchSender, is_dynamic
 from areal.runtime.control import ControlServer, Pulse
 from areal.runtime.metrics import MetricsWriter
 from areal.runtime.placement import WorkerHandle, launcher_for, worker_spec
@@ -121,6 +121,9 @@ class Controller:
         # lagged mode: generators hold the policy this many versions behind; 0 once training is over
         self._sampling_lag = config.sampling_lag
         self._told_version: int | None = None  # the policy version generators were last sent
+        # Ray: workers bind where they land and say where (areal.runtime.channels.is_dynamic)
+        self._dynamic = any(is_dynamic(p.endpoints) for p in plan.pools)
+        self._listening: dict[str, str] = {}  # worker id -> the data endpoint it bound
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -132,8 +135,9 @@ class Controller:
         (self.run_dir / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         self.control = ControlServer(self.plan.control_endpoint)
         first = self.plan.pools[1]
-        self.source_out = BatchSender(first.endpoints[0], bind=False, hwm=self.plan.high_water_mark)
-        for endpoint in first.endpoints[1:]:
+        self.source_out = BatchSender(None if self._dynamic else first.endpoints[0], bind=False,
+                                      hwm=self.plan.high_water_mark)
+        for endpoint in () if self._dynamic else first.endpoints[1:]:
             self.source_out.socket.connect(endpoint)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         error: BaseException | None = None
@@ -346,6 +350,8 @@ class Controller:
         kind = message["type"]
         if kind == "ready":
             worker.ready = True
+            if self._dynamic:
+                self._wire(worker, message.get("endpoint"))
             if self._receives_weights(worker.pool):
                 # a (re)started generator must not sample before it holds the policy it is to sample with
                 version = self._sampled_version()
@@ -402,12 +408,32 @@ class Controller:
         }
         self.state.last_step = record
         self.metrics.write(record)
-        if message.get("path"):
-            self._latest_path = message["path"]
-            self._update_generators()
+        if message.get("path") or message.get("broadcast"):
+            self._latest_path = message.get("path")
+            self._update_generators(broadcast=bool(message.get("broadcast")))
         every = self.config.eval.interval_steps
         if self.heldout is not None and every and version % every == 0 and version < self.state.steps:
             self._start_eval()
+
+    def _wire(self, worker: WorkerProcess, endpoint: str | None) -> None:
+        """Dynamic endpoints: point the pool before `worker` at the endpoint it bound (instead of the one
+        of the process it replaces), and `worker` at every endpoint the pool after it has bound."""
+        pools = list(self.plan.pools)
+        at = [p.name for p in pools].index(worker.pool)
+        if endpoint is not None:  # a trainer rank > 0 binds nothing
+            old = self._listening.get(worker.worker_id)
+            self._listening[worker.worker_id] = endpoint
+            before = pools[at - 1]
+            if before.role == "source":
+                if old is not None:
+                    self.source_out.disconnect(old)
+                self.source_out.connect(endpoint)
+            for w in self.workers.values():
+                if w.pool == before.name and w.ready:
+                    self.control.send(w.worker_id, "peers", connect=[endpoint], disconnect=[old] if old else [])
+        if at + 1 < len(pools):
+            after = [self._listening[w] for w in pools[at + 1].worker_ids() if w in self._listening]
+            self.control.send(worker.worker_id, "peers", connect=after)
 
     def _receives_weights(self, pool: str) -> bool:
         return any(dst == pool for _, dst in self.plan.weights_route)
@@ -422,8 +448,12 @@ class Controller:
         older = Path(self.plan.weights_dir) / f"v{version:06d}.safetensors"  # the trainer keeps 3 + lag of them
         return str(older) if older.exists() else None  # none for v0: generators start from the checkpoint
 
-    def _update_generators(self) -> None:
-        """Send every generator the weights it should now sample with, once per version."""
+    def _update_generators(self, broadcast: bool = False) -> None:
+        """Send every generator the weights it should now sample with, once per version.
+
+        broadcast: the trainer is waiting in the weights group's broadcast of this version, and
+        each generator must take its part.
+        """
         version = self._sampled_version()
         if version == self._told_version:
             return
@@ -431,7 +461,7 @@ class Controller:
         path = self._weights_path(version)
         for w in self.workers.values():
             if self._receives_weights(w.pool):
-                self.control.send(w.worker_id, "weights", version=version, path=path)
+                self.control.send(w.worker_id, "weights", version=version, path=path, broadcast=broadcast)
 
     def _on_failed(self, message: dict[str, Any]) -> None:
         ids = [int(s) for s in message.get("sample_ids", [])]
@@ -517,6 +547,10 @@ class Controller:
         where = f"\n  (log: {w.log_path})\n{_tail(w.log_path)}"
         if w.last_error and policy == "fail-fast":
             raise RunError(f"{w.last_error}\n  (worker {w.worker_id}; log: {w.log_path})")
+        if self.plan.weights_rendezvous and self._receives_weights(w.pool):
+            raise RunError(f"{cause}{where}\n  with transport.weights=broadcast a generator cannot rejoin the "
+                           f"weights group: continue with `areal run --resume {self.run_dir}`, or run with "
+                           f"transport.weights=files, where a generator restarts alone")
         if policy == "fail-fast" or self.plan.pool(w.pool).role == "train":
             raise RunError(f"{cause}{where}" + ("" if policy == "fail-fast" else
                            "\n  the trainer holds the optimizer state: "

@@ -167,6 +167,7 @@ class WorkerActor:
         os.dup2(fd, 2)
         os.close(fd)
         os.environ["PYTHONUNBUFFERED"] = "1"
+        os.environ["AREAL_NODE_IP"] = self.where()[1]  # transport.host=node binds the worker's sockets here
         return worker.main(args)
 
 

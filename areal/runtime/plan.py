@@ -46,6 +46,15 @@ class Plan:
     high_water_mark: int
     max_frame_bytes: int
     colocated: tuple[tuple[str, ...], ...] = field(default=())
+    weights_rendezvous: str = ""  # transport.weights=broadcast: host:port of the weights group's store
+
+    def weights_members(self) -> dict[str, int]:
+        """Worker id -> member of the weights group: 0 the trainer's rank 0, then each generator replica."""
+        members = {f"{self.weights_route[0][0]}[0]": 0} if self.weights_route else {}
+        for pool in dict.fromkeys(dst for _, dst in self.weights_route):
+            for worker in self.pool(pool).worker_ids():
+                members[worker] = len(members)
+        return members
 
     def pool(self, name: str) -> PoolSpec:
         return next(p for p in self.pools if p.name == name)

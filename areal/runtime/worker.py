@@ -33,7 +33,7 @@ from areal.graph.batch import Batch, Ragged
 from areal.graph.node import FAILED, Node
 from areal.graph.ports import PortType
 from areal.graph.recipe import load_recipe
-from areal.runtime.channels import BatchReceiver, BatchSender
+from areal.runtime.channels import BatchReceiver, BatchSender, bind_address, is_dynamic
 from areal.runtime.context import WorkerContext
 from areal.runtime.control import ControlClient, Pulse
 from areal.runtime.plan import Plan
@@ -76,16 +76,25 @@ class Worker:
             self.impls.append(impl)
         self.orders = RankOrders() if self.pool.rendezvous else None
         self.follower = self.orders is not None and replica > 0  # gets its steps from rank 0, not a socket
+        # transport.weights=broadcast: every trainer rank gathers the weights, rank 0 broadcasts them
+        self.broadcasting = self.pool.role == "train" and bool(plan.weights_rendezvous)
+        self.weights_group: Any = None
+        if self.broadcasting:
+            self._join_weights_group()
         upstream = plan.pools[[p.name for p in plan.pools].index(pool_name) - 1].name
         self.poller = zmq.Poller()
         self.inbox: BatchReceiver | None = None
         if not self.follower:
-            self.inbox = BatchReceiver(self.pool.endpoints[replica], bind=True, hwm=plan.high_water_mark,
-                                       max_frame_bytes=plan.max_frame_bytes, name=f"'{upstream}'")
+            endpoint = bind_address(self.pool.endpoints[replica])
+            self.inbox = BatchReceiver(endpoint, bind=True, hwm=plan.high_water_mark, name=f"'{upstream}'",
+                                       max_frame_bytes=plan.max_frame_bytes,
+                                       allow_remote=self.config.transport.host != "127.0.0.1")  # asked for
             self.poller.register(self.inbox.socket, zmq.POLLIN)
         downstream = plan.next_pool(pool_name)
         self.outbox: BatchSender | None = None
-        if downstream is not None:
+        if downstream is not None and is_dynamic(downstream.endpoints):
+            self.outbox = BatchSender(None, bind=False, hwm=plan.high_water_mark)  # the controller says where
+        elif downstream is not None:
             self.outbox = BatchSender(downstream.endpoints[0], bind=False, hwm=plan.high_water_mark)
             for endpoint in downstream.endpoints[1:]:
                 self.outbox.socket.connect(endpoint)
@@ -97,10 +106,21 @@ class Worker:
         self._latest_weights: dict[str, Any] | None = None
         self.holding: set[int] = set()  # trainer: groups gathered for coming steps (not re-issued after a crash)
 
+    def _join_weights_group(self) -> None:
+        """Trainer: form the weights group with the generators and send them the weights it starts from."""
+        from areal.engines.weight_group import WeightGroup, group_device
+
+        weights = _guard(self.nodes[-1].name, self.impls[-1].policy_weights)
+        if not self.follower:
+            members = self.plan.weights_members()
+            self.weights_group = WeightGroup(self.plan.weights_rendezvous, 0, len(members),
+                                             device=group_device(self.config.generation.engine))
+            self.weights_group.send(weights)
+
     # -- loop pieces ------------------------------------------------------------------
 
     def run(self) -> None:
-        self.control.send("ready", pid=os.getpid())
+        self.control.send("ready", pid=os.getpid(), endpoint=self.inbox.endpoint if self.inbox else None)
         pulse = Pulse(self.plan.control_endpoint, self.worker_id, self.config.faults.heartbeat_s)
         loop = {"map": self._map_loop, "stream": self._stream_loop, "train": self._train_loop}[self.pool.role]
         if self.follower:
@@ -125,8 +145,17 @@ class Worker:
             if message["type"] == "stop":
                 self.stopping = True
                 self._on_stop(message)
+            elif message["type"] == "peers" and self.outbox is not None:  # Ray: where the next pool listens
+                for endpoint in message.get("disconnect", []):
+                    self.outbox.disconnect(endpoint)
+                for endpoint in message.get("connect", []):
+                    self.outbox.connect(endpoint)
             elif message["type"] == "weights":
-                self._latest_weights = message  # only the newest matters
+                if message.get("broadcast"):
+                    # a collective: the trainer waits in it until every generator has taken its part
+                    _guard(self.nodes[0].name, self.impls[0].receive_weights, int(message["version"]))
+                    message = {**message, "path": None}  # loaded already: the loop only notes the version
+                self._latest_weights = message  # with files, only the newest matters
 
     def _on_stop(self, message: Mapping[str, Any]) -> None:
         """Trainer: write the final checkpoint when the controller asks for it."""
@@ -265,21 +294,25 @@ class Worker:
             stats |= {"prox_s": middle - start, "update_s": end - middle}
         self.version = step + 1
         path = self._publish()
+        weights = _guard(self.nodes[-1].name, self.impls[-1].policy_weights) if self.broadcasting else None
         if self.follower:
             return  # rank 0 reports the step and decides on checkpoints
         self.control.send(
-            "version", version=self.version, path=path, stats=stats, staleness={str(k): v for k, v in hist.items()},
+            "version", version=self.version, path=path, broadcast=self.broadcasting, stats=stats,
+            staleness={str(k): v for k, v in hist.items()},
             sample_ids=batch["sample_id"].tolist() if batch is not None else [],
             rewards=batch["reward"].tolist() if batch is not None and "reward" in batch else [],
             tokens=int(batch["output_ids"].values.numel()) if batch is not None else 0,
         )
+        if weights is not None:
+            self.weights_group.send(weights)  # the controller tells the generators to take their part
         every = self.config.checkpoint.interval_steps
         if every and self.version % every == 0:
             self._checkpoint(Path(self.plan.run_dir) / "checkpoints" / f"step-{self.version:06d}")
 
     def _publish(self) -> str | None:
         trainer = self.impls[-1]
-        if not hasattr(trainer, "save_weights"):
+        if not hasattr(trainer, "save_weights") or self.broadcasting:
             return None
         if self.follower:
             _guard(self.nodes[-1].name, trainer.save_weights, None)  # its part of gathering the weights
@@ -305,6 +338,9 @@ class Worker:
             target = folder / "trainer"
             target.mkdir(parents=True, exist_ok=True)
             _guard(self.nodes[-1].name, trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
+        if self.broadcasting:  # no weights file to copy: the checkpoint's policy (export, resume) is written here
+            policy = None if self.follower else str(folder / "policy.safetensors")
+            _guard(self.nodes[-1].name, trainer.save_weights, policy)
         if not self.follower:
             self.control.send("checkpoint", version=self.version, path=str(folder))
 

@@ -46,6 +46,13 @@ class FakeBackend:
         self.calls.append(("load", int(state_dict["w"])))
         self.weight = int(state_dict["w"])
 
+    def join_weight_group(self, rendezvous, member, size):
+        self.calls.append(("join", rendezvous, member, size))
+
+    def receive_weights(self):  # the weights group's next broadcast: here, the weight after the current one
+        self.weight += 1
+        self.calls.append(("receive", self.weight))
+
     def step(self):
         outs, self.late = list(self.late), []
         for rid, (context, left) in list(self.running.items()):
@@ -108,6 +115,21 @@ def test_interruption_mid_sequence_resubmits_with_tokens_so_far_and_keeps_old_ve
         ("add", "2.1", [9] + out2[:2], 2),
     ]
     assert engine.interruptions == 2 and engine.version == 1
+
+
+def test_weights_received_over_the_group_interrupt_like_loaded_ones():
+    backend = FakeBackend()
+    engine = VLLMGenerationEngine(backend, eos_token_id=EOS, max_new_tokens=5)
+    engine.join_weight_group("127.0.0.1:1234", 2, 3)
+    engine.submit([GenRequest(6, [4])])
+    engine.step()
+    engine.receive_weights(version=1)  # the backend's worker takes part in the broadcast, then resubmits
+    (res,) = engine.step() + engine.step() + engine.step() + engine.step()
+    assert res.output_ids.tolist() == reference([4], 5, switch_at=1)
+    assert res.versions.tolist() == [0, 1, 1, 1, 1]
+    out = res.output_ids.tolist()
+    assert backend.calls[:5] == [("join", "127.0.0.1:1234", 2, 3), ("add", "6.0", [4], 5), ("abort", ["6.0"]),
+                                 ("receive", 2), ("add", "6.1", [4, out[0]], 4)]
 
 
 def test_two_interruptions_record_three_versions():

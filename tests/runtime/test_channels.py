@@ -134,6 +134,24 @@ def test_a_sender_may_bind_and_receivers_connect():
         assert got is not None and same(got[0], good_batch(3))
 
 
+def test_a_sender_without_peers_takes_them_as_they_come_and_drops_one_that_left():
+    with BatchReceiver(tcp_endpoint(), bind=True) as first, BatchReceiver(tcp_endpoint(), bind=True) as second, \
+            BatchSender(None, bind=False, timeout_ms=200) as sender:
+        with pytest.raises(TimeoutError):
+            sender.send(good_batch(1))  # no peer yet: nothing is queued for later
+        sender.connect(first.endpoint)
+        sender.connect(first.endpoint)  # a repeat changes nothing
+        sender.send(good_batch(2), timeout_ms=5_000)
+        got = first.recv(timeout_ms=5_000)
+        assert got is not None and same(got[0], good_batch(2)) and sender.peers == {first.endpoint}
+        sender.disconnect(first.endpoint)
+        sender.connect(second.endpoint)
+        sender.send(good_batch(3), timeout_ms=5_000)
+        got = second.recv(timeout_ms=5_000)
+        assert got is not None and same(got[0], good_batch(3))
+        assert first.recv(timeout_ms=100) is None  # the one that left gets nothing more
+
+
 def test_binding_a_non_loopback_address_is_refused_unless_allowed():
     with pytest.raises(ValueError, match=r"refusing to bind tcp://0\.0\.0\.0:\*: not a loopback address"):
         BatchReceiver("tcp://0.0.0.0:*", bind=True)

@@ -7,14 +7,16 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from areal.config import ClusterConfig
+from areal.config import ClusterConfig, RunConfig, apply_overrides
 from areal.errors import ConfigError
+from areal.runtime.channels import bind_address
 from areal.runtime.launch import build_controller
 from areal.runtime.placement import (
     MISSING_RAY,
@@ -73,6 +75,20 @@ def test_missing_ray_says_how_to_get_it(monkeypatch):
     assert str(info.value) == MISSING_RAY
 
 
+def test_transport_host_node_needs_ray_and_stays_off_what_still_meets_on_one_machine():
+    with pytest.raises(ConfigError, match="transport.host=node binds on each Ray node's IP, which needs cluster"):
+        apply_overrides(RunConfig(), ["transport.host=node"])
+    for extra in ("transport.weights=broadcast", "trainer.ranks=2"):
+        with pytest.raises(ConfigError, match="still meet on one machine"):
+            apply_overrides(RunConfig(), ["transport.host=node", "cluster.backend=ray", "trainer.engine=fsdp", extra])
+
+
+def test_a_worker_binds_host_node_on_the_ip_its_ray_actor_reported(monkeypatch):
+    monkeypatch.setenv("AREAL_NODE_IP", "10.1.2.3")
+    assert bind_address("tcp://node:*") == "tcp://10.1.2.3:*"
+    assert bind_address("tcp://127.0.0.1:*") == "tcp://127.0.0.1:*"
+
+
 def test_local_backend_is_the_local_launcher():
     assert type(launcher_for(ClusterConfig())).__name__ == "LocalLauncher"
 
@@ -107,6 +123,30 @@ def test_ray_backend_trains_every_sample_exactly_once(tmp_path, local_ray):
     assert os.getpid() not in {w.process.pid for w in controller.workers.values()}
     groups = local_ray.util.placement_group_table().values()
     assert groups and all(g["state"] == "REMOVED" for g in groups)
+
+
+@pytest.mark.timeout(240)
+def test_a_ray_worker_killed_mid_run_binds_anew_and_its_neighbours_are_rewired(tmp_path, local_ray, monkeypatch):
+    monkeypatch.setenv("FAKE_ADVANTAGE_POOL", "1")  # advantage in its own pool: a rollout before it, a trainer after
+    monkeypatch.setenv("FAKE_STEP_WORK", "40")
+    killed: list[str] = []
+
+    def kill_advantage(controller) -> None:
+        worker = controller.workers["advantage[0]"]
+        if not killed and controller.state.version >= 2 and worker.ready and worker.process.poll() is None:
+            killed.append(controller._listening["advantage[0]"])
+            os.kill(worker.process.pid, signal.SIGKILL)
+
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(RECIPE, recipe)
+    controller = build_controller(recipe, ["cluster.backend=ray", "steps=6", "batch_size=2", "group_size=3"],
+                                  tmp_path / "run", on_event=kill_advantage)
+    state = controller.run()
+    assert killed and controller._listening["advantage[0]"] != killed[0]  # the new process bound its own port
+    assert all(e.startswith("tcp://127.0.0.1:") for e in controller._listening.values())
+    records = [json.loads(line) for line in (Path(controller.plan.run_dir) / "trained.jsonl").read_text().splitlines()]
+    ids = [sid for r in records for sid in r["sample_ids"]]
+    assert state.version == 6 and sorted(ids) == list(range(6 * 2 * 3))  # none lost, none twice
 
 
 def test_local_handle_kill_ends_the_whole_session():
