@@ -148,6 +148,10 @@ class RunConfig(_Section):
     placement: dict[str, PositiveInt] = Field(
         default_factory=dict, description="replicas per node name, overriding the recipe's pool="
     )
+    gpus: dict[str, NonNegativeInt] = Field(
+        default_factory=dict, description="GPUs per replica, by pool name (what Ray reserves); by default 1 for "
+        "each vLLM generator and, when generation runs on vLLM, for each trainer rank; 0 otherwise"
+    )
 
     @model_validator(mode="after")
     def _lagged_needs_files(self) -> RunConfig:

@@ -16,7 +16,7 @@ import socket
 from pathlib import Path
 
 from areal.config import RunConfig
-from areal.errors import GraphError
+from areal.errors import ConfigError, GraphError
 from areal.graph.graph import Graph
 from areal.graph.node import Node
 from areal.runtime.plan import Plan, PoolSpec
@@ -45,6 +45,10 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
             groups[-1].append(n)
     run = Path(run_dir)
     pools = tuple(_pool(i, members, graph, config, run) for i, members in enumerate(groups))
+    unknown = sorted(set(config.gpus) - {p.name for p in pools})
+    if unknown:
+        raise ConfigError(f"gpus: no pool named {', '.join(map(repr, unknown))}; "
+                          f"the pools are {', '.join(p.name for p in pools[1:])}")
     route = tuple(
         (p.name, q.name)
         for p in pools
@@ -124,7 +128,14 @@ def _pool(index: int, members: list[Node], graph: Graph, config: RunConfig, run:
         endpoints=endpoints,
         gather_groups=config.batch_size if role == "train" else 1,
         rendezvous=f"127.0.0.1:{_free_port()}" if role == "train" and replicas > 1 else "",
+        gpus=config.gpus.get(name, _default_gpus(role, config)),
     )
+
+
+def _default_gpus(role: str, config: RunConfig) -> int:
+    """A vLLM generator needs a GPU; so does each trainer rank of a run that generates on GPUs."""
+    on_gpus = config.generation.engine == "vllm"
+    return int(on_gpus and role in ("stream", "train"))
 
 
 def _endpoint(run: Path, name: str, config: RunConfig) -> str:

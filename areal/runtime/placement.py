@@ -75,7 +75,7 @@ def worker_spec(plan: Plan, plan_path: Path, pool: str, replica: int, version: i
     return WorkerSpec(
         pool=pool, replica=replica, replicas=spec.replicas,
         args=args + ((str(resume_dir),) if resume_dir else ()), log_path=log_path,
-        cpus=spec.threads, gpus=0, run_dir=plan.run_dir,
+        cpus=spec.threads, gpus=spec.gpus, run_dir=plan.run_dir,
         endpoints=(plan.control_endpoint, *(e for p in plan.pools for e in p.endpoints)),
     )
 

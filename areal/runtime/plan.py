@@ -28,6 +28,7 @@ class PoolSpec:
     # a trainer of several ranks: only rank 0 has an endpoint (it passes each step on, areal/runtime/ranks.py);
     # the ranks' torch.distributed rendezvous, host:port
     rendezvous: str = ""
+    gpus: int = 0  # per replica: what Ray reserves for it (and makes the only GPUs it sees)
 
     def worker_ids(self) -> list[str]:
         return [f"{self.name}[{r}]" for r in range(self.replicas)]
@@ -83,7 +84,7 @@ class Plan:
 
     def table(self) -> Table:
         t = Table(title=f"plan of graph '{self.graph}'  (run dir {self.run_dir})", show_lines=True)
-        for col in ("pool", "nodes", "role", "replicas", "threads", "receives on", "sends to"):
+        for col in ("pool", "nodes", "role", "replicas", "threads", "gpus", "receives on", "sends to"):
             t.add_column(col)
         for p in self.pools:
             nxt = self.next_pool(p.name)
@@ -93,6 +94,7 @@ class Plan:
                 p.role + (f", gathers {p.gather_groups} groups" if p.gather_groups > 1 else ""),
                 str(p.replicas),
                 str(p.threads),
+                str(p.gpus),
                 "\n".join(p.endpoints) or "—",
                 f"{nxt.name} (PUSH, hwm {self.high_water_mark})" if nxt else "—",
             )

@@ -16,7 +16,9 @@ import pytest
 
 from areal.config import ClusterConfig, RunConfig, apply_overrides
 from areal.errors import ConfigError
+from areal.graph.recipe import load_recipe
 from areal.runtime.channels import bind_address
+from areal.runtime.compile import compile_plan
 from areal.runtime.launch import build_controller
 from areal.runtime.placement import (
     MISSING_RAY,
@@ -61,6 +63,19 @@ def test_worker_spec_carries_the_pools_threads_replicas_and_every_endpoint(tmp_p
     assert all(e.startswith("tcp://127.0.0.1:") for e in spec.endpoints)
     resumed = worker_spec(plan, tmp_path / "plan.json", "actor", 0, 3, tmp_path / "ckpt", tmp_path / "log")
     assert resumed.args[-1] == str(tmp_path / "ckpt")
+
+
+def test_gpus_per_replica_reach_the_spec_with_vllm_defaults_and_unknown_pools_named(tmp_path):
+    recipe = load_recipe(RECIPE, ["generation.engine=vllm"])
+    plan = compile_plan(recipe.graph, recipe.config)
+    assert {p.name: p.gpus for p in plan.pools[1:]} == {"rollout": 1, "actor": 1}  # the map pool needs none
+    recipe = load_recipe(RECIPE, ['gpus={"rollout": 2}', 'placement={"rollout": 2}'])
+    plan = compile_plan(recipe.graph, recipe.config)
+    spec = worker_spec(plan, tmp_path / "plan.json", "rollout", 1, 0, None, tmp_path / "log")
+    assert (spec.gpus, plan.pool("actor").gpus) == (2, 0)
+    recipe = load_recipe(RECIPE, ['gpus={"rolout": 1}'])
+    with pytest.raises(ConfigError, match=r"gpus: no pool named 'rolout'; the pools are rollout, actor"):
+        compile_plan(recipe.graph, recipe.config)
 
 
 def test_ray_refuses_ipc_endpoints_and_says_how_to_fix_it():
