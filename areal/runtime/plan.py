@@ -99,5 +99,7 @@ class Plan:
                 f"{nxt.name} (PUSH, hwm {self.high_water_mark})" if nxt else "—",
             )
         route = ", ".join(f"{a} ⇢ {b}" for a, b in self.weights_route) or "none"
-        t.caption = f"control: {self.control_endpoint}   weights: {route} via {self.weights_dir}"
+        way = (f"over a process group ({self.weights_rendezvous})" if self.weights_rendezvous
+               else f"via {self.weights_dir}")
+        t.caption = f"control: {self.control_endpoint}   weights: {route} {way}"
         return t
