@@ -165,10 +165,9 @@ class RunConfig(_Section):
             return self
         if self.cluster.backend != "ray":
             raise ValueError("transport.host=node binds on each Ray node's IP, which needs cluster.backend=ray")
-        if self.trainer.ranks > 1 or self.transport.weights == "broadcast":
-            raise ValueError("transport.host=node: the trainer's ranks (trainer.ranks > 1) and the weights group "
-                             "(transport.weights=broadcast) still meet on one machine; use trainer.ranks=1 and "
-                             "transport.weights=files across nodes")
+        if self.transport.weights == "broadcast":
+            raise ValueError("transport.host=node: the weights group (transport.weights=broadcast) still meets on "
+                             "one machine; use transport.weights=files across nodes")
         return self
 
     @property

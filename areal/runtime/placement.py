@@ -47,6 +47,7 @@ class WorkerSpec:
     gpus: int = 0
     run_dir: str = ""
     endpoints: tuple[str, ...] = ()  # every endpoint of the plan (control and data)
+    one_node: bool = False  # the pool's replicas meet on 127.0.0.1 (a trainer's ranks): Ray keeps them together
 
     @property
     def worker_id(self) -> str:
@@ -75,7 +76,7 @@ def worker_spec(plan: Plan, plan_path: Path, pool: str, replica: int, version: i
     return WorkerSpec(
         pool=pool, replica=replica, replicas=spec.replicas,
         args=args + ((str(resume_dir),) if resume_dir else ()), log_path=log_path,
-        cpus=spec.threads, gpus=spec.gpus, run_dir=plan.run_dir,
+        cpus=spec.threads, gpus=spec.gpus, run_dir=plan.run_dir, one_node=bool(spec.rendezvous),
         endpoints=(plan.control_endpoint, *(e for p in plan.pools for e in p.endpoints)),
     )
 
@@ -254,7 +255,7 @@ class RayLauncher:
         if key not in self._groups:
             bundle = {"CPU": spec.cpus, **({"GPU": spec.gpus} if spec.gpus else {})}
             group = self.ray.util.placement_group([dict(bundle) for _ in range(spec.replicas)],
-                                                  strategy=self.cluster.strategy)
+                                                  strategy="STRICT_PACK" if spec.one_node else self.cluster.strategy)
             ready, _ = self.ray.wait([group.ready()], timeout=self.cluster.ready_timeout_s)
             if not ready:
                 self.ray.util.remove_placement_group(group)

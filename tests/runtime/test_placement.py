@@ -65,7 +65,7 @@ def test_worker_spec_carries_the_pools_threads_replicas_and_every_endpoint(tmp_p
     assert resumed.args[-1] == str(tmp_path / "ckpt")
 
 
-def test_gpus_per_replica_reach_the_spec_with_vllm_defaults_and_unknown_pools_named(tmp_path):
+def test_gpus_and_one_node_reach_the_spec_with_vllm_defaults_and_unknown_pools_named(tmp_path):
     recipe = load_recipe(RECIPE, ["generation.engine=vllm"])
     plan = compile_plan(recipe.graph, recipe.config)
     assert {p.name: p.gpus for p in plan.pools[1:]} == {"rollout": 1, "actor": 1}  # the map pool needs none
@@ -73,6 +73,10 @@ def test_gpus_per_replica_reach_the_spec_with_vllm_defaults_and_unknown_pools_na
     plan = compile_plan(recipe.graph, recipe.config)
     spec = worker_spec(plan, tmp_path / "plan.json", "rollout", 1, 0, None, tmp_path / "log")
     assert (spec.gpus, plan.pool("actor").gpus) == (2, 0)
+    assert not spec.one_node
+    recipe = load_recipe(RECIPE, ["trainer.engine=fsdp", "trainer.ranks=2"])
+    plan = compile_plan(recipe.graph, recipe.config)
+    assert worker_spec(plan, tmp_path / "plan.json", "actor", 1, 0, None, tmp_path / "log").one_node  # STRICT_PACK
     recipe = load_recipe(RECIPE, ['gpus={"rolout": 1}'])
     with pytest.raises(ConfigError, match=r"gpus: no pool named 'rolout'; the pools are rollout, actor"):
         compile_plan(recipe.graph, recipe.config)
@@ -90,12 +94,11 @@ def test_missing_ray_says_how_to_get_it(monkeypatch):
     assert str(info.value) == MISSING_RAY
 
 
-def test_transport_host_node_needs_ray_and_stays_off_what_still_meets_on_one_machine():
+def test_transport_host_node_needs_ray_and_weights_as_files():
     with pytest.raises(ConfigError, match="transport.host=node binds on each Ray node's IP, which needs cluster"):
         apply_overrides(RunConfig(), ["transport.host=node"])
-    for extra in ("transport.weights=broadcast", "trainer.ranks=2"):
-        with pytest.raises(ConfigError, match="still meet on one machine"):
-            apply_overrides(RunConfig(), ["transport.host=node", "cluster.backend=ray", "trainer.engine=fsdp", extra])
+    with pytest.raises(ConfigError, match="still meets on one machine; use transport.weights=files"):
+        apply_overrides(RunConfig(), ["transport.host=node", "cluster.backend=ray", "transport.weights=broadcast"])
 
 
 def test_a_worker_binds_host_node_on_the_ip_its_ray_actor_reported(monkeypatch):
