@@ -77,7 +77,9 @@ def run(
 def viz(
     recipe: Path = typer.Argument(..., metavar="RECIPE", help="Recipe file to draw."),
     out: Path | None = typer.Option(None, "-o", "--out", metavar="FILE", help="Write a picture: .svg, .dot or .html."),
-    plan: bool = typer.Option(False, "--plan", help="Show the compiled plan: pools, processes, channels."),
+    plan: bool = typer.Option(
+        False, "--plan", help="Show the compiled plan: pools, processes, channels, and where each replica lands."
+    ),
     set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Config overrides, as for `areal run`."),
 ) -> None:
     """Draw the graph a recipe declares (or, with --plan, how it will run).
@@ -103,7 +105,9 @@ def viz(
             out.write_text(compiled.to_json())
             console.print(f"wrote plan to {out}")
         else:
-            console.print(compiled.table())
+            from areal.runtime.placement import lands_on
+
+            console.print(compiled.table(lands_on(compiled, loaded.config.cluster)))
         return
     if out is None:
         console.print(terminal_tree(loaded.graph))

@@ -81,6 +81,16 @@ def worker_spec(plan: Plan, plan_path: Path, pool: str, replica: int, version: i
     )
 
 
+def lands_on(plan: Plan, cluster: ClusterConfig) -> dict[str, list[str]]:
+    """Pool -> the machine each replica would run on now: this one, or under Ray the node its bundle gets."""
+    if cluster.backend == "local":
+        return {p.name: ["this machine"] * p.replicas for p in plan.pools[1:]}
+    launcher = launcher_for(cluster)
+    assert isinstance(launcher, RayLauncher)
+    specs = [worker_spec(plan, Path("plan.json"), p.name, 0, 0, None, Path("unused.log")) for p in plan.pools[1:]]
+    return {spec.pool: launcher.nodes_of(spec) for spec in specs}
+
+
 def launcher_for(cluster: ClusterConfig) -> Launcher:
     """The launcher a run's cluster config asks for. Ray state is kept per Ray session (one per process)."""
     if cluster.backend == "local":
@@ -241,6 +251,16 @@ class RayLauncher:
                            f"{self.cluster.ready_timeout_s:.0f} s (raise cluster.ready_timeout_s?)") from None
         self._live.setdefault((spec.run_dir, spec.pool), set()).add(spec.replica)
         return RayHandle(self, spec, actor, int(pid), str(node))
+
+    def nodes_of(self, spec: WorkerSpec) -> list[str]:
+        """The node (IP) each replica of the spec's pool would land on now: its group reserved, read, released."""
+        group = self._group(spec)
+        try:
+            ips = {n["NodeID"]: n["NodeManagerAddress"] for n in self.ray.nodes()}
+            bundles = self.ray.util.placement_group_table(group)["bundles_to_node_id"]
+            return [ips.get(bundles[i], "?") for i in range(spec.replicas)]
+        finally:
+            self.ray.util.remove_placement_group(self._groups.pop((spec.run_dir, spec.pool)))
 
     def release(self, spec: WorkerSpec) -> None:
         """A replica's actor is gone; once the whole pool is gone, free its placement group."""

@@ -82,10 +82,13 @@ class Plan:
             **raw,
         )
 
-    def table(self) -> Table:
+    def table(self, lands_on: dict[str, list[str]] | None = None) -> Table:
+        """`lands_on`: pool -> the machine of each replica (Ray's placement), shown when given."""
         t = Table(title=f"plan of graph '{self.graph}'  (run dir {self.run_dir})", show_lines=True)
         for col in ("pool", "nodes", "role", "replicas", "threads", "gpus", "receives on", "sends to"):
             t.add_column(col)
+        if lands_on is not None:
+            t.add_column("lands on")
         for p in self.pools:
             nxt = self.next_pool(p.name)
             t.add_row(
@@ -97,9 +100,16 @@ class Plan:
                 str(p.gpus),
                 "\n".join(p.endpoints) or "—",
                 f"{nxt.name} (PUSH, hwm {self.high_water_mark})" if nxt else "—",
+                *([] if lands_on is None else [_landing(lands_on.get(p.name, ["controller"]), p.gpus)]),
             )
         route = ", ".join(f"{a} ⇢ {b}" for a, b in self.weights_route) or "none"
         way = (f"over a process group ({self.weights_rendezvous})" if self.weights_rendezvous
                else f"via {self.weights_dir}")
         t.caption = f"control: {self.control_endpoint}   weights: {route} {way}"
         return t
+
+
+def _landing(nodes: list[str], gpus: int) -> str:
+    """Replica r on its node, with the GPUs Ray gives it (it sees only those, as cuda:0...)."""
+    device = f", {gpus} GPU" if gpus else ""
+    return "\n".join(f"[{r}] {node}{device}" for r, node in enumerate(nodes))

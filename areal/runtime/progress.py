@@ -33,7 +33,7 @@ def live_table(controller: Controller) -> Table:
     acc = controller.accounting.summary(s.version)
     t.add_row("samples", f"started {acc['started']} · trained {acc['trained']} · failed {acc['failed']}"
               f" · in flight {acc['in_flight']}")
-    busy = " · ".join(f"{w.worker_id} {w.busy:.0%}" for w in controller.workers.values())
+    busy = " · ".join(f"{w.worker_id}{_on(w.process.node)} {w.busy:.0%}" for w in controller.workers.values())
     t.add_row("busy", busy or "—")
     return t
 
@@ -61,3 +61,8 @@ def summary_table(controller: Controller) -> Table:
     if reasons:
         t.add_row("failures", ", ".join(f"{k}: {v}" for k, v in reasons.most_common()))
     return t
+
+
+def _on(node: str) -> str:
+    """Where a worker runs, for workers Ray placed ("@10.0.0.7"); nothing for local processes."""
+    return "" if node == "local" else f"@{node}"

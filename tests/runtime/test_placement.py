@@ -20,12 +20,14 @@ from areal.graph.recipe import load_recipe
 from areal.runtime.channels import bind_address
 from areal.runtime.compile import compile_plan
 from areal.runtime.launch import build_controller
+from areal.runtime.progress import live_table
 from areal.runtime.placement import (
     MISSING_RAY,
     LocalHandle,
     RayHandle,
     RayLauncher,
     check_endpoints,
+    lands_on,
     launcher_for,
     worker_spec,
 )
@@ -122,6 +124,16 @@ def local_ray():
         ray.shutdown()
 
 
+def test_the_plan_under_ray_shows_the_node_each_replica_lands_on_and_keeps_no_reservation(local_ray):
+    recipe = load_recipe(RECIPE, ["cluster.backend=ray", 'placement={"rollout": 2}'])
+    plan = compile_plan(recipe.graph, recipe.config)
+    node = local_ray.util.get_node_ip_address()
+    assert lands_on(plan, recipe.config.cluster) == {"rollout": [node, node], "actor": [node]}
+    assert all(g["state"] == "REMOVED" for g in local_ray.util.placement_group_table().values())
+    shown = plan.table(lands_on(plan, recipe.config.cluster)).columns[-1]
+    assert shown.header == "lands on" and list(shown.cells)[1] == f"[0] {node}\n[1] {node}"
+
+
 @pytest.mark.timeout(240)
 def test_ray_backend_trains_every_sample_exactly_once(tmp_path, local_ray):
     controller = _controller(tmp_path, "cluster.backend=ray", "transport.kind=tcp", "steps=3", "batch_size=2",
@@ -141,6 +153,8 @@ def test_ray_backend_trains_every_sample_exactly_once(tmp_path, local_ray):
     assert os.getpid() not in {w.process.pid for w in controller.workers.values()}
     groups = local_ray.util.placement_group_table().values()
     assert groups and all(g["state"] == "REMOVED" for g in groups)
+    busy = next(row for label, row in zip(*(c.cells for c in live_table(controller).columns)) if label == "busy")
+    assert f"rollout[1]@{node} " in busy  # the live view says where each worker runs
 
 
 @pytest.mark.timeout(240)
