@@ -20,7 +20,6 @@ from areal.graph.recipe import load_recipe
 from areal.runtime.channels import bind_address
 from areal.runtime.compile import compile_plan
 from areal.runtime.launch import build_controller
-from areal.runtime.progress import live_table
 from areal.runtime.placement import (
     MISSING_RAY,
     LocalHandle,
@@ -31,6 +30,7 @@ from areal.runtime.placement import (
     launcher_for,
     worker_spec,
 )
+from areal.runtime.progress import live_table
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 
