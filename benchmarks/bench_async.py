@@ -26,9 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 MODES = [("sync", 0), ("async", 1), ("async", 2), ("async", 4)]
 
 
+def run_dir_of(out: Path, mode: str, eta: int, seed: int, tag: str = "") -> Path:
+    return out / f"{mode}-eta{eta}-seed{seed}{'-' + tag if tag else ''}"
+
+
 def run_once(recipe: Path, mode: str, eta: int, seed: int, steps: int, extra: list[str], out: Path,
              tag: str = "") -> dict:
-    run_dir = out / f"{mode}-eta{eta}-seed{seed}{'-' + tag if tag else ''}"
+    run_dir = run_dir_of(out, mode, eta, seed, tag)
     cmd = [sys.executable, "-m", "areal.cli", "run", str(recipe), "--run-dir", str(run_dir), "-q",
            "--set", f"mode={mode}", "--set", f"staleness={eta}", "--set", f"seed={seed}",
            "--set", f"data.seed={seed}", "--set", f"steps={steps}"]
@@ -37,6 +41,11 @@ def run_once(recipe: Path, mode: str, eta: int, seed: int, steps: int, extra: li
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    return summarise(run_dir)
+
+
+def summarise(run_dir: Path) -> dict:
+    """What the benchmarks report of one finished run, read from its metrics.jsonl."""
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps_ = [r for r in lines if r["kind"] == "step"]
     evals = [r for r in lines if r["kind"] == "eval"]
@@ -54,6 +63,9 @@ def run_once(recipe: Path, mode: str, eta: int, seed: int, steps: int, extra: li
         "t_train": statistics.median(train_s),
         "t_step": statistics.median(step_s),
         "staleness": sum((Counter(r["staleness"]) for r in steps_), Counter()),
+        # how hard the update pushed against its trust region, and how far π_prox was from π_behav
+        "clip_fraction": statistics.mean(r.get("clip_fraction", 0.0) for r in steps_),
+        "importance_weight_max": statistics.mean(r.get("importance_weight_max", 1.0) for r in steps_),
     }
 
 
