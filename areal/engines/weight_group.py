@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import msgpack
 import torch
@@ -41,8 +42,13 @@ class WeightGroup:
         host, _, port = rendezvous.rpartition(":")
         timeout = timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, int(port), size, is_master=member == 0, timeout=timeout)
+        self.group: Any
         if device == "cuda":
-            self.group = dist.ProcessGroupNCCL(store, member, size)
+            nccl = getattr(dist, "ProcessGroupNCCL", None)
+            if nccl is None:
+                raise RuntimeError("the weights group on GPU needs a torch built with NCCL; this one has none "
+                                   "(transport.weights=files works without it)")
+            self.group = nccl(store, member, size, nccl.Options())
         else:
             self.group = dist.ProcessGroupGloo(store, member, size, timeout)
         self.member, self.size, self.device, self.bucket_bytes = member, size, device, bucket_bytes

@@ -61,7 +61,8 @@ class RankOrders:
         dist.broadcast(sizes, src=0, group=self.group)
         payload = torch.empty(int(sizes.sum()), dtype=torch.uint8)
         dist.broadcast(payload, src=0, group=self.group)
-        view = memoryview(payload.numpy())
+        array: Any = payload.numpy()  # numpy's stubs predate typing.Buffer
+        view = memoryview(array)
         bounds = [0, *torch.cumsum(sizes, 0).tolist()]
         batch, meta = decode([view[a:b] for a, b in zip(bounds, bounds[1:])], sender="trainer rank 0")
         order = meta.pop("order")

@@ -263,8 +263,10 @@ class Worker:
 
     def _follow_loop(self) -> None:
         """A trainer rank > 0: rank 0's orders, in its order, so every collective meets its peers."""
+        orders = self.orders
+        assert orders is not None  # a follower is a rank of a multi-rank trainer
         while True:
-            order, batch, fields = self.orders.receive()
+            order, batch, fields = orders.receive()
             if order == "stop":
                 return
             if order == "checkpoint":
