@@ -56,10 +56,7 @@ class WeightGroup:
 
     def send(self, state: dict[str, Tensor]) -> None:
         """Broadcast `state` (member 0); the first call also sends its layout, which later calls must keep."""
-        layout = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in state.items()]
-        unsent = [f"{name} ({kind})" for name, kind, _ in layout if kind not in DTYPES]
-        if unsent:
-            raise ValueError(f"cannot publish {', '.join(unsent)}: the weights group carries {', '.join(DTYPES)}")
+        layout = layout_of(state)
         if self.layout is None:
             self._broadcast_bytes(msgpack.packb(layout))
             self.layout = layout
@@ -101,6 +98,15 @@ class WeightGroup:
         data = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
         self._broadcast(data)
         return data.cpu().numpy().tobytes()
+
+
+def layout_of(state: dict[str, Tensor]) -> Layout:
+    """(name, dtype, shape) of every tensor, refusing a dtype the group does not carry."""
+    layout = [(name, str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in state.items()]
+    unsent = [f"{name} ({kind})" for name, kind, _ in layout if kind not in DTYPES]
+    if unsent:
+        raise ValueError(f"cannot publish {', '.join(unsent)}: the weights group carries {', '.join(DTYPES)}")
+    return layout
 
 
 def _buckets(layout: Layout, bucket_bytes: int) -> Iterator[list[str]]:

@@ -49,7 +49,7 @@ class RankOrders:
             raise ValueError(f"unknown order {order!r}; orders are {', '.join(ORDERS)}")
         frames = encode(batch if batch is not None else Batch({}), {"order": order, "empty": batch is None, **fields})
         sizes = torch.tensor([memoryview(f).nbytes for f in frames], dtype=torch.int64)
-        payload = torch.frombuffer(bytearray(b"".join(frames)), dtype=torch.uint8)
+        payload = torch.frombuffer(bytearray().join(frames), dtype=torch.uint8)  # one copy of the batch
         dist.broadcast(torch.tensor([len(frames)], dtype=torch.int64), src=0, group=self.group)
         dist.broadcast(sizes, src=0, group=self.group)
         dist.broadcast(payload, src=0, group=self.group)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import time
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from areal.engines.fsdp_train import FSDPTrainEngine, rank_microbatches
 from areal.engines.torch_train import TorchTrainEngine
+from tests.spawned import free_port, run_spawned
 
 WORLD = 2
 TIMEOUT_S = 120
@@ -104,25 +102,8 @@ def _rank_main(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _spawn(out: Path) -> None:
-    context = mp.start_processes(_rank_main, args=(_free_port(), str(out)), nprocs=WORLD, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not context.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"FSDP ranks did not finish within {TIMEOUT_S} s")
-    finally:
-        for p in context.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(10)
+    run_spawned(_rank_main, (free_port(), str(out)), WORLD, TIMEOUT_S, "FSDP ranks")
 
 
 def test_two_rank_fsdp_steps_equal_the_single_process_steps(tmp_path):

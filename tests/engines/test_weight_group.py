@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import socket
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from areal.engines.weight_group import WeightGroup, _buckets
+from areal.engines.weight_group import WeightGroup, _buckets, layout_of
+from tests.spawned import free_port, run_spawned
 
 MEMBERS = 3
 TIMEOUT_S = 60
@@ -44,25 +42,8 @@ def _member(member: int, port: int, out: str) -> None:
             Path(out, "refused.txt").write_text(str(err))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_every_receiver_gets_each_publish_bitwise_with_names_dtypes_and_shapes(tmp_path):
-    context = mp.start_processes(_member, args=(_free_port(), str(tmp_path)), nprocs=MEMBERS, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not context.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"weights group members did not finish within {TIMEOUT_S} s")
-    finally:
-        for p in context.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(10)
+    run_spawned(_member, (free_port(), str(tmp_path)), MEMBERS, TIMEOUT_S, "weights group members")
     for publish in range(2):
         sent = _state(publish)
         for member in (1, 2):
@@ -74,7 +55,7 @@ def test_every_receiver_gets_each_publish_bitwise_with_names_dtypes_and_shapes(t
 
 
 def test_buckets_hold_one_dtype_and_respect_the_size_unless_a_tensor_alone_exceeds_it():
-    layout = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in _state(0).items()]
+    layout = layout_of(_state(0))
     assert list(_buckets(layout, BUCKET)) == [["embed.weight"], ["layer.0.weight"], ["layer.0.bias", "norm.weight"],
                                               ["head.weight"]]
     assert list(_buckets(layout, 1 << 20)) == [["embed.weight", "layer.0.weight"], ["layer.0.bias", "norm.weight"],
@@ -82,7 +63,5 @@ def test_buckets_hold_one_dtype_and_respect_the_size_unless_a_tensor_alone_excee
 
 
 def test_an_unsupported_dtype_is_refused_naming_the_tensor():
-    group = WeightGroup.__new__(WeightGroup)  # no peers needed: the check runs before any collective
-    group.layout = None
     with pytest.raises(ValueError, match=r"cannot publish steps \(int64\)"):
-        group.send({"steps": torch.zeros(2, dtype=torch.int64)})
+        layout_of({"w": torch.zeros(2), "steps": torch.zeros(2, dtype=torch.int64)})

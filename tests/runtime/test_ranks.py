@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import socket
-import time
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from areal.graph.batch import Batch, Ragged
 from areal.runtime.ranks import RankOrders, rank_environment
+from tests.spawned import free_port, run_spawned
 
 TIMEOUT_S = 60
 
@@ -32,6 +29,10 @@ def _rank(rank: int, port: int, out: str) -> None:
     try:
         orders = RankOrders()
         if rank == 0:
+            try:
+                orders.send("save")
+            except ValueError as err:  # refused before any broadcast: rank 1 must not see it
+                Path(out).with_suffix(".refused").write_text(str(err))
             orders.send("train", _batch())
             orders.send("train", None)  # a step whose groups all failed
             orders.send("checkpoint", folder="/runs/x/checkpoints/step-000002")
@@ -51,23 +52,11 @@ def _rank(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def test_rank_1_receives_every_order_of_rank_0_in_order_with_its_batch(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_rank_1_receives_every_order_of_rank_0_in_order_with_its_batch_and_no_refused_one(tmp_path):
     out = tmp_path / "received.json"
-    context = mp.start_processes(_rank, args=(port, str(out)), nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not context.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks did not finish within {TIMEOUT_S} s")
-        got = json.loads(out.read_text())
-    finally:
-        for p in context.processes:
-            if p.is_alive():
-                p.kill()
-                p.join(10)
+    run_spawned(_rank, (free_port(), str(out)), 2, TIMEOUT_S, "trainer ranks")
+    assert out.with_suffix(".refused").read_text() == "unknown order 'save'; orders are train, checkpoint, stop"
+    got = json.loads(out.read_text())
     assert got == [
         {"order": "train", "fields": {}, "batch": {"sample_id": [4, 5], "output_ids": [[1, 2, 3], [7]],
                                                     "completion": ["def f(x): return x", "pass"]}},
@@ -75,9 +64,3 @@ def test_rank_1_receives_every_order_of_rank_0_in_order_with_its_batch(tmp_path)
         {"order": "checkpoint", "fields": {"folder": "/runs/x/checkpoints/step-000002"}, "batch": None},
         {"order": "stop", "fields": {}, "batch": None},
     ]
-
-
-def test_an_unknown_order_is_refused_before_anything_is_sent():
-    orders = RankOrders.__new__(RankOrders)  # no group needed: the check comes first
-    with pytest.raises(ValueError, match="unknown order 'save'; orders are train, checkpoint, stop"):
-        orders.send("save")

@@ -1,0 +1,33 @@
+"""Running a function in a few spawned processes (ranks, group members), bounded in time."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a rendezvous the spawned processes meet at."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_spawned(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, timeout_s: float, what: str) -> None:
+    """fn(index, *args) in `nprocs` spawned processes; raises if any fails or all have not ended in time,
+    and kills (by process handle) whatever is still running."""
+    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} did not finish within {timeout_s} s")
+    finally:
+        for p in context.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
