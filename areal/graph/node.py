@@ -84,6 +84,8 @@ class NodeSpec:
 
     `factory(**params)` returns the callable a worker runs per batch (a function, or an object
     with `setup`/`__call__`). `params` must be plain values so that the plan can print them.
+    `preflight()`, when given, checks this machine can run the node (a sandbox, a GPU); `areal
+    run` calls it once before any worker starts, so a missing capability fails in seconds.
     """
 
     kind: str
@@ -93,6 +95,7 @@ class NodeSpec:
     factory: Callable[..., Any]
     params: Mapping[str, Any] = field(default_factory=dict)
     doc: str = ""
+    preflight: Callable[[], None] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -39,6 +39,7 @@ def reward(name: str, fn: Any, *, inputs: Mapping[str, PortType] | None = None) 
         factory=_factory(fn),
         params={"fn": getattr(fn, "__name__", type(fn).__name__)},
         doc=f"scores with {getattr(fn, '__name__', type(fn).__name__)}",
+        preflight=getattr(fn, "preflight", None),
     )
 
 

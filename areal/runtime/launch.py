@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.live import Live
 
 from areal.engines import require_engines
-from areal.errors import RecipeError, RunError
+from areal.errors import ArealError, RecipeError, RunError
 from areal.graph.node import Node
 from areal.graph.recipe import Recipe, load_recipe
 from areal.runtime.compile import compile_plan
@@ -68,6 +68,7 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
     """Load, compile and wire a run without starting it (tests drive the controller directly)."""
     recipe = load_recipe(recipe_path, overrides)
     _check_engines(recipe)
+    _preflight(recipe)
     saved = json.loads((checkpoint / "controller.json").read_text()) if checkpoint is not None else None
     folder = Path(run_dir or recipe.config.run_dir or _default_run_dir(recipe))
     folder.mkdir(parents=True, exist_ok=True)
@@ -100,6 +101,16 @@ def _check_engines(recipe: Recipe) -> None:
         return
     kinds = {n.kind for n in _builtin_policy_nodes(recipe)}
     require_engines(recipe.config, generation="generate" in kinds, training="ppo-update" in kinds)
+
+
+def _preflight(recipe: Recipe) -> None:
+    """Each node's own check that this machine can run it (the code reward's sandbox), before any worker."""
+    for n in recipe.graph.nodes.values():
+        if n.spec.preflight is not None:
+            try:
+                n.spec.preflight()
+            except ArealError as err:
+                raise RunError(f"{n.describe()}: {err}") from None
 
 
 def _builtin_policy_nodes(recipe: Recipe) -> list[Node]:

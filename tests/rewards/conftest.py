@@ -12,10 +12,14 @@ from areal.rewards.sandbox import SANDBOX_UID
 
 
 def sandbox_pids() -> set[int]:
-    """Host pids of every live process running as the sandbox uid (no account uses it).
+    """Host pids of every live sandbox process.
 
-    Zombies are left out: a dead namespace init waits there for the host's init to reap it.
+    As root, untrusted code runs as a uid no account uses, so those are its processes. As any
+    other user it runs as that user, so they are the processes in a PID namespace below ours
+    (bubblewrap's init and everything under it). Zombies are left out: a dead namespace init
+    waits there for the host's init to reap it.
     """
+    own_depth = len(_nspids(os.getpid()) or [0])
     pids = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -25,9 +29,23 @@ def sandbox_pids() -> set[int]:
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if int(fields["Uid"].split()[0]) == SANDBOX_UID and not fields["State"].strip().startswith("Z"):
+        if fields["State"].strip().startswith("Z"):
+            continue
+        if os.geteuid() == 0:
+            sandboxed = int(fields["Uid"].split()[0]) == SANDBOX_UID
+        else:
+            sandboxed = len(fields.get("NSpid", "").split()) > own_depth
+        if sandboxed:
             pids.add(int(entry.name))
     return pids
+
+
+def _nspids(pid: int) -> list[str] | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), None)
 
 
 def job_pids() -> set[int]:
@@ -36,14 +54,11 @@ def job_pids() -> set[int]:
     Nesting is host > worker's bubblewrap > job: a ready jail waiting for its next job holds only
     its PID 1, so anything else there is a program's process, alive or left behind.
     """
+    own_depth = len(_nspids(os.getpid()) or [0])
     pids = set()
     for pid in sandbox_pids():
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            continue
-        nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
-        if len(nspid) >= 3 and nspid[-1] != "1":
+        nspid = _nspids(pid)
+        if nspid is not None and len(nspid) >= own_depth + 2 and nspid[-1] != "1":
             pids.add(pid)
     return pids
 
@@ -109,8 +124,8 @@ def solo() -> Iterator[CodeTests]:
 
 
 def worker_pids(scorer: CodeTests) -> set[int]:
-    assert scorer._pool is not None
-    return scorer._pool.pids()
+    """Host pids of the scorer's live sandbox workers (none before its first program)."""
+    return set() if scorer._pool is None else scorer._pool.pids()
 
 
 def run_one(scorer: CodeTests, program: str, tests: dict):

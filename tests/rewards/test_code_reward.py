@@ -98,14 +98,13 @@ def test_the_sandbox_reports_every_layer_active_here():
 
 def test_missing_layers_refuse_untrusted_code_unless_the_caller_opts_in(monkeypatch):
     weak = dataclasses.replace(
-        detect_layers(), bwrap=None, namespaces=False, problem="bubblewrap is not installed"
+        detect_layers(), bwrap=None, namespaces=False, problem="no bubblewrap found"
     )
     monkeypatch.setattr(code_reward, "detect_layers", lambda: weak)
-    with pytest.raises(
-        SandboxError,
-        match=r"missing PID namespace, network namespace .*apt-get install bubblewrap.*allow_weaker=True",
-    ):
-        code_tests(timeout_s=1.0)
+    refusing = code_tests(timeout_s=1.0)  # building it probes nothing: the first call does
+    with pytest.raises(SandboxError, match=r"missing PID namespace, network namespace \(no bubblewrap found\)\. "
+                       r"Ways out: .*allow_weaker=True"):
+        refusing(["print(1)"], [SUM])
     with code_tests(timeout_s=1.0, allow_weaker=True, workers=1) as weaker:
         results = weaker(
             ["def add(a, b):\n    return a + b\n", "import socket\nsocket.socket()\n"],
@@ -116,6 +115,17 @@ def test_missing_layers_refuse_untrusted_code_unless_the_caller_opts_in(monkeypa
         "crash",
         "PermissionError: network access is not allowed in the sandbox",
     )
+
+
+def test_building_the_reward_probes_nothing_until_programs_run(monkeypatch):
+    probes = []
+    monkeypatch.setattr(code_reward, "detect_layers", lambda: probes.append(1) or detect_layers())
+    scorer = code_tests(timeout_s=1.0)  # what every worker does when it loads the recipe
+    assert probes == []
+    scorer.preflight()
+    scorer.preflight()
+    assert probes == [1]  # once per process
+    scorer.close()
 
 
 def test_a_sandbox_that_cannot_start_is_a_sandbox_error_not_a_zero(monkeypatch):

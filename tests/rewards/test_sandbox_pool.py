@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from areal.rewards import CodeTests, detect_layers, sandbox_pool
+from areal.rewards.sandbox import Limits
 from tests.rewards.conftest import host_pid_alive, job_pids, pids_with_marker, run_one, worker_pids
 
 MARKER = f"areal-pool-{uuid.uuid4().hex[:12]}"
@@ -72,7 +74,7 @@ os.read(0, 1)
 ONE = {"kind": "stdio", "inputs": [""], "outputs": ["1"]}
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def full_sandbox():
     layers = detect_layers()
     if layers.missing:
@@ -103,7 +105,7 @@ def own_children() -> set[int]:
     return {int(pid) for task in tasks for pid in (task / "children").read_text().split()}
 
 
-def test_no_process_starts_before_the_first_program_and_close_ends_them_all():
+def test_no_process_starts_before_the_first_program_and_close_ends_them_all(full_sandbox):
     baseline = own_children()
     scorer = CodeTests(timeout_s=1.0, workers=2)
     assert (worker_pids(scorer), own_children()) == (set(), baseline)
@@ -116,7 +118,7 @@ def test_no_process_starts_before_the_first_program_and_close_ends_them_all():
     assert own_children() == baseline
 
 
-def test_a_worker_killed_mid_program_fails_it_as_killed_and_a_fresh_worker_runs_the_next():
+def test_a_worker_killed_mid_program_fails_it_as_killed_and_a_fresh_worker_runs_the_next(full_sandbox):
     with CodeTests(timeout_s=5.0, workers=1, remember=0) as scorer, ThreadPoolExecutor(1) as caller:
         run_one(scorer, "print(1)", ONE)
         (old,) = worker_pids(scorer)
@@ -141,12 +143,17 @@ def test_a_worker_killed_mid_program_fails_it_as_killed_and_a_fresh_worker_runs_
     ],
 )
 def test_a_worker_that_misbehaves_is_killed_and_its_program_reported(monkeypatch, action, reason, detail):
+    """The pool's supervision of its workers, with a fake worker in a plain process: no bubblewrap needed."""
     monkeypatch.setattr(sandbox_pool, "BOOT_SOURCE", FAKE_WORKER.replace("ACTION", action))
     monkeypatch.setattr(sandbox_pool, "JOB_SLACK_S", 0.0)
     monkeypatch.setattr(sandbox_pool, "GRACE_S", 0.2)
+    plain = dataclasses.replace(detect_layers(), bwrap=None, namespaces=False, problem="a fake worker")
     baseline = own_children()
-    with CodeTests(timeout_s=0.1, workers=1) as scorer:
-        result = run_one(scorer, "print(1)", ONE)
-        assert (result.reward, result.reason) == (0.0, reason)
-        assert result.detail.startswith(detail)
-        assert (worker_pids(scorer), own_children()) == (set(), baseline)
+    pool = sandbox_pool.SandboxPool(plain, Limits(timeout_s=0.1), size=1)
+    try:
+        run = pool.run({"kind": "stdio", "code": "print(1)", "inputs": [""], "fn_name": None})
+        assert run.broken is not None and run.broken[0] == reason
+        assert run.broken[1].startswith(detail)
+        assert (pool.pids(), own_children()) == (set(), baseline)
+    finally:
+        pool.close()
