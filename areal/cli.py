@@ -107,7 +107,7 @@ def viz(
         else:
             from areal.runtime.placement import lands_on
 
-            console.print(compiled.table(lands_on(compiled, loaded.config.cluster)))
+            console.print(compiled.render(console.width, lands_on(compiled, loaded.config.cluster)))
         return
     if out is None:
         console.print(terminal_tree(loaded.graph))

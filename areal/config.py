@@ -152,6 +152,10 @@ class RunConfig(_Section):
         default_factory=dict, description="GPUs per replica, by pool name (what Ray reserves); by default 1 for "
         "each vLLM generator and, when generation runs on vLLM, for each trainer rank; 0 otherwise"
     )
+    nodes: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="one node's own settings, by node name, as its keyword arguments: "
+        "--set nodes.actor.lr=1e-5 (they win over the recipe's arguments and over the sections)"
+    )
 
     @model_validator(mode="after")
     def _lagged_needs_files(self) -> RunConfig:
@@ -193,13 +197,27 @@ def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
         key, sep, raw = text.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {text}: expected KEY=VALUE, e.g. --set trainer.lr=3e-6")
-        _assign(data, key.strip().split("."), _parse_value(raw), text, config)
+        _assign(data, key.strip().split("."), _parse_value(raw), f"--set {text}: ", config)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_describe(err, overrides)) from None
 
 
+def with_values(config: RunConfig, values: dict[str, Any], origin: str) -> RunConfig:
+    """`config` with dotted paths set to values, validated like `--set`; each error starts with `origin`."""
+    data = config.model_dump()
+    for path, value in values.items():
+        _assign(data, path.split("."), value, f"{origin}: ", config)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError("\n".join(f"{origin}: {line}" for line in _describe(err, []).splitlines())) from None
+
+
+def override_keys(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """The dotted key each `--set` override names -> the override as typed."""
+    return {text.partition("=")[0].strip(): text for text in overrides}
 def validate_config(data: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
@@ -214,7 +232,7 @@ def _parse_value(raw: str) -> Any:
         return raw
 
 
-def _assign(data: dict[str, Any], path: list[str], value: Any, text: str, config: RunConfig) -> None:
+def _assign(data: dict[str, Any], path: list[str], value: Any, prefix: str, config: RunConfig) -> None:
     node: Any = data
     model: Any = type(config)
     for depth, part in enumerate(path):
@@ -222,17 +240,22 @@ def _assign(data: dict[str, Any], path: list[str], value: Any, text: str, config
         if fields is not None and part not in fields:
             where = ".".join(path[:depth]) or "config"
             raise ConfigError(
-                f"--set {text}: {'.'.join(path[: depth + 1])}: unknown field "
-                f"({where} has: {', '.join(fields)})"
+                f"{prefix}{'.'.join(path[: depth + 1])}: unknown field ({where} has: {', '.join(fields)})"
             )
         if depth == len(path) - 1:
             node[part] = value
             return
+        if fields is None or _is_mapping(fields[part].annotation):
+            node.setdefault(part, {})  # a mapping of names (placement, nodes): its keys are the user's
         if not isinstance(node.get(part), dict):
-            raise ConfigError(f"--set {text}: {'.'.join(path[: depth + 1])} is a value, not a section")
+            raise ConfigError(f"{prefix}{'.'.join(path[: depth + 1])} is a value, not a section")
         annotation = fields[part].annotation if fields is not None else None
         model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
         node = node[part]
+
+
+def _is_mapping(annotation: Any) -> bool:
+    return getattr(annotation, "__origin__", None) is dict
 
 
 def _describe(err: ValidationError, overrides: list[str]) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from tests.graph import recipes
 
@@ -55,3 +57,15 @@ def test_bad_set_override_is_reported_with_its_field(write_recipe, tmp_path):
     done = areal("viz", str(write_recipe(recipes.GOOD)), "--set", "trainer.lr=fast", cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().startswith("--set trainer.lr=fast: trainer.lr: input should be a valid number")
+
+
+def test_viz_plan_fits_an_80_column_terminal_without_cutting_anything():
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "code_rl.py")
+    done = subprocess.run([sys.executable, "-m", "areal.cli", "viz", recipe, "--plan"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80 and "…" not in done.stdout
+    for fact in ("rollout  stream", "nodes: proximal (compute-logprob), actor (ppo-update)",
+                 "receives on: ipc://RUN_DIR/sockets/actor-0", "weights: actor ⇢ rollout via RUN_DIR/weights"):
+        assert fact in done.stdout

@@ -44,9 +44,13 @@ class GenerationEngine(Protocol):
 
 
 class TrainEngine(Protocol):
-    """Forward passes for π_prox and optimizer steps for π_θ over one model."""
+    """Forward passes for π_prox and optimizer steps for π_θ over one model.
 
-    version: int
+    An engine counts optimizer steps (`step`); the policy version is its trainer node's.
+    """
+
+    @property
+    def step(self) -> int: ...
 
     def sequence_logprobs(self, sequences: Sequence[Tensor], no_grad: bool = True) -> list[Tensor]: ...
     def train_step(
@@ -55,11 +59,13 @@ class TrainEngine(Protocol):
         prompt_lens: Sequence[int],
         loss_fn: LossFn,
         extra: dict | None = None,
+        *,
+        lr_step: int | None = None,
     ) -> dict[str, float]: ...
     def state_dict(self) -> dict[str, Tensor]: ...
     def load_state_dict(self, state_dict: dict[str, Tensor]) -> None: ...
-    def save(self, directory: str | Path) -> None: ...
-    def load(self, directory: str | Path) -> None: ...
+    def save(self, directory: str | Path, version: int) -> None: ...
+    def load(self, directory: str | Path) -> int: ...
 
 
 # ---- choosing the engine the config names -----------------------------------------------------

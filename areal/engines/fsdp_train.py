@@ -116,7 +116,6 @@ class FSDPTrainEngine:
         self.model = model
         self.microbatch_tokens = microbatch_tokens
         self.grad_clip = grad_clip
-        self.version = 0
 
     @property
     def step(self) -> int:
@@ -166,8 +165,12 @@ class FSDPTrainEngine:
         extra: dict[str, ExtraField] | None = None,
         *,
         loss_reduction: Literal["mean", "sum"] = "mean",
+        lr_step: int | None = None,
     ) -> dict[str, float]:
-        """One optimizer step over the whole batch (the same on every rank); stats are global."""
+        """One optimizer step over the whole batch (the same on every rank); stats are global.
+
+        `lr_step`: the lr schedule's position, as in `TorchTrainEngine.train_step`.
+        """
         start = time.perf_counter()
         per_token, per_sample = self.local._check_batch(sequences, prompt_lens, extra or {})
         out_lens = [len(s) - p for s, p in zip(sequences, prompt_lens, strict=True)]
@@ -198,12 +201,11 @@ class FSDPTrainEngine:
         reduced = torch.tensor([sums[n] for n in names], dtype=torch.float64)
         dist.all_reduce(reduced)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf)
-        lr = self.local.lr_at(self.local.step)
+        lr = self.local.lr_at(self.local.step if lr_step is None else lr_step)
         for group in self.local.optimizer.param_groups:
             group["lr"] = lr
         self.local.optimizer.step()
         self.local.step += 1
-        self.version += 1
         result = {n: float(v) / total for n, v in zip(names, reduced.tolist(), strict=True)}
         result |= {
             "grad_norm": float(_full(grad_norm)),
@@ -231,17 +233,19 @@ class FSDPTrainEngine:
         # a tied head written once (save_pretrained drops the alias) is set through the parameter it shares
         set_model_state_dict(self.model, dict(state_dict), options=StateDictOptions(full_state_dict=True))
 
-    def save(self, directory: str | Path) -> None:
+    def save(self, directory: str | Path, version: int) -> None:
         """`TorchTrainEngine.save`'s checkpoint, of the full weights and moments: a collective, rank 0 writes."""
         # gather in the optimizer's order, the same on every rank: each full_tensor is a collective
         moments = {key: _full(value) for key, value in self.local.optimizer_moments().items()}
         weights = self.state_dict()
         if self.rank == 0:
-            self.local.write_checkpoint(directory, moments, version=self.version, model_state=weights)
+            self.local.write_checkpoint(directory, moments, version=version, model_state=weights)
         dist.barrier()  # no rank reads the checkpoint before it is whole
 
-    def load(self, directory: str | Path) -> None:
-        """Restore a checkpoint of either engine; every rank reads it and keeps its shard: a collective."""
+    def load(self, directory: str | Path) -> int:
+        """Restore a checkpoint of either engine; every rank reads it and keeps its shard: a collective.
+
+        Returns the policy version it recorded."""
         from safetensors.torch import load_file
 
         directory = Path(directory)
@@ -251,7 +255,7 @@ class FSDPTrainEngine:
         moments = {key: _placed_like(params.get(key.rpartition("::")[0]), value)
                    for key, value in load_file(str(directory / "optimizer.safetensors")).items()}
         self.local.load_training_state(directory, moments, scalars)
-        self.version = int(scalars["version"])
+        return int(scalars["version"])
 
 
 def _decoder_layers(model: Any) -> list[torch.nn.Module]:

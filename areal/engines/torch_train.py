@@ -111,8 +111,7 @@ class TorchTrainEngine:
         self.optimizer = torch.optim.AdamW(
             [p for _, p in self._named_params], lr=lr, betas=betas, weight_decay=weight_decay
         )
-        self.step = 0  # optimizer steps taken
-        self.version = 0  # policy version: +1 per train_step
+        self.step = 0  # optimizer steps taken (the policy version is the trainer node's, not the engine's)
 
     # ---- forward passes -------------------------------------------------------------------------
 
@@ -162,12 +161,16 @@ class TorchTrainEngine:
         extra: dict[str, ExtraField] | None = None,
         *,
         loss_reduction: Literal["mean", "sum"] = "mean",
+        lr_step: int | None = None,
     ) -> dict[str, float]:
         """One optimizer step over the batch; the loss is the token-weighted mean over output tokens.
 
         sequences[i] is prompt + output ids; positions >= prompt_lens[i] are the output tokens
-        that logp covers. Returns loss, grad_norm, lr, tokens, sequences, microbatches, time_s,
-        and loss_fn's own stats, each a token-weighted mean over the micro-batches.
+        that logp covers. `lr_step` is the lr schedule's position: a trainer passes the policy
+        version it is training, so the M minibatch steps of one version share its lr and the
+        schedule spans the run's versions; by default, the optimizer steps taken. Returns loss,
+        grad_norm, lr, tokens, sequences, microbatches, time_s, and loss_fn's own stats, each a
+        token-weighted mean over the micro-batches.
         """
         start = time.perf_counter()
         per_token, per_sample = self._check_batch(sequences, prompt_lens, extra or {})
@@ -192,12 +195,11 @@ class TorchTrainEngine:
                 sums[k] = sums.get(k, 0.0) + float(v) * mb.n_tokens
         params = [p for _, p in self._named_params]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf)
-        lr = self.lr_at(self.step)
+        lr = self.lr_at(self.step if lr_step is None else lr_step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
         self.step += 1
-        self.version += 1
         result = {k: v / total for k, v in sums.items()}
         result |= {
             "grad_norm": float(grad_norm),
@@ -210,7 +212,7 @@ class TorchTrainEngine:
         return result
 
     def lr_at(self, step: int) -> float:
-        """The lr of optimizer step `step` (0-based): linear warmup, then constant or cosine to 0."""
+        """The lr at schedule position `step` (0-based): linear warmup, then constant or cosine to 0."""
         if step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
         if self.lr_schedule == "constant":
@@ -267,12 +269,15 @@ class TorchTrainEngine:
     def load_state_dict(self, state_dict: dict[str, Tensor]) -> None:
         self.model.load_state_dict(state_dict)
 
-    def save(self, directory: str | Path) -> None:
-        """Write model/ (HF layout), optimizer.safetensors, rng.safetensors and trainer_state.json under directory."""
-        self.write_checkpoint(directory, self.optimizer_moments(), version=self.version)
+    def save(self, directory: str | Path, version: int) -> None:
+        """Write model/ (HF layout), optimizer.safetensors, rng.safetensors and trainer_state.json under directory.
 
-    def load(self, directory: str | Path) -> None:
-        """Restore what `save` wrote into this engine's model and optimizer."""
+        `version` is the policy version these weights are (the trainer's count, recorded for readers).
+        """
+        self.write_checkpoint(directory, self.optimizer_moments(), version=version)
+
+    def load(self, directory: str | Path) -> int:
+        """Restore what `save` wrote into this engine's model and optimizer; return the version it recorded."""
         directory = Path(directory)
         scalars = read_trainer_state(directory)
         safetensors.torch.load_model(
@@ -280,7 +285,7 @@ class TorchTrainEngine:
         )
         moments = safetensors.torch.load_file(str(directory / "optimizer.safetensors"))
         self.load_training_state(directory, moments, scalars)
-        self.version = int(scalars["version"])
+        return int(scalars["version"])
 
     # the pieces of save and load that the FSDP engine shares (it gathers and shards around them)
 

@@ -86,6 +86,11 @@ class NodeSpec:
     with `setup`/`__call__`). `params` must be plain values so that the plan can print them.
     `preflight()`, when given, checks this machine can run the node (a sandbox, a GPU); `areal
     run` calls it once before any worker starts, so a missing capability fails in seconds.
+
+    `setting_paths` are the keyword arguments that set a RunConfig field for this node (`lr` ->
+    `trainer.lr`) and `settings` the ones the recipe gave; `graph/settings.py` resolves them.
+    `settings_scope` says whom they bind: "node" (this node's view of the config, a trainer's
+    lr) or "run" (the whole run, for what every node must agree on: how samples were drawn).
     """
 
     kind: str
@@ -96,6 +101,9 @@ class NodeSpec:
     params: Mapping[str, Any] = field(default_factory=dict)
     doc: str = ""
     preflight: Callable[[], None] | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    setting_paths: Mapping[str, str] = field(default_factory=dict)
+    settings_scope: str = "node"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -16,14 +16,19 @@ from pathlib import Path
 from areal.config import RunConfig, apply_overrides
 from areal.errors import ArealError, RecipeError
 from areal.graph.graph import Graph
+from areal.graph.settings import node_config, resolve_run_config
 
 
 @dataclass(frozen=True)
 class Recipe:
     path: Path
     graph: Graph
-    config: RunConfig
+    config: RunConfig  # the run's, with every node's run-scoped settings in it
     overrides: tuple[str, ...] = ()
+
+    def node_config(self, name: str) -> RunConfig:
+        """The config node `name` runs with (its own settings on top of the run's)."""
+        return node_config(self.config, self.graph.nodes[name])
 
 
 def load_recipe(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = (),
@@ -47,6 +52,7 @@ def load_recipe(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
     graph = graphs[0]
     if validate:
         graph.validate()
+    config = resolve_run_config(graph, config, overrides)
     return Recipe(recipe.resolve(), graph, config, tuple(overrides))
 
 

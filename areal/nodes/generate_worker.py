@@ -38,8 +38,7 @@ class _Pending:
 
 
 class GenerateNode:
-    def __init__(self, group_size: int | None = None, model: str | None = None) -> None:
-        self.group_size = group_size
+    def __init__(self, model: str | None = None) -> None:
         self.model_name = model
         self._pending: dict[int, _Pending] = {}  # sample id -> its batch
         self._batches: list[_Pending] = []
@@ -51,7 +50,7 @@ class GenerateNode:
         config = context.config
         require_engines(config, training=False)  # before loading anything: the error comes in seconds
         self.report = context.report
-        self.group_size = self.group_size or config.group_size
+        self.group_size = config.group_size  # the run's, with this node's own setting in it
         checkpoint = checkpoint_dir(config.model, seed=config.seed)
         self.tokenizer = load_tokenizer(checkpoint)
         self.stops = list(config.generation.stop)

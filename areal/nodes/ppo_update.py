@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from areal.config import TrainerConfig
 from areal.graph.node import NodeSpec
 from areal.nodes import ports
+from areal.nodes.settings import checked_settings
 
 
-def ppo_update(name: str, *, clip_eps: float | None = None, objective: str | None = None) -> NodeSpec:
-    """Train the policy named `name` with (decoupled) PPO; arguments override RunConfig.trainer."""
+def ppo_update(name: str, **settings: Any) -> NodeSpec:
+    """Train the policy named `name` with (decoupled) PPO.
+
+    Keyword arguments are this trainer's own settings, any field of RunConfig.trainer
+    (`objective="standard"`, `lr=1e-5`, `clip_eps=0.1`): they win over the recipe's `trainer`
+    section, and `--set nodes.NAME.FIELD=...` wins over them (areal/graph/settings.py).
+    """
     return NodeSpec(
         "ppo-update",
         name,
@@ -27,8 +34,9 @@ def ppo_update(name: str, *, clip_eps: float | None = None, objective: str | Non
         },
         outputs={},
         factory=_factory,
-        params={"clip_eps": clip_eps, "objective": objective},
         doc="decoupled PPO over batches of B groups; publishes weights as version + 1",
+        settings=checked_settings(TrainerConfig, settings, f"ppo_update({name!r})"),
+        setting_paths={field: f"trainer.{field}" for field in TrainerConfig.model_fields},
     )
 
 

@@ -22,25 +22,24 @@ TRAINERS: dict[str, TrainerNode] = {}
 
 
 class TrainerNode:
-    def __init__(self, clip_eps: float | None = None, objective: str | None = None) -> None:
-        self.clip_eps = clip_eps
-        self.objective = objective
-
     def setup(self, context: Any) -> None:
         from areal.engines import require_engines, train_engine
 
-        config = context.config
+        config = context.config  # this node's view: its own settings (ppo_update(..., lr=...)) on top
         require_engines(config, generation=False)  # before loading the model: the error comes in seconds
         t = config.trainer
-        self.clip_eps = self.clip_eps or t.clip_eps
-        self.objective = self.objective or t.objective
+        self.clip_eps = t.clip_eps
+        self.objective = t.objective
         self.cap = t.behav_weight_cap
         self.minibatches = t.minibatches
         model, _ = load_run_policy(config)
         self.engine = train_engine(config, model)  # trainer.engine: torch, or FSDP (which shards the model)
-        if context.resume_dir is not None:
-            self.engine.load(context.resume_dir / "trainer")
         self.version = context.version
+        if context.resume_dir is not None:
+            saved = self.engine.load(context.resume_dir / "trainer")
+            if saved != self.version:
+                raise ValueError(f"{context.resume_dir / 'trainer'} holds policy version {saved}, but the run "
+                                 f"resumes at version {self.version}: the checkpoint is inconsistent")
         TRAINERS[context.node] = self
 
     def __call__(self, batch: Batch) -> dict[str, float]:
@@ -76,8 +75,9 @@ class TrainerNode:
         parts = [rows[i :: self.minibatches] for i in range(self.minibatches)]
         for index in (p for p in parts if p):
             sub = {k: (v[index] if isinstance(v, Tensor) else [v[i] for i in index]) for k, v in extra.items()}
+            # the lr schedule runs over policy versions: every minibatch of this one shares its lr
             stats = self.engine.train_step([sequences[i] for i in index], [prompt_lens[i] for i in index],
-                                           loss_fn, sub)
+                                           loss_fn, sub, lr_step=self.version)
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v / len(parts)
         self.version += 1
@@ -94,7 +94,7 @@ class TrainerNode:
             save_weights(weights, path)
 
     def save_checkpoint(self, folder: str) -> None:
-        self.engine.save(folder)
+        self.engine.save(folder, self.version)
 
 
 class ProximalNode:
@@ -105,12 +105,11 @@ class ProximalNode:
 
     def setup(self, context: Any) -> None:
         self.trainer_name = self.model_name or context.pool.name
-        self.objective = context.config.trainer.objective
 
     def __call__(self, batch: Batch) -> dict[str, Any]:
-        if self.objective != "decoupled":
-            return {"prox_logp": batch["behav_logp"]}  # unused by the update: no forward pass needed
         trainer = TRAINERS[self.trainer_name]
+        if trainer.objective != "decoupled":  # the trainer's own objective, however it was set
+            return {"prox_logp": batch["behav_logp"]}  # unused by the update: no forward pass needed
         sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])
         logps = trainer.engine.sequence_logprobs(sequences)
         return {"prox_logp": Ragged.from_rows([lp[p - 1 :] for lp, p in zip(logps, prompt_lens)],

@@ -19,6 +19,7 @@ from areal.config import RunConfig
 from areal.errors import ConfigError, GraphError
 from areal.graph.graph import Graph
 from areal.graph.node import Node
+from areal.graph.settings import node_config
 from areal.runtime.plan import Plan, PoolSpec
 
 OWN_POOL_KINDS = ("generate", "reward", "ppo-update")
@@ -108,13 +109,14 @@ def _pool(index: int, members: list[Node], graph: Graph, config: RunConfig, run:
         role = "stream"
     else:
         role = "map"
+    trainer = next((node_config(config, n).trainer for n in members if n.kind == "ppo-update"), config.trainer)
     if role == "source":
         replicas = 1  # one source cursor
     elif role == "train":
-        replicas = config.trainer.ranks  # the ranks of one data-parallel trainer (FSDP)
+        replicas = trainer.ranks  # the ranks of one data-parallel trainer (FSDP)
     else:
         replicas = config.placement.get(head.name) or head.pool or 1
-    threads = {"train": config.trainer.threads, "stream": config.generation.threads}.get(role, 1)
+    threads = {"train": trainer.threads, "stream": config.generation.threads}.get(role, 1)
     name = head.name if role != "train" else next(n.name for n in members if n.kind == "ppo-update")
     bound = {"source": 0, "train": 1}.get(role, replicas)  # a trainer's rank 0 receives for all its ranks
     endpoints = tuple(_endpoint(run, f"{name}-{r}", config) for r in range(bound))

@@ -99,8 +99,8 @@ def _check_engines(recipe: Recipe) -> None:
     configured engines need (vLLM and a GPU). Ray workers run on other hosts: each checks its own at setup."""
     if recipe.config.cluster.backend != "local":
         return
-    kinds = {n.kind for n in _builtin_policy_nodes(recipe)}
-    require_engines(recipe.config, generation="generate" in kinds, training="ppo-update" in kinds)
+    for n in _builtin_policy_nodes(recipe):
+        require_engines(recipe.node_config(n.name), generation=n.kind == "generate", training=n.kind == "ppo-update")
 
 
 def _preflight(recipe: Recipe) -> None:

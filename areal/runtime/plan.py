@@ -13,6 +13,9 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from rich.table import Table
+from rich.tree import Tree
+
+WIDE_TABLE_COLUMNS = 140  # narrower terminals get `Plan.tree`: the table's 9 columns would each be cut
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,34 @@ class Plan:
             **raw,
         )
 
+    def render(self, width: int, lands_on: dict[str, list[str]] | None = None) -> Table | Tree:
+        """The table where a terminal is wide enough for its columns, else one stacked entry per pool."""
+        return self.table(lands_on) if width >= WIDE_TABLE_COLUMNS else self.tree(lands_on)
+
+    def tree(self, lands_on: dict[str, list[str]] | None = None) -> Tree:
+        """The plan as a tree: each pool, then one line per fact (fits 80 columns; long endpoints wrap)."""
+        root = Tree(f"plan of graph '{self.graph}'  (run dir {self.run_dir})")
+        for p in self.pools:
+            nxt = self.next_pool(p.name)
+            gathers = f", gathers {p.gather_groups} groups" if p.gather_groups > 1 else ""
+            where = "in the controller" if p.role == "source" else f"{p.replicas} x {p.threads} thread(s), {p.gpus} GPU"
+            pool = root.add(f"[bold]{p.name}[/]  {p.role}{gathers}; {where}")
+            pool.add("nodes: " + ", ".join(f"{n} ({k})" for n, k in zip(p.nodes, p.kinds)))
+            if p.endpoints:
+                pool.add("receives on: " + ", ".join(p.endpoints))
+            pool.add(f"sends to: {nxt.name} (PUSH, hwm {self.high_water_mark})" if nxt else "sends to: —")
+            if lands_on is not None and p.role != "source":
+                pool.add("lands on: " + "; ".join(_landing(lands_on.get(p.name, []), p.gpus).splitlines()))
+        root.add(f"control: {self.control_endpoint}")
+        root.add(f"weights: {self._route()}")
+        return root
+
+    def _route(self) -> str:
+        route = ", ".join(f"{a} ⇢ {b}" for a, b in self.weights_route) or "none"
+        way = (f"over a process group ({self.weights_rendezvous})" if self.weights_rendezvous
+               else f"via {self.weights_dir}")
+        return f"{route} {way}"
+
     def table(self, lands_on: dict[str, list[str]] | None = None) -> Table:
         """`lands_on`: pool -> the machine of each replica (Ray's placement), shown when given."""
         t = Table(title=f"plan of graph '{self.graph}'  (run dir {self.run_dir})", show_lines=True)
@@ -102,10 +133,7 @@ class Plan:
                 f"{nxt.name} (PUSH, hwm {self.high_water_mark})" if nxt else "—",
                 *([] if lands_on is None else [_landing(lands_on.get(p.name, ["controller"]), p.gpus)]),
             )
-        route = ", ".join(f"{a} ⇢ {b}" for a, b in self.weights_route) or "none"
-        way = (f"over a process group ({self.weights_rendezvous})" if self.weights_rendezvous
-               else f"via {self.weights_dir}")
-        t.caption = f"control: {self.control_endpoint}   weights: {route} {way}"
+        t.caption = f"control: {self.control_endpoint}   weights: {self._route()}"
         return t
 
 

@@ -70,8 +70,8 @@ class Worker:
         for n in self.nodes:
             impl = n.spec.instantiate()
             if hasattr(impl, "setup"):
-                context = WorkerContext(self.config, plan, self.pool, replica, n.name, version, resume_dir,
-                                        self.control)
+                context = WorkerContext(recipe.node_config(n.name), plan, self.pool, replica, n.name, version,
+                                        resume_dir, self.control)
                 _guard(n.name, impl.setup, context)
             self.impls.append(impl)
         self.orders = RankOrders() if self.pool.rendezvous else None

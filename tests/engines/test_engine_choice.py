@@ -98,7 +98,8 @@ def _trainer(checkpoint: Path, engine: str, run_dir: Path, resume_dir: Path | No
     config = RunConfig(model=str(checkpoint), trainer=TrainerConfig(engine=engine, lr=1e-2, warmup_steps=0,
                                                                    microbatch_tokens=24))
     node = TrainerNode()
-    node.setup(SimpleNamespace(config=config, resume_dir=resume_dir, version=0, node=f"actor-{engine}",
+    node.setup(SimpleNamespace(config=config, resume_dir=resume_dir, version=0 if resume_dir is None else 1,
+                               node=f"actor-{engine}",
                                run_dir=run_dir))
     return node
 
@@ -124,7 +125,7 @@ def test_a_one_rank_fsdp_trainer_steps_saves_and_resumes_like_the_torch_trainer(
     torch_node.save_checkpoint(str(tmp_path / "from-torch" / "trainer"))
     torch_resumed = _trainer(checkpoint, "torch", tmp_path, resume_dir=tmp_path / "from-fsdp")
     fsdp_resumed = _trainer(checkpoint, "fsdp", tmp_path, resume_dir=tmp_path / "from-torch")
-    assert (torch_resumed.engine.version, fsdp_resumed.engine.version) == (1, 1)
+    assert (torch_resumed.engine.step, fsdp_resumed.engine.step) == (1, 1)
     for node in (torch_resumed, fsdp_resumed, torch_node):
         node(_batch(2))
     after = torch_node.engine.state_dict()

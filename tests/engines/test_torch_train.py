@@ -81,7 +81,7 @@ def test_train_step_gradient_is_the_token_weighted_mean_for_any_microbatch_split
     )
     for (name, p), p64 in zip(engine.model.named_parameters(), model64.parameters(), strict=True):
         torch.testing.assert_close(p.grad.double(), p64.grad, atol=1e-6, rtol=1e-4, msg=name)
-    assert engine.version == 1
+    assert engine.step == 1
 
 
 def test_checkpoint_round_trip_restores_outputs_and_the_next_step(make_model, tmp_path):
@@ -91,7 +91,7 @@ def test_checkpoint_round_trip_restores_outputs_and_the_next_step(make_model, tm
     seqs, prompts, extra = batch(0)
     first = TorchTrainEngine(make_model(0), **settings)
     first.train_step(seqs, prompts, pg_loss_mean, extra)
-    first.save(tmp_path / "ckpt")
+    first.save(tmp_path / "ckpt", version=7)
     assert sorted(p.name for p in (tmp_path / "ckpt").rglob("*") if p.is_file()) == [
         "config.json",
         "generation_config.json",
@@ -102,8 +102,8 @@ def test_checkpoint_round_trip_restores_outputs_and_the_next_step(make_model, tm
     ]
 
     second = TorchTrainEngine(make_model(1), **settings)
-    second.load(tmp_path / "ckpt")
-    assert (second.step, second.version) == (1, 1)
+    assert second.load(tmp_path / "ckpt") == 7  # the version the caller recorded
+    assert second.step == 1
     for a, b in zip(first.sequence_logprobs(seqs), second.sequence_logprobs(seqs), strict=True):
         assert torch.equal(a, b)
 
@@ -122,7 +122,7 @@ def test_checkpoint_restores_the_rng_so_dropout_draws_continue_the_same(make_mod
     first, second = (TorchTrainEngine(m, lr=1e-3) for m in models)
     (seqs, prompts, extra), (seqs2, prompts2, extra2) = batch(0), batch(1)
     first.train_step(seqs, prompts, pg_loss_mean, extra)
-    first.save(tmp_path / "ckpt")
+    first.save(tmp_path / "ckpt", version=1)
     first.train_step(seqs2, prompts2, pg_loss_mean, extra2)
     torch.manual_seed(123)  # a fresh process's RNG is elsewhere
     second.load(tmp_path / "ckpt")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import types
 
+import pytest
 import torch
 
 from areal.config import RunConfig
 from areal.graph.batch import Batch, Ragged
 from areal.nodes.policy import full_sequences
-from areal.nodes.trainer_worker import TrainerNode
+from areal.nodes.trainer_worker import ProximalNode, TrainerNode
 from tests.local_model import make_checkpoint
 
 
@@ -56,3 +58,42 @@ def test_a_sample_with_no_output_tokens_is_left_out_of_the_update(tmp_path):
 
     with_empty, alone = weights_after([output, torch.zeros(0, dtype=torch.int64)]), weights_after([output])
     assert all(torch.equal(with_empty[k], alone[k]) for k in alone)
+
+
+def _batch(prompt: torch.Tensor, outputs: list[torch.Tensor], logp: Ragged) -> Batch:
+    return Batch({
+        "prompt_ids": Ragged.from_rows([prompt] * len(outputs)), "output_ids": Ragged.from_rows(outputs),
+        "behav_logp": logp, "prox_logp": logp, "advantage": torch.linspace(-1, 1, len(outputs)),
+        "versions": Ragged.from_rows([torch.zeros(len(o), dtype=torch.int32) for o in outputs]),
+    })
+
+
+def test_the_minibatches_of_one_version_share_its_lr_and_the_schedule_spans_the_versions(tmp_path):
+    # steps=2 versions of 4 minibatches each: counted in optimizer steps, a cosine would reach 0 halfway
+    config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")), steps=2,
+                       trainer={"minibatches": 4, "lr_schedule": "cosine", "warmup_steps": 0, "lr": 1e-3})
+    trainer = TrainerNode()
+    trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
+    prompt = torch.randint(4, 90, (6,))
+    outputs = [torch.randint(4, 90, (5,)) for _ in range(8)]
+    logp = Ragged.from_rows([torch.full((5,), -2.0)] * 8)
+    first = trainer(_batch(prompt, outputs, logp))
+    second = trainer(_batch(prompt, outputs, logp))
+    assert trainer.engine.step == 8 and trainer.version == 2
+    assert first["lr"] == pytest.approx(1e-3)  # version 0: the peak, for each of its 4 steps
+    assert second["lr"] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))  # version 1 of 2
+
+
+@pytest.mark.parametrize(("objective", "forward"), [("decoupled", True), ("standard", False)])
+def test_the_proximal_pass_follows_the_trainers_own_objective(tmp_path, objective, forward):
+    # the run's section says the opposite: the node's setting is the one that counts
+    other = "standard" if objective == "decoupled" else "decoupled"
+    run = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")), trainer={"objective": other})
+    own = run.model_copy(update={"trainer": run.trainer.model_copy(update={"objective": objective})})
+    trainer, proximal = TrainerNode(), ProximalNode()
+    trainer.setup(types.SimpleNamespace(config=own, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
+    proximal.setup(types.SimpleNamespace(config=run, pool=types.SimpleNamespace(name="actor")))
+    prompt, outputs = torch.randint(4, 90, (6,)), [torch.randint(4, 90, (5,)) for _ in range(2)]
+    behav = Ragged.from_rows([torch.full((5,), -2.0)] * 2)
+    prox = proximal(_batch(prompt, outputs, behav))["prox_logp"]
+    assert torch.equal(prox.values, behav.values) is not forward

@@ -70,7 +70,8 @@ def test_when_every_candidate_is_refused_the_problem_names_each_and_the_kernel_s
     monkeypatch.setattr(sandbox, "USERNS_SETTINGS", ((str(setting), "0", "sysctl user.max_user_namespaces=15000"),))
     layers = sandbox.detect_layers()
     assert not layers.namespaces
-    assert layers.problem.startswith(f"{broken}: cannot create namespaces: bwrap: setting up uid map: Permission denied")
+    refusal = "cannot create namespaces: bwrap: setting up uid map: Permission denied"
+    assert layers.problem.startswith(f"{broken}: {refusal}")
     assert "user namespaces are off" in layers.problem and "sysctl user.max_user_namespaces=15000" in layers.problem
     with pytest.raises(sandbox.SandboxError, match="Ways out: allow unprivileged user namespaces"):
         layers.require(allow_weaker=False)

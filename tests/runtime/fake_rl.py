@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 
-from areal import Batch, Float, Graph, Int, Json, Ragged, RunConfig, node
-from areal.graph.ports import Int32
+from areal import Batch, Float, Graph, Int, Int32, Json, Ragged, RunConfig, node
 
 TOKENS = int(os.environ.get("FAKE_TOKENS", "4"))
 STEP_WORK = int(os.environ.get("FAKE_STEP_WORK", "0"))  # matmuls per decode step: a slow generator

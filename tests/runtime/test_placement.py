@@ -124,6 +124,7 @@ def local_ray():
         ray.shutdown()
 
 
+@pytest.mark.cluster
 def test_the_plan_under_ray_shows_the_node_each_replica_lands_on_and_keeps_no_reservation(local_ray):
     recipe = load_recipe(RECIPE, ["cluster.backend=ray", 'placement={"rollout": 2}'])
     plan = compile_plan(recipe.graph, recipe.config)
@@ -134,6 +135,7 @@ def test_the_plan_under_ray_shows_the_node_each_replica_lands_on_and_keeps_no_re
     assert shown.header == "lands on" and list(shown.cells)[1] == f"[0] {node}\n[1] {node}"
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_ray_backend_trains_every_sample_exactly_once(tmp_path, local_ray):
     controller = _controller(tmp_path, "cluster.backend=ray", "transport.kind=tcp", "steps=3", "batch_size=2",
@@ -157,6 +159,7 @@ def test_ray_backend_trains_every_sample_exactly_once(tmp_path, local_ray):
     assert f"rollout[1]@{node} " in busy  # the live view says where each worker runs
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_a_ray_worker_killed_mid_run_binds_anew_and_its_neighbours_are_rewired(tmp_path, local_ray, monkeypatch):
     monkeypatch.setenv("FAKE_ADVANTAGE_POOL", "1")  # advantage in its own pool: a rollout before it, a trainer after

@@ -11,8 +11,10 @@ import pytest
 
 from areal.errors import ConfigError, RunError
 from areal.runtime.launch import build_controller, run_recipe
+from tests.local_model import make_checkpoint
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
+TINY_RL = Path(__file__).with_name("tiny_rl.py")
 
 
 def _run(tmp_path: Path, *overrides: str):
@@ -109,3 +111,17 @@ def test_node_that_raises_stops_a_fail_fast_run_naming_it_and_leaves_no_process(
     _assert_no_process_left(controller)
     log = Path(str(caught.value).split("log: ")[1].split(")")[0])
     assert log.parent == Path(controller.plan.run_dir) / "logs" and "bad group 3" in log.read_text()
+
+
+def test_a_generators_own_group_size_is_what_runs(tmp_path):
+    # tiny_rl's config says group_size=3; its generate node says 2
+    recipe = tmp_path / "tiny_rl.py"
+    text = TINY_RL.read_text().replace('g.add(generate("rollout"))', 'g.add(generate("rollout", group_size=2))')
+    recipe.write_text(text)
+    model = make_checkpoint(tmp_path / "ckpt")
+    controller = build_controller(recipe, [f"model={model}", "steps=2"], tmp_path / "run")
+    controller.run()
+    summary = controller.accounting.summary(2)
+    assert (summary["started"], summary["trained"]) == (2 * 2 * 2, 2 * 2 * 2)  # steps x B x the generator's G
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["samples"] for s in steps if s["kind"] == "step"] == [4, 4]

@@ -1,0 +1,104 @@
+"""A node's settings have one place each and one precedence: recipe section < node argument < --set nodes.NAME."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal.errors import ConfigError
+from areal.graph.recipe import load_recipe
+
+RECIPE = """\
+from areal import Graph, RunConfig
+from areal.nodes import compute_logprob, generate, ppo_update, reward
+
+class Tasks:
+    fields = ("prompt",)
+    def __iter__(self):
+        return iter([{"prompt": "a"}])
+
+def score(completion):
+    return [0.0 for _ in completion]
+score.input_names = ("completion",)
+
+config = RunConfig(group_size=8, trainer={"objective": "decoupled", "lr": 1e-3})
+g = Graph("settings")
+g.source("tasks", Tasks())
+g.add(generate("rollout", group_size=4, max_new_tokens=12))
+g.add(reward("score", score))
+g.add(compute_logprob("proximal"))
+g.add(ppo_update("actor", objective=OBJECTIVE, lr=3e-5))
+"""
+ACTOR_LINE = 19
+
+
+def load(write_recipe, *overrides: str, objective: str = '"standard"'):
+    # ppo_update reads `advantage`: a stand-in producer keeps the graph valid
+    text = RECIPE.replace("OBJECTIVE", objective).replace(
+        'g.add(reward("score", score))',
+        'g.add(reward("score", score))\nfrom tests.graph.test_settings import advantage\ng.add(advantage)',
+    )
+    return load_recipe(write_recipe(text), list(overrides))
+
+
+def test_a_trainer_argument_wins_over_the_recipe_section_for_that_node_only(write_recipe):
+    recipe = load(write_recipe)
+    actor = recipe.node_config("actor").trainer
+    assert (actor.objective, actor.lr) == ("standard", 3e-5)
+    assert (recipe.config.trainer.objective, recipe.config.trainer.lr) == ("decoupled", 1e-3)
+
+
+def test_set_nodes_name_field_wins_over_the_node_argument(write_recipe):
+    recipe = load(write_recipe, "nodes.actor.objective=decoupled-shortcut", "nodes.actor.lr=1e-6")
+    actor = recipe.node_config("actor").trainer
+    assert (actor.objective, actor.lr) == ("decoupled-shortcut", 1e-6)
+
+
+def test_setting_the_section_field_a_node_sets_is_refused_naming_the_node_and_the_way(write_recipe):
+    with pytest.raises(ConfigError) as caught:
+        load(write_recipe, "trainer.objective=decoupled", "steps=3")
+    assert str(caught.value) == (
+        f"trainer.objective=decoupled: x.py:{ACTOR_LINE + 2}: node 'actor' (ppo-update) sets objective='standard' "
+        "itself, which wins over trainer.objective; change it there, or use --set nodes.actor.objective=..."
+    )
+    load(write_recipe, "trainer.clip_eps=0.1")  # a field the node leaves alone stays the section's to set
+
+
+def test_an_unknown_objective_is_refused_at_the_recipe_line(write_recipe):
+    with pytest.raises(ConfigError, match=rf"x\.py:{ACTOR_LINE + 2}: ppo_update\('actor'\): objective: input should be "
+                       r"'decoupled', 'standard' or 'decoupled-shortcut'"):
+        load(write_recipe, objective='"ppo2"')
+    with pytest.raises(ConfigError,
+                       match=r"node 'actor' \(ppo-update\): trainer\.objective: input should be 'decoupled'"):
+        load(write_recipe, "nodes.actor.objective=ppo2")
+
+
+def test_unknown_settings_and_nodes_are_named(write_recipe):
+    with pytest.raises(ConfigError, match=r"node 'actor' \(ppo-update\): unknown setting 'lrr' \(it takes: lr, "):
+        load(write_recipe, "nodes.actor.lrr=1")
+    with pytest.raises(ConfigError, match=r"there is no node 'critic' \(nodes: tasks, rollout, score, advantage, "):
+        load(write_recipe, "nodes.critic.lr=1")
+
+
+def test_a_generators_group_size_and_sampling_bind_the_whole_run(write_recipe):
+    recipe = load(write_recipe)
+    assert (recipe.config.group_size, recipe.config.generation.max_new_tokens) == (4, 12)
+    assert recipe.node_config("actor").group_size == 4  # the trainer and the accounting agree with it
+    assert load(write_recipe, "nodes.rollout.group_size=2").config.group_size == 2
+    with pytest.raises(ConfigError, match=r"^group_size=3: .*node 'rollout' \(generate\) sets group_size=4 itself"):
+        load(write_recipe, "group_size=3")
+    with pytest.raises(ConfigError, match=r"generate\('rollout'\): group_size: input should be greater than 0"):
+        load_recipe(write_recipe(RECIPE.replace("group_size=4", "group_size=0").replace("OBJECTIVE", '"standard"')))
+
+
+def test_rules_across_fields_are_checked_on_the_nodes_whole_config(write_recipe):
+    with pytest.raises(ConfigError,
+                       match=r"node 'actor' \(ppo-update\): trainer: value error, ranks=2 .* needs engine=fsdp"):
+        load(write_recipe, "nodes.actor.ranks=2")
+
+
+from areal import Float, Int, node  # noqa: E402  (the stand-in advantage the recipe imports)
+
+
+@node(inputs={"group_id": Int["S"]}, outputs={"advantage": Float["S"]})
+def advantage(batch):
+    return {}
