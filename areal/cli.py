@@ -154,8 +154,9 @@ def export(
 
 
 def main() -> None:
+    """Exit 0 on success, 1 when a run failed, 2 on a user error, 130 on an interrupt."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # without standalone mode, click returns typer.Exit's code
     except ArealError as err:
         if _state["debug"]:
             raise
@@ -173,6 +174,7 @@ def main() -> None:
             err.show()
             sys.exit(err.exit_code)
         raise
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

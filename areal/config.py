@@ -101,7 +101,8 @@ class FaultConfig(_Section):
 
 
 class TransportConfig(_Section):
-    max_frame_bytes: PositiveInt = 1 << 28
+    max_frame_bytes: int = Field(1 << 28, ge=1 << 16, description="largest tensor frame of a batch (bytes)")
+    max_header_bytes: int = Field(16 << 20, ge=1 << 16, description="largest batch header: meta and json fields")
     high_water_mark: PositiveInt = 64
     kind: Literal["ipc", "tcp"] = "ipc"
     host: str = Field(

@@ -37,7 +37,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from areal.engines.torch_train import ExtraField, LossFn, MicroBatch, TorchTrainEngine, read_trainer_state
+from areal.engines.torch_train import (
+    ExtraField,
+    LossFn,
+    MicroBatch,
+    TorchTrainEngine,
+    read_trainer_state,
+    refuse_non_finite,
+)
 from areal.kernels.packing import balance_across_ranks, pack_microbatches
 
 if TYPE_CHECKING:
@@ -201,6 +208,9 @@ class FSDPTrainEngine:
         reduced = torch.tensor([sums[n] for n in names], dtype=torch.float64)
         dist.all_reduce(reduced)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf)
+        # the reduced loss and the full norm are the same on every rank: all refuse together or none
+        loss_sum = float(reduced[names.index("loss")])
+        refuse_non_finite(loss_sum, float(_full(grad_norm)), self.local.step, self.local.optimizer)
         lr = self.local.lr_at(self.local.step if lr_step is None else lr_step)
         for group in self.local.optimizer.param_groups:
             group["lr"] = lr

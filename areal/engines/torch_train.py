@@ -195,6 +195,7 @@ class TorchTrainEngine:
                 sums[k] = sums.get(k, 0.0) + float(v) * mb.n_tokens
         params = [p for _, p in self._named_params]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf)
+        refuse_non_finite(sums["loss"], float(grad_norm), self.step, self.optimizer)
         lr = self.lr_at(self.step if lr_step is None else lr_step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -334,6 +335,19 @@ class TorchTrainEngine:
             torch.set_rng_state(rng["cpu"])
             if "cuda" in rng and self.device.type == "cuda":
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
+
+
+class NonFiniteUpdate(ValueError):
+    """A loss or gradient that is NaN or infinite: the step is not taken, so the weights stay finite."""
+
+
+def refuse_non_finite(loss_sum: float, grad_norm: float, step: int, optimizer: torch.optim.Optimizer) -> None:
+    """Raise `NonFiniteUpdate` before `optimizer.step()` when the batch's loss or gradient is not finite."""
+    if math.isfinite(loss_sum) and math.isfinite(grad_norm):
+        return
+    optimizer.zero_grad(set_to_none=True)  # nothing of this batch may leak into a later step
+    raise NonFiniteUpdate(f"optimizer step {step}: the loss is {loss_sum} and the gradient norm {grad_norm}; "
+                          "the update was not applied")
 
 
 def read_trainer_state(directory: Path) -> dict[str, Any]:

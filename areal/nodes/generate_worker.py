@@ -22,14 +22,16 @@ from typing import Any
 import torch
 
 from areal.graph.batch import Batch, Ragged
+from areal.graph.meta import GroupMeta
 from areal.nodes.policy import first_file, load_weights
 
 
 @dataclass
 class _Pending:
     batch: Batch
-    meta: dict[str, Any]
+    meta: GroupMeta
     samples: int
+    sample_ids: list[int]  # every sample it will return, finished or not
     results: dict[int, Any] = field(default_factory=dict)  # sample id -> GenResult
 
     @property
@@ -90,23 +92,26 @@ class GenerateNode:
         if path is not None:
             self.engine.update_weights(load_weights(path), version)
 
-    def submit(self, batch: Batch, meta: dict[str, Any]) -> None:
+    def submit(self, batch: Batch, meta: GroupMeta) -> None:
         from areal.engines.torch_generate import GenRequest
 
-        samples = int(meta.get("samples", self.group_size))
+        samples = meta.samples
         groups = batch["group_id"].tolist()
         # held-out ids are unique already
         sample_ids = [[g * samples + k if g >= 0 else g for k in range(samples)] for g in groups]
-        if all(ids[0] in self._pending for ids in sample_ids):
-            return  # re-issued after a crash downstream while still in flight here: that copy answers for it
-        entry = _Pending(batch, meta, samples)
+        in_flight = {sid for entry in self._batches for sid in entry.sample_ids}
+        if any(sid in in_flight for ids in sample_ids for sid in ids):
+            # re-issued after a crash downstream while still here (some of its samples may have finished
+            # already): the copy in flight answers for it, and the engine would refuse the repeated ids
+            return
+        entry = _Pending(batch, meta, samples, [sid for ids in sample_ids for sid in ids])
         requests = [GenRequest(request_id=sid, prompt_ids=self.tokenizer.encode(prompt))
                     for prompt, ids in zip(batch["prompt"], sample_ids) for sid in ids]
         self.engine.submit(requests)  # checks every request before queueing any: raise before any bookkeeping
         self._pending.update((r.request_id, entry) for r in requests)
         self._batches.append(entry)
 
-    def step(self) -> list[tuple[Batch, dict[str, Any]]]:
+    def step(self) -> list[tuple[Batch, GroupMeta]]:
         for result in self.engine.step():
             self._pending.pop(result.request_id).results[result.request_id] = result
         done = [b for b in self._batches if len(b.results) == b.expected]
@@ -134,7 +139,7 @@ class GenerateNode:
         fields["completion"] = [self._completion(r.output_ids.tolist()) for r in results]
         notes = {r.request_id: why for r, text in zip(results, fields["completion"])
                  if (why := generation_problem(r.finish_reason, text))}
-        if notes and not entry.meta.get("eval"):
+        if notes and not entry.meta.eval:
             self.report("noted", sample_ids=list(notes), reasons=list(notes.values()))
         return Batch(fields)
 

@@ -1,9 +1,10 @@
 """What runs inside a reward worker: call the reward function, sort outcomes from failures.
 
 A wrong, crashing or timed-out program earns its reward (usually 0): that is the program's
-doing. A NaN, an exception from the reward function, or an outcome whose reason says the
-machinery broke (`sandbox_error`) is a failure of the reward itself: the sample is marked
-failed with its reason, counted and reported, never scored.
+doing. A NaN or infinite reward (checked as float32, the dtype the trainer sees), a value that
+is not a number (None, a string), an exception from the reward function, or an outcome whose
+reason says the machinery broke (`sandbox_error`) is a failure of the reward itself: the sample
+is marked failed with its reason, counted and reported, never scored.
 """
 
 from __future__ import annotations
@@ -35,14 +36,19 @@ class RewardNode:
             raise ValueError(f"reward function returned {len(outcomes)} outcomes for {batch.size} samples")
         rewards, failed = [], {}
         for row, outcome in enumerate(outcomes):
-            value = float(getattr(outcome, "reward", outcome))
+            value = getattr(outcome, "reward", outcome)
             reason = getattr(outcome, "reason", None)
-            if math.isnan(value) or math.isinf(value):
-                failed[row] = f"reward is {value}"
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                failed[row] = f"the reward function returned {type(value).__name__} {value!r:.60}, not a number"
+                value = float("nan")
             elif reason in MACHINERY_FAILURES:
                 failed[row] = f"{reason}: {getattr(outcome, 'detail', '')}".strip()
-            rewards.append(value)
-        return {"reward": torch.tensor(rewards, dtype=torch.float32), FAILED: failed}
+            rewards.append(float(value))
+        scores = torch.tensor(rewards, dtype=torch.float32)  # what the trainer will see: 1e39 is inf here
+        for row in torch.nonzero(~torch.isfinite(scores)).flatten().tolist():
+            overflow = f" ({float(scores[row])} as float32)" if math.isfinite(rewards[row]) else ""
+            failed.setdefault(row, f"reward is {rewards[row]!r}{overflow}")
+        return {"reward": scores, FAILED: failed}
 
     def _score(self, batch: Batch) -> Any:
         names = getattr(self.fn, "input_names", None)

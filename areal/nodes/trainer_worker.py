@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from areal.engines.torch_train import NonFiniteUpdate
 from areal.graph.batch import Batch, Ragged
 from areal.nodes.policy import full_sequences, load_run_policy, save_weights
 
@@ -76,16 +77,24 @@ class TrainerNode:
         for index in (p for p in parts if p):
             sub = {k: (v[index] if isinstance(v, Tensor) else [v[i] for i in index]) for k, v in extra.items()}
             # the lr schedule runs over policy versions: every minibatch of this one shares its lr
-            stats = self.engine.train_step([sequences[i] for i in index], [prompt_lens[i] for i in index],
-                                           loss_fn, sub, lr_step=self.version)
+            try:
+                stats = self.engine.train_step([sequences[i] for i in index], [prompt_lens[i] for i in index],
+                                               loss_fn, sub, lr_step=self.version)
+            except NonFiniteUpdate as err:
+                raise NonFiniteUpdate(f"training version {self.version + 1}: {err}") from None
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v / len(parts)
         self.version += 1
         return totals
 
     def policy_weights(self) -> dict[str, Tensor]:
-        """The whole policy, on every rank (FSDP: a collective, gathered from the shards)."""
-        return self.engine.state_dict()
+        """The whole policy, on every rank (FSDP: a collective, gathered from the shards); never one with a NaN."""
+        weights = self.engine.state_dict()
+        broken = [name for name, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        if broken:
+            raise NonFiniteUpdate(f"version {self.version}: weights {', '.join(broken[:3])} hold NaN or inf; "
+                                  "they are neither published nor checkpointed")
+        return weights
 
     def save_weights(self, path: str | None) -> None:
         """Write the policy to `path`; None: only take part in gathering it (a trainer rank > 0)."""

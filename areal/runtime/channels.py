@@ -27,7 +27,8 @@ import zmq
 
 from areal.errors import WireError
 from areal.graph.batch import Batch
-from areal.runtime.codec import decode, encode
+from areal.runtime.codec import MAX_HEADER_BYTES, decode, encode
+from areal.runtime.security import RunKey
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +36,31 @@ IPC_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes, the last one a NUL
 _CHANNEL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}")
 
 
-def ipc_endpoint(run_dir: Path | str, name: str) -> str:
-    """`ipc://RUN_DIR/NAME.sock`, or a short path in the temp dir when that one is too long.
+def ipc_endpoint(folder: Path | str, name: str) -> str:
+    """`ipc://FOLDER/NAME`, or a short path in a private folder of the temp dir when that one is too long.
 
-    The short path is a hash of the long one, so every process of the run that calls this
-    with the same arguments gets the same endpoint.
+    A socket path holds at most 107 bytes, which a deep run directory exceeds. The short path
+    is a hash of the long one, so every process of the run that calls this with the same
+    arguments gets the same endpoint.
     """
     if not _CHANNEL_NAME.fullmatch(name):
         raise ValueError(f"channel name {name!r}: use 1..100 letters, digits, '_', '.' or '-'")
-    path = str(Path(run_dir).absolute() / f"{name}.sock")
+    path = str(Path(folder) / name)  # the plan passes the run directory resolved (or its placeholder, for viz)
     if len(path.encode()) > IPC_PATH_MAX:
         digest = hashlib.sha256(path.encode()).hexdigest()[:16]
-        path = str(Path(tempfile.gettempdir()) / f"areal-{digest}.sock")
+        path = str(Path(tempfile.gettempdir()) / f"areal-{os.getuid()}" / f"{digest}.sock")
     return f"ipc://{path}"
+
+
+def private_folder(folder: Path) -> None:
+    """Make `folder` (where ipc sockets are bound) this user's alone: other users cannot connect to what is in it."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if info.st_uid != os.getuid():
+        raise PermissionError(f"{folder} belongs to uid {info.st_uid}, not to this user: its sockets would not be "
+                              "private; remove it or choose another run directory")
+    if info.st_mode & 0o077:
+        folder.chmod(0o700)
 
 
 def is_dynamic(endpoints: tuple[str, ...]) -> bool:
@@ -78,12 +91,20 @@ class BatchSender:
         hwm: int = 16,
         timeout_ms: int | None = None,
         allow_remote: bool = False,
+        key: RunKey | None = None,
+        max_frame_bytes: int | None = None,
+        max_header_bytes: int | None = None,
         context: zmq.Context | None = None,
     ) -> None:
         """`hwm`: messages queued per peer before `send` blocks; `timeout_ms`: how long it
         blocks before raising `TimeoutError` (None: forever). `endpoint` None: no peer yet;
-        `connect` adds them as they become known, and only live connections take batches."""
+        `connect` adds them as they become known, and only live connections take batches.
+        `key`: the run's key, for TCP (security.py). The frame limits are the receivers': a batch
+        over them raises `FrameTooLarge` here instead of vanishing there."""
         self.socket = _socket(context, zmq.PUSH, zmq.SNDHWM, hwm)
+        self.limits = {"max_frame_bytes": max_frame_bytes, "max_header_bytes": max_header_bytes}
+        if key is not None:
+            key.serve(self.socket) if bind else key.dial(self.socket)
         self.hwm = hwm
         self.timeout_ms = timeout_ms
         self._sndtimeo = -1
@@ -121,7 +142,7 @@ class BatchSender:
         if wanted != self._sndtimeo:
             self.socket.setsockopt(zmq.SNDTIMEO, wanted)
             self._sndtimeo = wanted
-        frames = encode(batch, meta)
+        frames = encode(batch, meta, **self.limits)
         try:
             self.socket.send_multipart(frames, copy=False)
         except zmq.Again:
@@ -151,15 +172,19 @@ class BatchReceiver:
         bind: bool,
         hwm: int = 16,
         max_frame_bytes: int = 1 << 30,
+        max_header_bytes: int = MAX_HEADER_BYTES,
         name: str | None = None,
         allow_remote: bool = False,
+        key: RunKey | None = None,
         context: zmq.Context | None = None,
     ) -> None:
-        """`name` is how rejected messages name their sender in logs (the upstream pool)."""
+        """`name` is how rejected messages name their sender in logs (the upstream pool); `key`: as for a sender."""
         self.socket = _socket(context, zmq.PULL, zmq.RCVHWM, hwm)
-        # ZeroMQ drops a peer that sends a larger frame before allocating it
-        self.socket.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-        self.max_frame_bytes = max_frame_bytes
+        if key is not None:
+            key.serve(self.socket) if bind else key.dial(self.socket)
+        # ZeroMQ drops a peer that sends a larger frame before allocating it; the run's own senders check first
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max(max_frame_bytes, max_header_bytes))
+        self.max_frame_bytes, self.max_header_bytes = max_frame_bytes, max_header_bytes
         self.rejected = 0
         self._bound = bind
         self.endpoint = _attach(self.socket, endpoint, bind, allow_remote)
@@ -180,7 +205,8 @@ class BatchReceiver:
             except zmq.Again:
                 continue
             try:
-                return decode(frames, sender=self.name, max_frame_bytes=self.max_frame_bytes)
+                return decode(frames, sender=self.name, max_frame_bytes=self.max_frame_bytes,
+                              max_header_bytes=self.max_header_bytes)
             except WireError as exc:
                 self.rejected += 1
                 log.warning("%s: skipped a malformed message (%d so far): %s",
@@ -211,6 +237,8 @@ def _attach(socket: zmq.Socket, endpoint: str, bind: bool, allow_remote: bool) -
         if not bind:
             socket.connect(endpoint)
             return endpoint
+        if endpoint.startswith("ipc://"):
+            private_folder(Path(endpoint[len("ipc://"):]).parent)
         if endpoint.startswith("tcp://"):
             host, _, port = endpoint[len("tcp://"):].rpartition(":")
             if not (allow_remote or _is_loopback(host)):

@@ -68,12 +68,19 @@ _FIELD_KEYS = {
 Frame = Any  # anything exporting a contiguous buffer: zmq.Frame, bytes, memoryview, bytearray
 
 
-def encode(batch: Batch, meta: Mapping[str, Any] | None = None) -> list[bytes | memoryview]:
+class FrameTooLarge(WireError):
+    """A batch that could never cross the wire: a frame over the run's limits (the receiver would drop it)."""
+
+
+def encode(batch: Batch, meta: Mapping[str, Any] | None = None, *, max_frame_bytes: int | None = None,
+           max_header_bytes: int | None = None) -> list[bytes | memoryview]:
     """Frames for `batch`: the packed header, then views of the tensors' memory (no copy).
 
     The views keep their tensors alive; send them with `copy=False`. CPU tensors that are
     already contiguous are not copied. `meta` and json fields must be msgpack-able plain
-    objects whose maps have str keys (the receiver rejects anything else).
+    objects whose maps have str keys (the receiver rejects anything else). With limits given,
+    a frame over them raises `FrameTooLarge` naming the field, before anything is sent: the
+    receiver's ZeroMQ would drop the connection without a word.
     """
     fields: list[dict[str, Any]] = []
     frames: list[bytes | memoryview] = []
@@ -96,6 +103,18 @@ def encode(batch: Batch, meta: Mapping[str, Any] | None = None) -> list[bytes | 
     except (TypeError, ValueError, OverflowError) as exc:
         message = f"batch header cannot be packed (meta and json fields hold plain objects): {exc}"
         raise TypeError(message) from exc
+    if max_header_bytes is not None and len(packed) > max_header_bytes:
+        sizes = {f["name"]: len(msgpack.packb(f["value"], use_bin_type=True)) for f in fields if f["kind"] == "json"}
+        largest = max(sizes, key=sizes.__getitem__) if sizes else None
+        biggest = f"; its largest json field is '{largest}' ({sizes[largest]} B)" if largest else ""
+        raise FrameTooLarge(f"the batch's header is {len(packed)} B, over transport.max_header_bytes="
+                            f"{max_header_bytes}{biggest}")
+    if max_frame_bytes is not None:
+        tensor_fields = [f for f in fields if f["kind"] != "json" for _ in range(2 if f["kind"] == "ragged" else 1)]
+        for field, frame in zip(tensor_fields, frames):
+            if len(frame) > max_frame_bytes:
+                raise FrameTooLarge(f"field '{field['name']}' is {len(frame)} B on the wire, over "
+                                    f"transport.max_frame_bytes={max_frame_bytes}")
     return [packed, *frames]
 
 

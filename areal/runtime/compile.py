@@ -20,6 +20,7 @@ from areal.errors import ConfigError, GraphError
 from areal.graph.graph import Graph
 from areal.graph.node import Node
 from areal.graph.settings import node_config
+from areal.runtime.channels import ipc_endpoint
 from areal.runtime.plan import Plan, PoolSpec
 
 OWN_POOL_KINDS = ("generate", "reward", "ppo-update")
@@ -68,8 +69,10 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         weights_dir=str(run / "weights"),
         high_water_mark=config.transport.high_water_mark,
         max_frame_bytes=config.transport.max_frame_bytes,
+        max_header_bytes=config.transport.max_header_bytes,
         colocated=tuple(p.nodes for p in pools if len(p.nodes) > 1),
         weights_rendezvous=f"127.0.0.1:{_free_port()}" if route and config.transport.weights == "broadcast" else "",
+        secured=config.transport.kind == "tcp" or config.cluster.backend == "ray",
     )
 
 
@@ -147,7 +150,7 @@ def _endpoint(run: Path, name: str, config: RunConfig) -> str:
         return f"tcp://{config.transport.host}:*"
     if config.transport.kind == "tcp":
         return f"tcp://{config.transport.host}:{_free_port()}"
-    return f"ipc://{run / 'sockets' / name}"
+    return ipc_endpoint(run / "sockets", name)
 
 
 def _control_endpoint(run: Path, config: RunConfig) -> str:
@@ -158,7 +161,7 @@ def _control_endpoint(run: Path, config: RunConfig) -> str:
         return f"tcp://{import_ray().util.get_node_ip_address()}:{_free_port()}"
     if config.transport.kind == "tcp" or config.cluster.backend == "ray":
         return f"tcp://{config.transport.host}:{_free_port()}"
-    return f"ipc://{run / 'sockets' / 'control'}"
+    return ipc_endpoint(run / "sockets", "control")
 
 
 def _free_port() -> int:

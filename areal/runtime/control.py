@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import zmq
+
+from areal.runtime.channels import private_folder
+from areal.runtime.security import RunKey
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +45,14 @@ def unpack(data: bytes, sender: str) -> dict[str, Any] | None:
 class ControlClient:
     """A worker's end: send events, receive commands."""
 
-    def __init__(self, endpoint: str, worker_id: str, context: zmq.Context | None = None) -> None:
+    def __init__(self, endpoint: str, worker_id: str, key: RunKey | None = None,
+                 context: zmq.Context | None = None) -> None:
+        """`key`: the run's key, when the control plane is TCP (security.py)."""
         self.worker_id = worker_id
         self.socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
         self.socket.setsockopt(zmq.IDENTITY, worker_id.encode())
+        if key is not None:
+            key.dial(self.socket)
         self.socket.setsockopt(zmq.LINGER, 2000)  # let the last events (error, version) reach the controller
         self.socket.connect(endpoint)
 
@@ -70,14 +78,14 @@ class Pulse:
 
     SUFFIX = "/pulse"
 
-    def __init__(self, endpoint: str, worker_id: str, interval_s: float) -> None:
+    def __init__(self, endpoint: str, worker_id: str, interval_s: float, key: RunKey | None = None) -> None:
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(endpoint, worker_id + self.SUFFIX, interval_s),
+        self._thread = threading.Thread(target=self._run, args=(endpoint, worker_id + self.SUFFIX, interval_s, key),
                                         name="pulse", daemon=True)
         self._thread.start()
 
-    def _run(self, endpoint: str, identity: str, interval_s: float) -> None:
-        client = ControlClient(endpoint, identity)  # a socket of this thread's own: zmq sockets are not shared
+    def _run(self, endpoint: str, identity: str, interval_s: float, key: RunKey | None) -> None:
+        client = ControlClient(endpoint, identity, key)  # a socket of this thread's own: zmq sockets are not shared
         try:
             while not self._stopped.wait(interval_s):
                 client.send("pulse")
@@ -92,10 +100,14 @@ class Pulse:
 class ControlServer:
     """The controller's end: one ROUTER bound for all workers."""
 
-    def __init__(self, endpoint: str, context: zmq.Context | None = None) -> None:
+    def __init__(self, endpoint: str, key: RunKey | None = None, context: zmq.Context | None = None) -> None:
         self.socket = (context or zmq.Context.instance()).socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished worker raises, not drops
+        if key is not None:
+            key.serve(self.socket)
+        if endpoint.startswith("ipc://"):
+            private_folder(Path(endpoint[len("ipc://"):]).parent)
         self.socket.bind(endpoint)
 
     def recv(self, timeout_ms: int) -> tuple[str, dict[str, Any]] | None:

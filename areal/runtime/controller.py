@@ -27,12 +27,15 @@ from areal.config import RunConfig
 from areal.errors import ConfigError, RunError
 from areal.graph.batch import Batch
 from areal.graph.graph import Graph
+from areal.graph.meta import GroupMeta
 from areal.runtime.accounting import Accounting
-from areal.runtime.channels import BatchSender, is_dynamic
+from areal.runtime.channels import BatchSender, is_dynamic, private_folder
+from areal.runtime.codec import FrameTooLarge, encode
 from areal.runtime.control import ControlServer, Pulse
 from areal.runtime.metrics import MetricsWriter
 from areal.runtime.placement import WorkerHandle, launcher_for, worker_spec
 from areal.runtime.plan import Plan
+from areal.runtime.security import RunKey
 from areal.runtime.staleness import StalenessGate
 
 log = logging.getLogger("areal.controller")
@@ -54,6 +57,7 @@ class WorkerProcess:
     busy: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
     last_error: str | None = None
+    fatal: bool = False  # its error is one a restart would repeat (a node that broke its contract)
     holding: set[int] = field(default_factory=set)  # groups a trainer has gathered, not yet trained
 
 
@@ -113,8 +117,9 @@ class Controller:
         self._checkpoints: list[str] = []
         self.bad_tasks: list[str] = []
         self.skipped_tasks = 0
-        self._issued: dict[int, tuple[Batch, dict[str, Any]]] = {}  # admitted, not yet trained: for re-issue
-        self._eval_sent: dict[int, tuple[Batch, dict[str, Any]]] = {}
+        self._issued: dict[int, tuple[Batch, GroupMeta]] = {}  # admitted, not yet trained: for re-issue
+        self._eval_sent: dict[int, tuple[Batch, GroupMeta]] = {}
+        self.oversized_tasks = 0  # task records too large to ever send, skipped
         self._restarts: dict[str, list[float]] = {}
         self._plan_path = self.run_dir / "plan.json"
         self._latest_path: str | None = None  # newest published weights file
@@ -128,15 +133,19 @@ class Controller:
     # -- lifecycle ----------------------------------------------------------------------
 
     def run(self) -> RunState:
-        (self.run_dir / "sockets").mkdir(parents=True, exist_ok=True)
+        private_folder(self.run_dir / "sockets")
         (self.run_dir / "logs").mkdir(exist_ok=True)
         plan_path = self.run_dir / "plan.json"
         plan_path.write_text(self.plan.to_json())
         (self.run_dir / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
-        self.control = ControlServer(self.plan.control_endpoint)
+        key = None
+        if self.plan.secured:  # TCP: the workers read the key the controller makes for this run
+            key = RunKey.create()
+            key.write(self.run_dir)
+        self.control = ControlServer(self.plan.control_endpoint, key)
         first = self.plan.pools[1]
-        self.source_out = BatchSender(None if self._dynamic else first.endpoints[0], bind=False,
-                                      hwm=self.plan.high_water_mark)
+        self.source_out = BatchSender(None if self._dynamic else first.endpoints[0], bind=False, key=key,
+                                      **self.plan.sender_limits())
         for endpoint in () if self._dynamic else first.endpoints[1:]:
             self.source_out.socket.connect(endpoint)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -234,11 +243,17 @@ class Controller:
                 self.source_snapshots[group // self.config.batch_size] = self._source_state()
             task = self._next_task()
             self._report_bad_tasks()
+            # admitted_at: the generator must hold this version's weights before it samples the group
+            meta = GroupMeta(group=group, samples=self.group_size, admitted_at=self._sampled_version())
+            batch = self._task_batch([task], [group])
+            try:
+                encode(batch, meta.to_wire(), max_frame_bytes=self.plan.max_frame_bytes,
+                       max_header_bytes=self.plan.max_header_bytes)
+            except FrameTooLarge as err:  # a record that could never be sent: skipped like a malformed one
+                self._skip_task(task, str(err))
+                continue
             self.gate.try_start(self.state.version)
             self.accounting.started_groups += 1
-            # admitted_at: the generator must hold this version's weights before it samples the group
-            meta = {"group": group, "samples": self.group_size, "admitted_at": self._sampled_version()}
-            batch = self._task_batch([task], [group])
             self._issued[group] = (batch, meta)
             self._send_source(batch, meta)
 
@@ -281,10 +296,18 @@ class Controller:
         fields["sample_id"] = ids.clone()
         return Batch(fields)
 
-    def _send_source(self, batch: Batch, meta: dict[str, Any]) -> None:
+    def _skip_task(self, task: dict[str, Any], why: str) -> None:
+        name = f"task {task['task_id']!r}" if "task_id" in task else "a task"
+        problem = f"{self.source_node.describe()}: skipped {name}: {why}"
+        log.warning("%s", problem)
+        self.metrics.write({"kind": "bad_task", "problem": problem, "wall_s": self._elapsed()})
+        self.bad_tasks.append(problem)
+        self.oversized_tasks += 1
+
+    def _send_source(self, batch: Batch, meta: GroupMeta) -> None:
         while True:
             try:
-                self.source_out.send(batch, meta, timeout_ms=200)
+                self.source_out.send(batch, meta.to_wire(), timeout_ms=200)
                 return
             except TimeoutError:
                 self._listen(0)
@@ -303,8 +326,8 @@ class Controller:
         version = self._sampled_version()  # the policy the generators sample with, not the trainer's in lagged mode
         self._eval_pending[round_id] = {"version": version, "n": len(tasks), "rewards": {},
                                         "failed": set(), "started": time.monotonic()}
-        meta = {"eval": True, "round": round_id, "samples": 1, "group": groups[0], "admitted_at": version,
-                "task_ids": [str(t.get("task_id", i)) for i, t in enumerate(tasks)]}
+        meta = GroupMeta(group=groups[0], samples=1, admitted_at=version, eval=True, round=round_id,
+                         task_ids=tuple(str(t.get("task_id", i)) for i, t in enumerate(tasks)))
         batch = self._task_batch(tasks, groups)
         self._eval_sent[round_id] = (batch, meta)
         self._send_source(batch, meta)
@@ -370,6 +393,8 @@ class Controller:
             self._on_checkpoint(message)
         elif kind == "duplicate":
             self.accounting.duplicates += 1
+        elif kind == "rejected":
+            self._on_rejected(sender, message)
         elif kind == "noted":  # an over-long or empty generation: counted, and it trains on
             self.accounting.on_noted([int(s) for s in message["sample_ids"]], [str(r) for r in message["reasons"]])
         elif kind == "error":
@@ -377,6 +402,7 @@ class Controller:
             text = str(message.get("message", ""))
             prefix = "" if text.startswith(("node '", "recipe")) or ": node '" in text else f"{where}: "
             worker.last_error = f"{prefix}{text}"
+            worker.fatal = bool(message.get("fatal"))
             log.error("%s reported: %s", sender, worker.last_error)
 
         self.on_event(self)
@@ -465,7 +491,11 @@ class Controller:
 
     def _on_failed(self, message: dict[str, Any]) -> None:
         ids = [int(s) for s in message.get("sample_ids", [])]
-        reasons = [f"{message.get('node')}: {r}" for r in message.get("reasons", [])]
+        node = str(message.get("node"))
+        reasons = [f"{node}: {r}" for r in message.get("reasons", [])]
+        if ids and self.config.faults.nodes.get(node, self.config.faults.policy) == "fail-fast":
+            raise RunError(f"node '{node}': sample {ids[0]} failed at version {self.state.version}: "
+                           f"{reasons[0].partition(': ')[2]} (faults.policy=fail-fast stops at the first failure)")
         if message.get("eval"):
             for sid in ids:
                 round_id = (-sid - 1) // EVAL_ROUND_IDS
@@ -477,6 +507,16 @@ class Controller:
         for sid, reason in zip(ids, reasons):
             log.warning("sample %d failed: %s", sid, reason)
             self.metrics.write({"kind": "failed", "sample_id": sid, "reason": reason, "wall_s": self._elapsed()})
+
+    def _on_rejected(self, sender: str, message: dict[str, Any]) -> None:
+        """A worker refused a malformed batch: the samples of its groups that we issued will not arrive."""
+        reason = f"refused by {sender}: {message.get('reason', '')}"
+        log.warning("%s", reason)
+        groups = [int(g) for g in message.get("groups", []) if int(g) in self._issued]
+        ids = [g * self.group_size + k for g in groups for k in range(self.group_size)]
+        self._on_failed({"node": sender, "sample_ids": ids, "reasons": [reason] * len(ids)})
+        if not groups:
+            self.metrics.write({"kind": "rejected", "worker": sender, "reason": reason, "wall_s": self._elapsed()})
 
     def _on_eval(self, message: dict[str, Any]) -> None:
         round_id = int(message["round"])
@@ -545,8 +585,10 @@ class Controller:
         recent = [t for t in self._restarts.get(w.pool, []) if time.monotonic() - t < window]
         cause = f"worker {w.worker_id} {why}" + (f": {w.last_error}" if w.last_error else "")
         where = f"\n  (log: {w.log_path})\n{_tail(w.log_path)}"
-        if w.last_error and policy == "fail-fast":
-            raise RunError(f"{w.last_error}\n  (worker {w.worker_id}; log: {w.log_path})")
+        if w.last_error and (policy == "fail-fast" or not w.ready or w.fatal):
+            # a node that failed while setting up fails the same way on every restart: stop now
+            when = "" if w.ready else ", while setting up"
+            raise RunError(f"{w.last_error}\n  (worker {w.worker_id}{when}; log: {w.log_path})")
         if self.plan.weights_rendezvous and self._receives_weights(w.pool):
             raise RunError(f"{cause}{where}\n  with transport.weights=broadcast a generator cannot rejoin the "
                            f"weights group: continue with `areal run --resume {self.run_dir}`, or run with "

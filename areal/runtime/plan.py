@@ -49,8 +49,15 @@ class Plan:
     weights_dir: str
     high_water_mark: int
     max_frame_bytes: int
+    max_header_bytes: int
     colocated: tuple[tuple[str, ...], ...] = field(default=())
     weights_rendezvous: str = ""  # transport.weights=broadcast: host:port of the weights group's store
+    secured: bool = False  # TCP sockets: every one is armed with the run's CURVE key (security.py)
+
+    def sender_limits(self) -> dict[str, int]:
+        """What every PUSH end of the run is built with: the queue depth and the receivers' frame limits."""
+        return {"hwm": self.high_water_mark, "max_frame_bytes": self.max_frame_bytes,
+                "max_header_bytes": self.max_header_bytes}
 
     def weights_members(self) -> dict[str, int]:
         """Worker id -> member of the weights group: 0 the trainer's rank 0, then each generator replica."""

@@ -28,16 +28,19 @@ import torch
 import zmq
 
 from areal.config import RunConfig
-from areal.errors import RunError
-from areal.graph.batch import Batch, Ragged
+from areal.errors import RunError, WireError
+from areal.graph.batch import Batch
+from areal.graph.meta import GroupMeta
 from areal.graph.node import FAILED, Node
-from areal.graph.ports import PortType
 from areal.graph.recipe import load_recipe
 from areal.runtime.channels import BatchReceiver, BatchSender, bind_address, is_dynamic
+from areal.runtime.codec import FrameTooLarge
 from areal.runtime.context import WorkerContext
 from areal.runtime.control import ControlClient, Pulse
+from areal.runtime.outputs import NodeContractError, checked_outputs
 from areal.runtime.plan import Plan
 from areal.runtime.ranks import RankOrders, rank_environment
+from areal.runtime.security import RunKey
 from areal.runtime.staleness import staleness_histogram
 
 log = logging.getLogger("areal.worker")
@@ -54,13 +57,18 @@ class NodeFailure(Exception):
 
 
 class Worker:
-    def __init__(self, plan: Plan, pool_name: str, replica: int, version: int, resume_dir: Path | None) -> None:
+    def __init__(self, plan: Plan, pool_name: str, replica: int, version: int, resume_dir: Path | None,
+                 control: ControlClient) -> None:
+        """`control` is the worker's one control socket: made before anything that can fail, so that even
+        an error in a node's setup reaches the controller on it (a second socket with the same identity
+        would be refused by the controller's ROUTER)."""
         self.plan = plan
         self.pool = plan.pool(pool_name)
         self.replica = replica
         self.version = version
         self.worker_id = f"{pool_name}[{replica}]"
-        self.control = ControlClient(plan.control_endpoint, self.worker_id)
+        self.control = control
+        self.key = run_key(plan)
         recipe = load_recipe(plan.recipe, plan.overrides)
         self.config: RunConfig = recipe.config
         self.nodes: list[Node] = [recipe.graph.nodes[name] for name in self.pool.nodes]
@@ -87,15 +95,17 @@ class Worker:
         if not self.follower:
             endpoint = bind_address(self.pool.endpoints[replica])
             self.inbox = BatchReceiver(endpoint, bind=True, hwm=plan.high_water_mark, name=f"'{upstream}'",
-                                       max_frame_bytes=plan.max_frame_bytes,
-                                       allow_remote=self.config.transport.host != "127.0.0.1")  # asked for
+                                       max_frame_bytes=plan.max_frame_bytes, max_header_bytes=plan.max_header_bytes,
+                                       allow_remote=self.config.transport.host != "127.0.0.1",  # asked for
+                                       key=self.key)
             self.poller.register(self.inbox.socket, zmq.POLLIN)
         downstream = plan.next_pool(pool_name)
         self.outbox: BatchSender | None = None
         if downstream is not None and is_dynamic(downstream.endpoints):
-            self.outbox = BatchSender(None, bind=False, hwm=plan.high_water_mark)  # the controller says where
+            # the controller says where the next pool listens
+            self.outbox = BatchSender(None, bind=False, key=self.key, **plan.sender_limits())
         elif downstream is not None:
-            self.outbox = BatchSender(downstream.endpoints[0], bind=False, hwm=plan.high_water_mark)
+            self.outbox = BatchSender(downstream.endpoints[0], bind=False, key=self.key, **plan.sender_limits())
             for endpoint in downstream.endpoints[1:]:
                 self.outbox.socket.connect(endpoint)
         self.poller.register(self.control.socket, zmq.POLLIN)
@@ -121,7 +131,7 @@ class Worker:
 
     def run(self) -> None:
         self.control.send("ready", pid=os.getpid(), endpoint=self.inbox.endpoint if self.inbox else None)
-        pulse = Pulse(self.plan.control_endpoint, self.worker_id, self.config.faults.heartbeat_s)
+        pulse = Pulse(self.plan.control_endpoint, self.worker_id, self.config.faults.heartbeat_s, self.key)
         loop = {"map": self._map_loop, "stream": self._stream_loop, "train": self._train_loop}[self.pool.role]
         if self.follower:
             loop = self._follow_loop
@@ -162,40 +172,57 @@ class Worker:
         if self.pool.role == "train" and message.get("checkpoint"):
             self._checkpoint(Path(message["checkpoint"]))
 
-    def _drain(self) -> list[tuple[Batch, dict[str, Any]]]:
+    def _drain(self) -> list[tuple[Batch, GroupMeta]]:
+        """The batches that arrived; one whose meta is malformed is refused and reported, never run."""
         got = []
         while self.inbox is not None and (item := self.inbox.recv(timeout_ms=0)) is not None:
-            got.append(item)
+            batch, raw = item
+            try:
+                got.append((batch, GroupMeta.from_wire(raw, self.inbox.name)))
+            except WireError as err:
+                self.inbox.rejected += 1
+                groups = batch["group_id"].tolist() if isinstance(batch.get("group_id"), torch.Tensor) else []
+                self.control.send("rejected", groups=[int(g) for g in groups], reason=str(err))
         return got
 
-    def _send(self, batch: Batch, meta: dict[str, Any]) -> None:
+    def _send(self, batch: Batch, meta: GroupMeta) -> None:
+        """Send downstream; a batch that could never cross the wire fails its samples, with the reason."""
         if self.outbox is None:
             return
         while True:
             try:
-                self.outbox.send(batch, meta, timeout_ms=SEND_RETRY_MS)
+                self.outbox.send(batch, meta.to_wire(), timeout_ms=SEND_RETRY_MS)
+                return
+            except FrameTooLarge as err:
+                self._fail_rows(self.nodes[-1], batch, dict.fromkeys(range(batch.size), str(err)), meta)
                 return
             except TimeoutError:
                 self._wait(0)  # back-pressure: keep answering the controller while downstream is full
                 if self.stopping:
                     return
 
-    def _run_chain(self, nodes: list[Node], impls: list[Any], batch: Batch, meta: dict[str, Any]) -> Batch:
+    def _run_chain(self, nodes: list[Node], impls: list[Any], batch: Batch, meta: GroupMeta) -> Batch:
         for n, impl in zip(nodes, impls):
             start = time.monotonic()
             out = dict(_guard(n.name, impl, batch))
             self.busy_s += time.monotonic() - start
             failed = out.pop(FAILED, None) or {}
-            _check_outputs(n, batch, out)
+            out, non_finite = checked_outputs(n, batch, out)
+            failed = {**non_finite, **failed}  # the node's own reason for a row wins
             batch = batch.merge(out)
-            if failed:
-                rows = sorted(failed)
-                self.control.send("failed", node=n.name, sample_ids=batch["sample_id"][rows].tolist(),
-                                  reasons=[str(failed[r]) for r in rows], eval=bool(meta.get("eval")))
-                batch = batch.select([i for i in range(batch.size) if i not in failed])
+            batch = self._fail_rows(n, batch, failed, meta)
         self.counts["batches"] += 1
         self.counts["samples"] += batch.size
         return batch
+
+    def _fail_rows(self, n: Node, batch: Batch, failed: Mapping[int, Any], meta: GroupMeta) -> Batch:
+        """Report the failed rows with their sample ids and reasons; the batch goes on without them."""
+        if not failed:
+            return batch
+        rows = sorted(failed)
+        self.control.send("failed", node=n.name, sample_ids=batch["sample_id"][rows].tolist(),
+                          reasons=[str(failed[r]) for r in rows], eval=meta.eval)
+        return batch.select([i for i in range(batch.size) if i not in failed])
 
     # -- the three loops --------------------------------------------------------------
 
@@ -210,7 +237,7 @@ class Worker:
         while self._latest_weights is None and not self.stopping:
             self._wait(100)  # the controller answers "ready" with the newest version: sample nothing before it
         policy_version = self.version
-        held: list[tuple[Batch, dict[str, Any]]] = []  # admitted at a version whose weights have not arrived
+        held: list[tuple[Batch, GroupMeta]] = []  # admitted at a version whose weights have not arrived
         while not self.stopping:
             busy = gen.pending() > 0
             self._wait(0 if busy else (100 if held else int(self.config.faults.heartbeat_s * 1000)))
@@ -220,8 +247,8 @@ class Worker:
                 _guard(head.name, gen.load_weights, weights.get("path"), policy_version)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
             held += self._drain()
-            ready = [item for item in held if int(item[1].get("admitted_at", 0)) <= policy_version]
-            held = [item for item in held if int(item[1].get("admitted_at", 0)) > policy_version]
+            ready = [item for item in held if item[1].admitted_at <= policy_version]
+            held = [item for item in held if item[1].admitted_at > policy_version]
             for batch, meta in ready:
                 _guard(head.name, gen.submit, batch, meta)
             if gen.pending() > 0:
@@ -229,7 +256,8 @@ class Worker:
                 finished = _guard(head.name, gen.step)
                 self.busy_s += time.monotonic() - start
                 for batch, meta in finished:
-                    _check_outputs(head, batch, {k: batch[k] for k in head.outputs if k in batch})
+                    _, non_finite = checked_outputs(head, batch, {k: batch[k] for k in head.outputs if k in batch})
+                    batch = self._fail_rows(head, batch, non_finite, meta)
                     if "output_ids" in batch:
                         self.counts["tokens"] += int(batch["output_ids"].values.numel())
                     self._send(self._run_chain(self.nodes[1:], self.impls[1:], batch, meta), meta)
@@ -240,10 +268,10 @@ class Worker:
         while not self.stopping:
             self._wait(int(self.config.faults.heartbeat_s * 1000))
             for batch, meta in self._drain():
-                if meta.get("eval"):
+                if meta.eval:
                     self._report_eval(batch, meta)
                     continue
-                group = int(meta["group"])
+                group = meta.group
                 if group in waiting or group < self.version * per_step:
                     self.control.send("duplicate", group=group)  # a re-issued group that already arrived
                     continue
@@ -346,9 +374,9 @@ class Worker:
         if not self.follower:
             self.control.send("checkpoint", version=self.version, path=str(folder))
 
-    def _report_eval(self, batch: Batch, meta: dict[str, Any]) -> None:
+    def _report_eval(self, batch: Batch, meta: GroupMeta) -> None:
         rewards = batch["reward"].tolist() if "reward" in batch else []
-        self.control.send("eval", round=int(meta["round"]), task_ids=list(meta.get("task_ids", [])),
+        self.control.send("eval", round=meta.round, task_ids=list(meta.task_ids),
                           rewards=rewards, sample_ids=batch["sample_id"].tolist())
 
 
@@ -361,32 +389,9 @@ def _guard(node: str, fn: Any, *args: Any) -> Any:
         raise NodeFailure(node, err) from err
 
 
-def _check_outputs(n: Node, batch: Batch, out: Mapping[str, Any]) -> None:
-    """A node must return every declared output, of the declared kind and row count."""
-    missing = [p for p in n.outputs if p not in out and p not in batch]
-    if missing:
-        raise RunError(f"{n.describe()}: returned no '{missing[0]}' (declared outputs: {', '.join(n.outputs)})")
-    for port, value in out.items():
-        ptype = n.outputs.get(port)
-        if ptype is None:
-            continue
-        problem = _field_problem(ptype, value, batch.size)
-        if problem:
-            raise RunError(f"{n.describe()}: output '{port}' {problem}")
-
-
-def _field_problem(ptype: PortType, value: Any, rows: int) -> str | None:
-    if ptype.dtype == "json":
-        ok, kind = isinstance(value, list), "a list"
-    elif ptype.level == "token":
-        ok, kind = isinstance(value, Ragged), "a Ragged (per-token)"
-    else:
-        ok, kind = isinstance(value, torch.Tensor), "a tensor"
-    if not ok:
-        return f"is declared {ptype} and must be {kind}, got {type(value).__name__}"
-    if len(value) != rows:
-        return f"has {len(value)} rows for a batch of {rows}"
-    return None
+def run_key(plan: Plan) -> RunKey | None:
+    """The run's key when its sockets are TCP (the controller wrote it before starting any worker)."""
+    return RunKey.read(plan.run_dir) if plan.secured else None
 
 
 def main(argv: list[str]) -> int:
@@ -396,23 +401,20 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {pool_name}[{replica}] %(levelname)s %(message)s")
     plan = Plan.from_json(Path(plan_path).read_text())
     torch.set_num_threads(plan.pool(pool_name).threads)
-    worker: Worker | None = None
-    control = None
+    control = ControlClient(plan.control_endpoint, f"{pool_name}[{replica}]", run_key(plan))
     try:
-        worker = Worker(plan, pool_name, replica, version, resume_dir)
-        control = worker.control
-        worker.run()
+        Worker(plan, pool_name, replica, version, resume_dir, control).run()
         return 0
     except BaseException as err:  # report everything, even KeyboardInterrupt, before exiting non-zero
         node = err.node if isinstance(err, NodeFailure) else None
         text = str(err) if isinstance(err, (NodeFailure, RunError)) else f"{type(err).__name__}: {err}"
         log.error("%s", traceback.format_exc())
-        control = control or ControlClient(plan.control_endpoint, f"{pool_name}[{replica}]")
-        control.send("error", node=node, message=text, traceback=traceback.format_exc())
+        # a broken contract fails the same way on every retry: the controller stops the run instead of restarting
+        control.send("error", node=node, message=text, traceback=traceback.format_exc(),
+                     fatal=isinstance(err, NodeContractError))
         return 1
     finally:
-        if control is not None:
-            control.close()
+        control.close()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from areal.engines import MicroBatch, TorchTrainEngine
+from areal.engines.torch_train import NonFiniteUpdate
 from areal.graph.batch import Ragged
 
 LENGTHS = [(2, 5), (4, 12), (1, 17), (3, 4), (5, 9), (6, 20)]  # (prompt_len, total length)
@@ -148,3 +149,23 @@ def test_extra_fields_of_the_wrong_length_are_refused_with_their_name(make_model
         engine.train_step(seqs, prompts, pg_loss_mean, extra)
     with pytest.raises(ValueError, match=r"extra\['scale'\] is a Tensor, read as per-sample"):
         engine.train_step(seqs, prompts, pg_loss_mean, {"scale": torch.ones(3)})
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_a_non_finite_loss_is_refused_before_the_step_and_leaves_the_weights_and_step_as_they_were(make_model, poison):
+    engine = TorchTrainEngine(make_model(0), lr=1e-3)
+    seqs, prompts, extra = batch(0)
+    engine.train_step(seqs, prompts, pg_loss_mean, extra)  # a healthy step first: the optimizer has moments
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+
+    def poisoned(logp: Tensor, mb: MicroBatch) -> tuple[Tensor, dict]:
+        loss, stats = pg_loss_mean(logp, mb)
+        return loss * poison, stats
+
+    with pytest.raises(NonFiniteUpdate, match=r"optimizer step 1: the loss is (nan|inf) .* not applied"):
+        engine.train_step(seqs, prompts, poisoned, extra)
+    assert engine.step == 1
+    assert all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items())
+    assert all(p.grad is None for p in engine.model.parameters())  # nothing left for the next step
+    engine.train_step(seqs, prompts, pg_loss_mean, extra)  # and the next healthy step works
+    assert all(torch.isfinite(v).all() for v in engine.model.state_dict().values())

@@ -8,6 +8,9 @@ import torch
 
 from areal.config import GenerationConfig, RunConfig
 from areal.graph.batch import Batch
+from areal.engines.torch_generate import GenResult
+from areal.graph.meta import GroupMeta
+from areal.models.tokenizer import CharTokenizer as make_tokenizer
 from areal.nodes.generate_worker import GenerateNode, generation_problem
 from tests.local_model import make_checkpoint
 
@@ -29,7 +32,7 @@ def test_a_group_reissued_while_still_in_flight_is_generated_once(tmp_path):
     node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
                                report=lambda kind, **fields: reports.append((kind, fields))))
     group = Batch({"prompt": ["def f(x):\n"], "group_id": torch.tensor([5]), "sample_id": torch.tensor([5])})
-    meta = {"admitted_at": 0}
+    meta = GroupMeta(group=5, samples=2, admitted_at=0)
     node.submit(group, meta)
     node.submit(group, meta)  # the re-issued copy
     done = []
@@ -40,3 +43,36 @@ def test_a_group_reissued_while_still_in_flight_is_generated_once(tmp_path):
     assert batch["sample_id"].tolist() == [10, 11]  # group 5 of size 2: ids 5·2 + k
     # 3 tokens cannot finish a program: both are noted as over-long (or empty), each once
     assert [sorted(fields["sample_ids"]) for _, fields in reports] == [[10, 11]]
+
+
+class OneAtATime:
+    """An engine that finishes one request per step and refuses a request id it already holds, like the real one."""
+
+    def __init__(self) -> None:
+        self.queue: list = []
+
+    def submit(self, requests) -> None:
+        held = {r.request_id for r in self.queue}
+        if any(r.request_id in held for r in requests):
+            raise ValueError("duplicate request id")
+        self.queue += list(requests)
+
+    def pending(self) -> int:
+        return len(self.queue)
+
+    def step(self) -> list[GenResult]:
+        r = self.queue.pop(0)
+        one = torch.tensor([1])
+        return [GenResult(r.request_id, torch.tensor(r.prompt_ids), one, one.float(), one.int(), "eos")]
+
+
+def test_a_group_reissued_when_part_of_it_has_finished_is_not_submitted_again(tmp_path):
+    node = GenerateNode()
+    node.engine, node.tokenizer, node.stops, node.report = OneAtATime(), make_tokenizer(), [], lambda *a, **k: None
+    group = Batch({"prompt": ["def f(x):\n"], "group_id": torch.tensor([7]), "sample_id": torch.tensor([7])})
+    meta = GroupMeta(group=7, samples=2, admitted_at=0)
+    node.submit(group, meta)
+    assert node.step() == []  # sample 14 finished, 15 still in flight
+    node.submit(group, meta)  # the controller re-issues the group: the engine must not see 15 again
+    done = node.step()
+    assert len(done) == 1 and done[0][0]["sample_id"].tolist() == [14, 15] and node.pending() == 0

@@ -67,3 +67,16 @@ def test_the_math_reward_gets_completions_and_reference_answers():
     with math_reward(timeout_s=2.0) as fn:
         out = RewardNode(fn)(batch)
     assert out["reward"].tolist() == [1.0, 0.0, 0.0] and out[FAILED] == {}
+
+
+def test_a_reward_that_overflows_float32_or_is_not_a_number_fails_its_sample_not_the_worker():
+    outcomes = [1e39, None, "1.0", True, -1e39, 0.5]
+    out = RewardNode(lambda programs, tests: outcomes)(_batch(6))
+    assert out[FAILED] == {
+        0: "reward is 1e+39 (inf as float32)",
+        1: "the reward function returned NoneType None, not a number",
+        2: "the reward function returned str '1.0', not a number",
+        3: "the reward function returned bool True, not a number",
+        4: "reward is -1e+39 (-inf as float32)",
+    }
+    assert out["reward"].dtype == torch.float32 and out["reward"][5].item() == 0.5

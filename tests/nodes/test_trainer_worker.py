@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import types
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from areal.config import RunConfig
 from areal.graph.batch import Batch, Ragged
 from areal.nodes.policy import full_sequences
+from areal.engines.torch_train import NonFiniteUpdate
 from areal.nodes.trainer_worker import ProximalNode, TrainerNode
 from tests.local_model import make_checkpoint
 
@@ -97,3 +99,29 @@ def test_the_proximal_pass_follows_the_trainers_own_objective(tmp_path, objectiv
     behav = Ragged.from_rows([torch.full((5,), -2.0)] * 2)
     prox = proximal(_batch(prompt, outputs, behav))["prox_logp"]
     assert torch.equal(prox.values, behav.values) is not forward
+
+
+def test_an_advantage_that_overflows_the_loss_stops_the_update_naming_the_version(tmp_path):
+    config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")))
+    trainer = TrainerNode()
+    trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=3, node="actor", run_dir=tmp_path))
+    before = {k: v.clone() for k, v in trainer.engine.model.state_dict().items()}
+    prompt, outputs = torch.randint(4, 90, (6,)), [torch.randint(4, 90, (5,)) for _ in range(4)]
+    batch = _batch(prompt, outputs, Ragged.from_rows([torch.full((5,), -2.0)] * 4))
+    huge = Batch({**batch, "advantage": torch.full((4,), 3e38)})  # finite, but the loss's sum is not
+    with pytest.raises(NonFiniteUpdate, match=r"training version 4: optimizer step 0: the loss is -?inf"):
+        trainer(huge)
+    assert trainer.version == 3
+    assert all(torch.equal(before[k], v) for k, v in trainer.policy_weights().items())
+
+
+def test_weights_holding_a_nan_are_never_handed_out_for_publishing_or_checkpoints(tmp_path):
+    config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")))
+    trainer = TrainerNode()
+    trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=2, node="actor", run_dir=tmp_path))
+    name, param = next(iter(trainer.engine.model.named_parameters()))
+    with torch.no_grad():
+        param.view(-1)[0] = float("nan")
+    with pytest.raises(NonFiniteUpdate, match=rf"version 2: weights {re.escape(name)}.* neither published nor"):
+        trainer.save_weights(str(tmp_path / "v2.safetensors"))
+    assert not (tmp_path / "v2.safetensors").exists()

@@ -83,7 +83,7 @@ class FakeGenerate:
         return [self._expand(batch, meta, versions) for batch, meta, versions in done]
 
     def _expand(self, batch, meta, versions):
-        k = int(meta["samples"])
+        k = meta.samples
         rows = [(i, j) for i in range(batch.size) for j in range(k)]
         group_ids = batch["group_id"]
         fields = {
@@ -99,10 +99,26 @@ class FakeGenerate:
 
 
 @node(inputs={"group_id": Int["S"]}, outputs={"advantage": Float["S"], "reward": Float["S"]})
-def advantage(batch):
-    if RAISE_ON_GROUP is not None and RAISE_ON_GROUP in batch["group_id"].tolist():
-        raise ValueError(f"bad group {RAISE_ON_GROUP}")
-    return {"advantage": torch.zeros(batch.size), "reward": torch.ones(batch.size)}
+class advantage:  # noqa: N801 (named like the function nodes it stands beside)
+    def setup(self, context):
+        if "FAKE_SETUP_ERROR" in os.environ:
+            raise ValueError(os.environ["FAKE_SETUP_ERROR"])
+
+    def __call__(self, batch):
+        if RAISE_ON_GROUP is not None and RAISE_ON_GROUP in batch["group_id"].tolist():
+            raise ValueError(f"bad group {RAISE_ON_GROUP}")
+        return {"advantage": ADVANTAGES[ADVANTAGE_KIND](batch), "reward": torch.ones(batch.size)}
+
+
+# what the advantage node returns (FAKE_ADVANTAGE): well-formed, or one way of breaking its contract or its data
+ADVANTAGES = {
+    "zeros": lambda b: torch.zeros(b.size),
+    "nan_in_odd_samples": lambda b: torch.where(b["sample_id"] % 2 == 1, float("nan"), 0.0),
+    "int64": lambda b: torch.zeros(b.size, dtype=torch.int64),
+    "two_dims": lambda b: torch.zeros(b.size, 5),
+    "scalar": lambda b: torch.tensor(0.0),
+}
+ADVANTAGE_KIND = os.environ.get("FAKE_ADVANTAGE", "zeros")
 
 
 @node(

@@ -163,12 +163,14 @@ def test_ipc_endpoint_in_a_deep_run_dir_falls_back_to_a_short_shared_path(tmp_pa
     endpoint = ipc_endpoint(deep, "rollout-score")
     assert endpoint == ipc_endpoint(deep, "rollout-score")
     assert len(endpoint.removeprefix("ipc://").encode()) <= 107
-    assert ipc_endpoint(tmp_path, "x") == f"ipc://{tmp_path}/x.sock"
+    assert ipc_endpoint(tmp_path, "x") == f"ipc://{tmp_path}/x"
     with BatchReceiver(endpoint, bind=True) as receiver, \
             BatchSender(endpoint, bind=False, timeout_ms=5_000) as sender:
         sender.send(good_batch(1))
         assert receiver.recv(timeout_ms=5_000) is not None
         assert Path(endpoint.removeprefix("ipc://")).exists()
+        folder = Path(endpoint.removeprefix("ipc://")).parent  # in the temp dir: this user's alone
+        assert folder.name == f"areal-{os.getuid()}" and (folder.stat().st_mode & 0o777) == 0o700
     assert not Path(endpoint.removeprefix("ipc://")).exists()  # the binding end removes its socket file
 
 

@@ -123,3 +123,15 @@ def test_a_frozen_worker_is_declared_silent_restarted_and_its_work_trained_once(
     assert sorted(_trained_ids(run)) == list(range(STEPS * B * G))
     restarts = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"restart"' in line]
     assert [r["worker"] for r in restarts] == ["rollout[0]"] and "silent" in restarts[0]["why"]
+
+
+def test_a_node_that_fails_while_setting_up_stops_the_run_at_once_with_its_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SETUP_ERROR", "advantage tables missing")
+    monkeypatch.setenv("FAKE_ADVANTAGE_POOL", "1")
+    controller, _ = _controller(tmp_path)
+    with pytest.raises(RunError) as caught:
+        controller.run()
+    message = str(caught.value)
+    assert message.startswith("node 'advantage' raised ValueError: advantage tables missing")
+    assert "while setting up" in message
+    assert "restart" not in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text()  # no futile restarts

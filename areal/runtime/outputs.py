@@ -1,0 +1,111 @@
+"""What a node returned, checked against what it declared, before anything downstream sees it.
+
+A node's outputs are its contract: every declared port, of the declared kind, dtype family,
+number of dimensions and row count. Breaking it is a bug in the node, the same on every retry,
+so it stops the run naming the node and the port (`NodeContractError`). A float value that is
+NaN or infinite is data, not a bug: the sample it belongs to is failed with the node's name and
+the reason, and the rest of the batch goes on (a NaN must never reach a loss or the weights).
+Values are cast to the declared dtype first, so a reward of 1e39 (finite in Python, inf in
+float32) is caught as what the trainer would see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from areal.errors import RunError
+from areal.graph.batch import Batch, Ragged
+from areal.graph.node import Node
+from areal.graph.ports import PortType
+
+TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
+                "bool": torch.bool}
+
+
+class NodeContractError(RunError):
+    """A node returned something other than what it declared: a bug in the node, fatal on every retry."""
+
+
+def checked_outputs(n: Node, batch: Batch, out: Mapping[str, Any]) -> tuple[dict[str, Any], dict[int, str]]:
+    """`out` with each declared field cast to its port's dtype, and the rows to fail: row -> reason."""
+    missing = [p for p in n.outputs if p not in out and p not in batch]
+    if missing:
+        raise NodeContractError(f"{n.describe()}: returned no '{missing[0]}' "
+                                f"(declared outputs: {', '.join(n.outputs)})")
+    checked: dict[str, Any] = {}
+    failed: dict[int, str] = {}
+    for port, value in out.items():
+        ptype = n.outputs.get(port)
+        if ptype is None:
+            checked[port] = value  # undeclared extras ride along unchecked (nothing downstream can read them)
+            continue
+        try:
+            checked[port] = _cast(ptype, value, batch.size)
+        except ValueError as problem:
+            raise NodeContractError(f"{n.describe()}: output '{port}' {problem}") from None
+        for row, what in _non_finite_rows(checked[port]).items():
+            failed.setdefault(row, f"output '{port}' is {what}")
+    return checked, failed
+
+
+def _cast(ptype: PortType, value: Any, rows: int) -> Any:
+    """The value as the port declares it; ValueError says how it differs."""
+    if ptype.dtype == "json":
+        if not isinstance(value, list):
+            raise ValueError(f"is declared {ptype} and must be a list (one object per sample), "
+                             f"got {type(value).__name__}")
+        _rows(len(value), rows)
+        return value
+    token = ptype.level == "token"
+    tensor = value.values if token and isinstance(value, Ragged) else value
+    if token and not isinstance(value, Ragged):
+        raise ValueError(f"is declared {ptype} (per token) and must be a Ragged, got {type(value).__name__}")
+    if not isinstance(tensor, Tensor):
+        raise ValueError(f"is declared {ptype} and must be a tensor, got {type(value).__name__}")
+    fixed = [int(d) for d in ptype.dims if d.isdigit()]
+    want_dims = 1 + len(fixed)  # S (or the packed tokens of a Ragged), then the fixed sizes
+    if tensor.dim() != want_dims or list(tensor.shape[1:]) != fixed:
+        shape = "[" + ",".join(["N" if token else "S"] + [str(f) for f in fixed]) + "]"
+        what = "its packed values must have" if token else "it must be a tensor of"
+        raise ValueError(f"is declared {ptype}, so {what} shape {shape}; got shape {list(tensor.shape)}")
+    _rows(len(value), rows)
+    want = TORCH_DTYPES[ptype.dtype]
+    if _family(tensor.dtype) != _family(want):
+        raise ValueError(f"is declared {ptype} but holds {str(tensor.dtype).removeprefix('torch.')} values "
+                         f"(a {_family(want)} port takes {_family(want)} values)")
+    if tensor.dtype == want:
+        return value
+    cast = tensor.to(want)
+    return Ragged(cast, value.offsets) if token else cast
+
+
+def _rows(got: int, rows: int) -> None:
+    if got != rows:
+        raise ValueError(f"has {got} rows for a batch of {rows}")
+
+
+def _family(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    return "float" if dtype.is_floating_point else ("int" if not dtype.is_complex else "complex")
+
+
+def _non_finite_rows(value: Any) -> dict[int, str]:
+    """Row -> 'nan' or 'inf' for every sample holding a non-finite float (per token: any of its tokens)."""
+    tensor = value.values if isinstance(value, Ragged) else value
+    if not isinstance(tensor, Tensor) or not tensor.dtype.is_floating_point:
+        return {}
+    bad = ~torch.isfinite(tensor)
+    if not bool(bad.any()):
+        return {}
+    nan = torch.isnan(tensor)
+    if tensor.dim() > 1:
+        bad, nan = bad.flatten(1).any(1), nan.flatten(1).any(1)
+    if isinstance(value, Ragged):
+        owner = value.sample_index()
+        return {int(r): ("nan" if bool(nan[owner == r].any()) else "inf") for r in owner[bad].unique().tolist()}
+    return {int(r): ("nan" if bool(nan[r]) else "inf") for r in torch.nonzero(bad).flatten().tolist()}

@@ -1,0 +1,95 @@
+"""What a node returns is checked against its ports: a broken contract stops the run naming node and port;
+a NaN or inf fails the samples it sits in, with the reason, and the run goes on."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from areal.errors import RunError
+from areal.graph import Float, Graph, Int, Json, node
+from areal.graph.batch import Batch, Ragged
+from areal.runtime.launch import build_controller
+from areal.runtime.outputs import NodeContractError, checked_outputs
+
+RECIPE = Path(__file__).with_name("fake_rl.py")
+
+
+@node(inputs={"prompt": Json["S"]}, outputs={"score": Float["S"], "logp": Float["S", "T"], "ids": Int["S"]})
+def scorer(batch):
+    return {}
+
+
+SCORER = Graph("g").add(scorer)
+BATCH = Batch({"prompt": ["a", "b", "c"], "sample_id": torch.arange(3)})
+
+
+def check(**out):
+    full = {"score": torch.zeros(3), "logp": Ragged.from_rows([torch.zeros(2)] * 3),
+            "ids": torch.zeros(3, dtype=torch.int64)}
+    return checked_outputs(SCORER, BATCH, {**full, **out})
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    (torch.zeros(3, dtype=torch.int64), "output 'score' is declared float32[S] but holds int64 values"),
+    (torch.zeros(3, 5), "output 'score' is declared float32[S], so it must be a tensor of shape [S]; got shape [3, 5]"),
+    (torch.tensor(1.0), "output 'score' is declared float32[S], so it must be a tensor of shape [S]; got shape []"),
+    (torch.zeros(4), "output 'score' has 4 rows for a batch of 3"),
+    ([0.0, 0.0, 0.0], "output 'score' is declared float32[S] and must be a tensor, got list"),
+])
+def test_a_broken_contract_names_the_node_the_port_and_what_differs(value, says):
+    with pytest.raises(NodeContractError, match=r"node 'scorer' \(custom\): " + re.escape(says)):
+        check(score=value)
+
+
+def test_values_are_cast_to_the_declared_dtype_and_non_finite_rows_fail_with_their_reason():
+    out, failed = check(score=torch.tensor([1e39, 0.5, 2.0], dtype=torch.float64),  # inf once it is float32
+                        logp=Ragged.from_rows([torch.zeros(2), torch.tensor([0.0, float("nan")]), torch.zeros(1)]),
+                        ids=torch.zeros(3, dtype=torch.int32))
+    assert out["score"].dtype == torch.float32 and out["ids"].dtype == torch.int64
+    assert failed == {0: "output 'score' is inf", 1: "output 'logp' is nan"}
+
+
+def _controller(tmp_path: Path, *overrides: str):
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(RECIPE, recipe)
+    return build_controller(recipe, ["steps=3", "batch_size=2", "group_size=2", *overrides], tmp_path / "run")
+
+
+def test_nan_advantages_fail_their_samples_by_id_and_the_rest_train(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_ADVANTAGE", "nan_in_odd_samples")
+    controller = _controller(tmp_path)
+    controller.run()
+    run = Path(controller.plan.run_dir)
+    trained = sorted(s for line in (run / "trained.jsonl").read_text().splitlines()
+                     for s in json.loads(line)["sample_ids"])
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    failed = [r for r in records if r["kind"] == "failed"]
+    assert trained == list(range(0, 12, 2))
+    ids = {f["sample_id"] for f in failed}
+    assert set(range(1, 12, 2)) <= ids and all(i % 2 for i in ids)  # later groups were in flight when it ended
+    assert {f["reason"] for f in failed} == {"advantage: output 'advantage' is nan"}
+    assert controller.accounting.summary(3)["trained"] == 6
+
+
+def test_a_nan_under_fail_fast_stops_the_run_naming_node_sample_and_version(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_ADVANTAGE", "nan_in_odd_samples")
+    controller = _controller(tmp_path, "faults.policy=fail-fast")
+    with pytest.raises(RunError, match=r"node 'advantage': sample 1 failed at version 0: output 'advantage' is nan "
+                                       r"\(faults.policy=fail-fast"):
+        controller.run()
+
+
+@pytest.mark.parametrize("kind", ["int64", "two_dims", "scalar"])
+def test_a_node_that_breaks_its_contract_stops_the_run_at_once_without_restarts(tmp_path, monkeypatch, kind):
+    monkeypatch.setenv("FAKE_ADVANTAGE", kind)
+    monkeypatch.setenv("FAKE_ADVANTAGE_POOL", "1")  # its own worker, which the restart policy would restart
+    controller = _controller(tmp_path)
+    with pytest.raises(RunError, match=r"node 'advantage' \(custom\): output 'advantage' (is declared float32\[S\]|has)"):
+        controller.run()
+    assert "restart" not in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text()
