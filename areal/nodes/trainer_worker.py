@@ -87,6 +87,10 @@ class TrainerNode:
         self.version += 1
         return totals
 
+    def empty_step(self) -> None:
+        """A step whose every sample failed: no update, but the policy version advances with the run's."""
+        self.version += 1
+
     def policy_weights(self) -> dict[str, Tensor]:
         """The whole policy, on every rank (FSDP: a collective, gathered from the shards); never one with a NaN."""
         weights = self.engine.state_dict()

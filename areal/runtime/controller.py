@@ -509,14 +509,17 @@ class Controller:
             self.metrics.write({"kind": "failed", "sample_id": sid, "reason": reason, "wall_s": self._elapsed()})
 
     def _on_rejected(self, sender: str, message: dict[str, Any]) -> None:
-        """A worker refused a malformed batch: the samples of its groups that we issued will not arrive."""
+        """A worker refused a malformed batch: logged with the reason; groups of ours it named are sent again.
+
+        A refused group never reaches the trainer, which waits for every group of its batch, so failing its
+        samples would stall the run: re-issuing (as after a crash) keeps every sample's count exact.
+        """
         reason = f"refused by {sender}: {message.get('reason', '')}"
         log.warning("%s", reason)
-        groups = [int(g) for g in message.get("groups", []) if int(g) in self._issued]
-        ids = [g * self.group_size + k for g in groups for k in range(self.group_size)]
-        self._on_failed({"node": sender, "sample_ids": ids, "reasons": [reason] * len(ids)})
-        if not groups:
-            self.metrics.write({"kind": "rejected", "worker": sender, "reason": reason, "wall_s": self._elapsed()})
+        groups = sorted({int(g) for g in message.get("groups", [])} & self._issued.keys())
+        self.metrics.write({"kind": "rejected", "worker": sender, "reason": reason, "groups": groups,
+                            "wall_s": self._elapsed()})
+        self._reissue(only=set(groups))
 
     def _on_eval(self, message: dict[str, Any]) -> None:
         round_id = int(message["round"])
@@ -607,14 +610,15 @@ class Controller:
         self._spawn(self._plan_path, w.pool, w.replica)
         self._reissue()
 
-    def _reissue(self) -> None:
-        """Send again every admitted group the trainer has not gathered; it drops the copies it has."""
+    def _reissue(self, only: set[int] | None = None) -> None:
+        """Send again every admitted group (or those in `only`) the trainer has not gathered; it drops the copies
+        it has. Held-out rounds in flight are sent again too, unless `only` names training groups."""
         held = set().union(*(w.holding for w in self.workers.values()))
         for group, (batch, meta) in sorted(self._issued.items()):
-            if group not in held:
+            if group not in held and (only is None or group in only):
                 self.accounting.reissued += 1
                 self._send_source(batch, meta)
-        for batch, meta in list(self._eval_sent.values()):
+        for batch, meta in list(self._eval_sent.values()) if only is None else []:
             self._send_source(batch, meta)
 
     def _generated_tokens(self) -> int:

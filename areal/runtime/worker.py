@@ -194,14 +194,15 @@ class Worker:
                 self.outbox.send(batch, meta.to_wire(), timeout_ms=SEND_RETRY_MS)
                 return
             except FrameTooLarge as err:
-                self._fail_rows(self.nodes[-1], batch, dict.fromkeys(range(batch.size), str(err)), meta)
-                return
+                # its samples fail with the reason; the group still travels (empty), so the batch it closes
+                # closes: the trainer waits for every group of a step
+                batch = self._fail_rows(self.nodes[-1], batch, dict.fromkeys(range(batch.size), str(err)), meta.eval)
             except TimeoutError:
                 self._wait(0)  # back-pressure: keep answering the controller while downstream is full
                 if self.stopping:
                     return
 
-    def _run_chain(self, nodes: list[Node], impls: list[Any], batch: Batch, meta: GroupMeta) -> Batch:
+    def _run_chain(self, nodes: list[Node], impls: list[Any], batch: Batch, held_out: bool) -> Batch:
         for n, impl in zip(nodes, impls):
             start = time.monotonic()
             out = dict(_guard(n.name, impl, batch))
@@ -210,18 +211,18 @@ class Worker:
             out, non_finite = checked_outputs(n, batch, out)
             failed = {**non_finite, **failed}  # the node's own reason for a row wins
             batch = batch.merge(out)
-            batch = self._fail_rows(n, batch, failed, meta)
+            batch = self._fail_rows(n, batch, failed, held_out)
         self.counts["batches"] += 1
         self.counts["samples"] += batch.size
         return batch
 
-    def _fail_rows(self, n: Node, batch: Batch, failed: Mapping[int, Any], meta: GroupMeta) -> Batch:
+    def _fail_rows(self, n: Node, batch: Batch, failed: Mapping[int, Any], held_out: bool) -> Batch:
         """Report the failed rows with their sample ids and reasons; the batch goes on without them."""
         if not failed:
             return batch
         rows = sorted(failed)
         self.control.send("failed", node=n.name, sample_ids=batch["sample_id"][rows].tolist(),
-                          reasons=[str(failed[r]) for r in rows], eval=meta.eval)
+                          reasons=[str(failed[r]) for r in rows], eval=held_out)
         return batch.select([i for i in range(batch.size) if i not in failed])
 
     # -- the three loops --------------------------------------------------------------
@@ -230,7 +231,7 @@ class Worker:
         while not self.stopping:
             self._wait(int(self.config.faults.heartbeat_s * 1000))
             for batch, meta in self._drain():
-                self._send(self._run_chain(self.nodes, self.impls, batch, meta), meta)
+                self._send(self._run_chain(self.nodes, self.impls, batch, meta.eval), meta)
 
     def _stream_loop(self) -> None:
         gen, head = self.impls[0], self.nodes[0]
@@ -257,10 +258,10 @@ class Worker:
                 self.busy_s += time.monotonic() - start
                 for batch, meta in finished:
                     _, non_finite = checked_outputs(head, batch, {k: batch[k] for k in head.outputs if k in batch})
-                    batch = self._fail_rows(head, batch, non_finite, meta)
+                    batch = self._fail_rows(head, batch, non_finite, meta.eval)
                     if "output_ids" in batch:
                         self.counts["tokens"] += int(batch["output_ids"].values.numel())
-                    self._send(self._run_chain(self.nodes[1:], self.impls[1:], batch, meta), meta)
+                    self._send(self._run_chain(self.nodes[1:], self.impls[1:], batch, meta.eval), meta)
 
     def _train_loop(self) -> None:
         per_step = self.pool.gather_groups
@@ -316,12 +317,15 @@ class Worker:
             self.orders.send("train", batch)
         if batch is not None:
             start = time.monotonic()
-            batch = self._run_chain(self.nodes[:-1], self.impls[:-1], batch, {})
+            batch = self._run_chain(self.nodes[:-1], self.impls[:-1], batch, held_out=False)
             middle = time.monotonic()
+        if batch is not None and batch.size:
             stats = dict(_guard(self.nodes[-1].name, self.impls[-1], batch))
             end = time.monotonic()
             self.busy_s += end - middle
             stats |= {"prox_s": middle - start, "update_s": end - middle}
+        else:  # every sample of the step failed: the version advances, the weights stay as they are
+            _guard(self.nodes[-1].name, self.impls[-1].empty_step)
         self.version = step + 1
         path = self._publish()
         weights = _guard(self.nodes[-1].name, self.impls[-1].policy_weights) if self.broadcasting else None

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import torch
 
 from areal.config import GenerationConfig, RunConfig
-from areal.graph.batch import Batch
 from areal.engines.torch_generate import GenResult
+from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.models.tokenizer import CharTokenizer as make_tokenizer
 from areal.nodes.generate_worker import GenerateNode, generation_problem

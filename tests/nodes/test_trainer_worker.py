@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from areal.config import RunConfig
+from areal.engines.torch_train import NonFiniteUpdate
 from areal.graph.batch import Batch, Ragged
 from areal.nodes.policy import full_sequences
-from areal.engines.torch_train import NonFiniteUpdate
 from areal.nodes.trainer_worker import ProximalNode, TrainerNode
 from tests.local_model import make_checkpoint
 

@@ -20,6 +20,7 @@ STEP_WORK = int(os.environ.get("FAKE_STEP_WORK", "0"))  # matmuls per decode ste
 TRAIN_WORK = int(os.environ.get("FAKE_TRAIN_WORK", "0"))  # matmuls per optimizer step
 RAISE_ON_GROUP = int(os.environ["FAKE_RAISE_ON_GROUP"]) if "FAKE_RAISE_ON_GROUP" in os.environ else None
 ADVANTAGE_POOL = int(os.environ.get("FAKE_ADVANTAGE_POOL", "0")) or None  # its own process when set
+HUGE_PROMPT_AT = int(os.environ.get("FAKE_HUGE_PROMPT_AT", "-1"))
 HELDOUT = [{"prompt": f"h{i}"} for i in range(int(os.environ.get("FAKE_HELDOUT", "0")))] or None
 
 
@@ -41,7 +42,8 @@ class Counting:
     def __iter__(self):
         while True:
             self.i += 1
-            yield {"prompt": f"p{self.i - 1}"}
+            huge = self.i - 1 == HUGE_PROMPT_AT  # a record too large for any frame (FAKE_HUGE_PROMPT_AT)
+            yield {"prompt": "x" * 200_000 if huge else f"p{self.i - 1}"}
 
     def state(self):
         return {"i": self.i}
@@ -140,6 +142,9 @@ class FakeTrainer:
             out.write(json.dumps(record) + "\n")
         self.version += 1
         return {"loss": 0.0}
+
+    def empty_step(self):
+        self.version += 1
 
     def save_weights(self, path):
         Path(path).write_text(str(self.version))

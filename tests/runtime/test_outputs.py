@@ -90,6 +90,7 @@ def test_a_node_that_breaks_its_contract_stops_the_run_at_once_without_restarts(
     monkeypatch.setenv("FAKE_ADVANTAGE", kind)
     monkeypatch.setenv("FAKE_ADVANTAGE_POOL", "1")  # its own worker, which the restart policy would restart
     controller = _controller(tmp_path)
-    with pytest.raises(RunError, match=r"node 'advantage' \(custom\): output 'advantage' (is declared float32\[S\]|has)"):
+    says = r"node 'advantage' \(custom\): output 'advantage' (is declared float32\[S\]|has)"
+    with pytest.raises(RunError, match=says):
         controller.run()
     assert "restart" not in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text()
