@@ -60,7 +60,8 @@ class TrainerConfig(_Section):
 
 
 class GenerationConfig(_Section):
-    max_new_tokens: PositiveInt = 48
+    max_new_tokens: int = Field(48, ge=1, le=1 << 20, description="tokens a completion may have; the model's "
+                                "context must hold the prompt and these (checked when a generator starts)")
     temperature: PositiveFloat = 1.0
     top_p: float = Field(1.0, gt=0, le=1)
     max_batch: PositiveInt = Field(32, description="sequences decoded together by one generate worker")
@@ -99,6 +100,14 @@ class FaultConfig(_Section):
     heartbeat_s: PositiveFloat = Field(1.0, description="worker heartbeat interval")
     dead_after_s: PositiveFloat = Field(10.0, description="a worker silent this long is declared dead")
 
+    @model_validator(mode="after")
+    def _dead_after_outlasts_heartbeats(self) -> FaultConfig:
+        if self.dead_after_s <= 2 * self.heartbeat_s:
+            raise ValueError(f"dead_after_s={self.dead_after_s} must be more than twice heartbeat_s="
+                             f"{self.heartbeat_s}: a healthy worker is heard from only every heartbeat_s, so it "
+                             "would be declared dead")
+        return self
+
 
 class TransportConfig(_Section):
     max_frame_bytes: int = Field(1 << 28, ge=1 << 16, description="largest tensor frame of a batch (bytes)")
@@ -128,8 +137,8 @@ class RunConfig(_Section):
     model: str = Field("builtin:tiny-coder", description="builtin:NAME or a local Hugging Face checkpoint dir")
     dtype: Literal["float32", "bfloat16"] = "float32"
     seed: int = 0
-    batch_size: PositiveInt = Field(16, description="B: prompt groups per trainer step")
-    group_size: PositiveInt = Field(8, description="G: samples generated per prompt")
+    batch_size: int = Field(16, ge=1, le=1 << 16, description="B: prompt groups per trainer step")
+    group_size: int = Field(8, ge=1, le=1 << 12, description="G: samples generated per prompt")
     staleness: NonNegativeInt = Field(2, description="η: no trained sample is more than η versions behind")
     mode: Literal["async", "sync", "lagged"] = Field(
         "async", description="sync: η 0, generation waits for training; lagged: as sync, but every sample is drawn "

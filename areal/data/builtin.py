@@ -69,6 +69,11 @@ class BuiltinTaskSource:
     def __len__(self) -> int:
         return len(self.tasks)
 
+    @property
+    def epoch(self) -> int:
+        """Passes over the tasks begun so far, minus one: it grows with the first task of each new pass."""
+        return self._epoch
+
     def __iter__(self) -> Iterator[Task]:
         return self
 

@@ -58,6 +58,11 @@ class JsonlTaskSource:
     def __repr__(self) -> str:
         return f"jsonl_tasks({str(self.path)!r}, schema={self.schema!r}, seed={self.seed})"
 
+    @property
+    def epoch(self) -> int:
+        """Passes over the tasks begun so far, minus one: it grows with the first task of each new pass."""
+        return self._epoch
+
     def __iter__(self) -> Iterator[Task]:
         return self
 
@@ -113,6 +118,8 @@ class JsonlTaskSource:
             record = json.loads(raw)
         except UnicodeDecodeError:
             raise RecordError("the line is not UTF-8") from None
+        except RecursionError:
+            raise RecordError("the JSON is nested too deeply to read") from None
         except ValueError as exc:
             raise RecordError(f"bad JSON: {exc}") from None
         if schema is None:

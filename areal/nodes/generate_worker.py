@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from areal.errors import ConfigError
 from areal.graph.batch import Batch, Ragged
 from areal.graph.meta import GroupMeta
 from areal.nodes.policy import first_file, load_weights
@@ -54,6 +55,7 @@ class GenerateNode:
         self.report = context.report
         self.group_size = config.group_size  # the run's, with this node's own setting in it
         checkpoint = checkpoint_dir(config.model, seed=config.seed)
+        _check_context(checkpoint, config.generation.max_new_tokens)  # before any cache is sized by it
         self.tokenizer = load_tokenizer(checkpoint)
         self.stops = list(config.generation.stop)
         self.engine_name = config.generation.engine
@@ -148,6 +150,17 @@ class GenerateNode:
         text = self._decode(ids)
         cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=len(text))
         return text[:cut]
+
+
+def _check_context(checkpoint: Any, max_new_tokens: int) -> None:
+    """A model's context must hold a prompt and max_new_tokens; say so now rather than exhaust memory later."""
+    from transformers import AutoConfig
+
+    context = getattr(AutoConfig.from_pretrained(checkpoint, local_files_only=True), "max_position_embeddings", None)
+    if context is not None and max_new_tokens >= context:
+        raise ConfigError(f"generation.max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
+                          f"context of {context} tokens (max_position_embeddings of {checkpoint}); "
+                          f"set it below {context}")
 
 
 def generation_problem(finish_reason: str, completion: str) -> str | None:

@@ -85,6 +85,8 @@ class TrainerNode:
             for k, v in stats.items():
                 totals[k] = totals.get(k, 0.0) + v / len(parts)
         self.version += 1
+        # all zero (one sample per group, say): the step moved nothing, and the controller says so once
+        totals["zero_advantage"] = float((batch["advantage"] == 0).float().mean())
         return totals
 
     def empty_step(self) -> None:

@@ -51,6 +51,12 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
     if unknown:
         raise ConfigError(f"gpus: no pool named {', '.join(map(repr, unknown))}; "
                           f"the pools are {', '.join(p.name for p in pools[1:])}")
+    placed = {n for p in pools if p.role not in ("source", "train") for n in p.nodes[:1]}
+    unplaced = sorted(set(config.placement) - placed)
+    if unplaced:
+        raise ConfigError(f"placement: {', '.join(map(repr, unplaced))} starts no pool of its own, so its "
+                          f"replicas cannot be set; placement takes: {', '.join(sorted(placed))} "
+                          "(a trainer's are trainer.ranks)")
     route = tuple(
         (p.name, q.name)
         for p in pools
@@ -98,6 +104,13 @@ def _pipeline_order(graph: Graph) -> list[Node]:
     for n in kept:
         out += moved.get(n.name, [])
         out.append(n)
+    trainer_at = next((i for i, n in enumerate(out) if n.kind == "ppo-update"), len(out))
+    after = out[trainer_at + 1:]
+    if after:
+        raise GraphError([
+            f"{n.describe()}: would run after the trainer '{out[trainer_at].name}', and in this runtime nothing runs "
+            f"after an update (it ends each step); declare it before '{out[trainer_at].name}'" for n in after
+        ])
     return out
 
 

@@ -8,16 +8,12 @@ final checkpoint when the run is healthy, and kills whatever is left by pid.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import shutil
 import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +26,7 @@ from areal.graph.graph import Graph
 from areal.graph.meta import GroupMeta
 from areal.runtime.accounting import Accounting
 from areal.runtime.channels import BatchSender, is_dynamic, private_folder
+from areal.runtime.checkpoint import final_dir, prune, seal, staging_dir
 from areal.runtime.codec import FrameTooLarge, encode
 from areal.runtime.control import ControlServer, Pulse
 from areal.runtime.metrics import MetricsWriter
@@ -108,18 +105,20 @@ class Controller:
             self.accounting.failed = {int(k): v for k, v in saved.get("failed", {}).items()}
             self.accounting.noted = {int(k): v for k, v in saved.get("noted", {}).items()}
         self.source_snapshots: dict[int, dict[str, Any]] = {}
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl")
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl",
+                                     keep_lines=int(saved.get("metrics_lines", 0)) if saved else None)
+        self._trained_before = len(self.accounting.trained)  # a resumed run's rates count only its own work
         self.workers: dict[str, WorkerProcess] = {}
         self._task_iter: Iterator[dict[str, Any]] | None = None
         self._eval_round = int(saved.get("eval_round", 0)) if saved else 0
         self._eval_pending: dict[int, dict[str, Any]] = {}
         self._stopping = False
-        self._checkpoints: list[str] = []
         self.bad_tasks: list[str] = []
         self.skipped_tasks = 0
         self._issued: dict[int, tuple[Batch, GroupMeta]] = {}  # admitted, not yet trained: for re-issue
         self._eval_sent: dict[int, tuple[Batch, GroupMeta]] = {}
         self.oversized_tasks = 0  # task records too large to ever send, skipped
+        self._warned_zero_advantage = False
         self._restarts: dict[str, list[float]] = {}
         self._plan_path = self.run_dir / "plan.json"
         self._latest_path: str | None = None  # newest published weights file
@@ -166,6 +165,7 @@ class Controller:
             self.source_out.close()
             self.control.close()
             self.metrics.close()
+            _remove_socket_files(self.plan)
         if error is not None:
             raise error
         return self.state
@@ -183,7 +183,11 @@ class Controller:
         log_path = self.run_dir / "logs" / f"{pool}-{replica}.log"
         version = self._sampled_version() if self._receives_weights(pool) else self.state.version
         spec = worker_spec(self.plan, plan_path, pool, replica, version, self.resume_dir, log_path)
-        process = launcher_for(self.config.cluster).start(spec)
+        try:
+            process = launcher_for(self.config.cluster).start(spec)
+        except OSError as err:  # its log cannot be opened: a run directory made read-only, a full disk
+            raise RunError(f"cannot start {worker_id}: {err.strerror} ({err.filename or log_path}); a run needs "
+                           f"its directory {self.run_dir} writable to the end") from None
         self.workers[worker_id] = WorkerProcess(worker_id, pool, replica, process, log_path)
 
     def _await_ready(self) -> None:
@@ -216,7 +220,10 @@ class Controller:
         self._stopping = True
         self.state.status = "stopping"
         self.on_event(self)
-        checkpoint = self._checkpoint_dir(self.state.version) if healthy and self.state.version > 0 else None
+        # the exit checkpoint, unless this version has one already (a finished checkpoint is never rewritten)
+        checkpoint = None
+        if healthy and self.state.version > 0 and not final_dir(self.run_dir, self.state.version).exists():
+            checkpoint = staging_dir(self.run_dir, self.state.version)
         trainer_pool = next((p.name for p in self.plan.pools if p.role == "train"), None)
         for w in self.workers.values():
             fields = {"checkpoint": str(checkpoint)} if checkpoint and w.pool == trainer_pool else {}
@@ -424,7 +431,7 @@ class Controller:
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "solved": sum(1 for r in rewards if r >= 1.0 - 1e-9) / len(rewards) if rewards else None,
             "samples": len(rewards), "trained_samples": len(self.accounting.trained),
-            "samples_per_s": len(self.accounting.trained) / elapsed,
+            "samples_per_s": (len(self.accounting.trained) - self._trained_before) / elapsed,
             "generated_tokens_per_s": self._generated_tokens() / elapsed,
             "trained_tokens_per_s": self.state.trained_tokens / elapsed,
             "staleness": {str(k): v for k, v in sorted(hist.items())},
@@ -434,6 +441,12 @@ class Controller:
         }
         self.state.last_step = record
         self.metrics.write(record)
+        if record.get("zero_advantage") == 1.0 and not self._warned_zero_advantage:
+            self._warned_zero_advantage = True
+            warning = (f"every advantage of step {version} is 0: the update cannot move the policy (group_size="
+                       f"{self.group_size} with a group-normalised advantage, or every group's rewards equal?)")
+            log.warning("%s", warning)
+            self.metrics.write({"kind": "warning", "version": version, "warning": warning, "wall_s": elapsed})
         if message.get("path") or message.get("broadcast"):
             self._latest_path = message.get("path")
             self._update_generators(broadcast=bool(message.get("broadcast")))
@@ -536,11 +549,10 @@ class Controller:
             self._eval_done(round_id)
 
     def _on_checkpoint(self, message: dict[str, Any]) -> None:
+        """The trainer wrote its part into a staging folder: add ours, seal it (checkpoint.py), prune old ones."""
         version = int(message["version"])
-        folder = Path(message["path"])
         closed = version * self.config.batch_size * self.group_size
         state = {
-            "version": version,
             "source": self.source_snapshots.get(version, self._source_state()),
             "accounting": self.accounting.summary(version),
             "trained_ids": sorted(s for s in self.accounting.trained),
@@ -549,21 +561,9 @@ class Controller:
             "metrics_lines": self.metrics.lines,
             "eval_round": self._eval_round,
         }
-        tmp = folder / "controller.json.tmp"
-        folder.mkdir(parents=True, exist_ok=True)
         policy = Path(self.plan.weights_dir) / f"v{version:06d}.safetensors"
-        if policy.exists():  # the published weights of this version, for generators after a resume
-            shutil.copyfile(policy, folder / "policy.safetensors")
-        tmp.write_text(json.dumps(state) + "\n")
-        os.replace(tmp, folder / "controller.json")  # the checkpoint counts only once this file exists
-        if str(folder) not in self._checkpoints:  # the exit checkpoint may rewrite the last interval one
-            self._checkpoints.append(str(folder))
-        for old in self._checkpoints[: -self.config.checkpoint.keep]:
-            _remove_tree(Path(old))
-        self._checkpoints = self._checkpoints[-self.config.checkpoint.keep:]
-
-    def _checkpoint_dir(self, version: int) -> Path:
-        return self.run_dir / "checkpoints" / f"step-{version:06d}"
+        if seal(Path(message["path"]), version, state, policy) is not None:
+            prune(self.run_dir, self.config.checkpoint.keep)
 
     def _check_processes(self) -> None:
         now = time.monotonic()
@@ -638,6 +638,13 @@ def _kill_group(process: WorkerHandle) -> None:
     process.kill()
 
 
+def _remove_socket_files(plan: Plan) -> None:
+    """Every ipc socket file of the run: a worker killed by a signal never removes the one it bound."""
+    for endpoint in (plan.control_endpoint, *(e for p in plan.pools for e in p.endpoints)):
+        if endpoint.startswith("ipc://"):
+            Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
+
+
 def _tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join("    " + line for line in path.read_text(errors="replace").splitlines()[-lines:])
@@ -645,18 +652,29 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "    (no log)"
 
 
-def _remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _first_tasks(source: Any, n: int) -> list[dict[str, Any]]:
-    """Up to n tasks of a held-out source, each once: sources replay epochs, so stop at a repeated task_id."""
+    """Up to n tasks of a held-out source, one pass at most: sources replay epochs, so stop where the next begins.
+
+    A source without an `epoch` counter is read until a task_id repeats. Held-out tasks that share a task_id
+    are all kept (each is scored), with a warning naming the id: they are probably a mistake in the file.
+    """
     tasks: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for task in islice(iter(source), n):
+    repeated: list[str] = []
+    iterator = iter(source)
+    first_epoch = getattr(source, "epoch", None)
+    while len(tasks) < n:
+        task = next(iterator, None)
+        if task is None or (first_epoch is not None and source.epoch != first_epoch):
+            break
         key = str(task.get("task_id", len(tasks)))
         if key in seen:
-            break
+            if first_epoch is None:
+                break
+            repeated.append(key)
         seen.add(key)
         tasks.append(task)
+    if repeated:
+        log.warning("held-out tasks repeat task_id %s (%s): each is scored, but the ids no longer name one task",
+                    ", ".join(map(repr, repeated[:5])), source)
     return tasks

@@ -14,15 +14,7 @@ from safetensors.torch import load_file
 
 from areal.config import validate_config
 from areal.errors import ConfigError
-
-
-def complete_checkpoints(run_dir: Path) -> dict[int, Path]:
-    """Step -> folder, for checkpoints whose controller.json exists (written last, so complete)."""
-    found = {}
-    for folder in (run_dir / "checkpoints").glob("step-*"):
-        if (folder / "controller.json").exists():
-            found[int(folder.name.split("-")[1])] = folder
-    return found
+from areal.runtime.checkpoint import find_checkpoints
 
 
 def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path) -> Path:
@@ -31,13 +23,19 @@ def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path) -> Path:
     config_path = run_dir / "config.json"
     if not config_path.is_file():
         raise ConfigError(f"{run_dir}: no config.json there; is it a run directory?")
-    config = validate_config(json.loads(config_path.read_text()))
-    checkpoints = complete_checkpoints(run_dir)
+    try:
+        config = validate_config(json.loads(config_path.read_text()))
+    except ValueError as err:
+        raise ConfigError(f"{config_path} is damaged ({err}); it records the run's model") from None
+    found = find_checkpoints(run_dir)
+    checkpoints = found.intact
+    passed_over = "".join(f"\n  skipped {line}" for line in found.skipped)
     if not checkpoints:
-        raise ConfigError(f"{run_dir}: no complete checkpoint to export")
+        raise ConfigError(f"{run_dir}: no complete checkpoint to export{passed_over}")
     step = max(checkpoints) if step is None else step
     if step not in checkpoints:
-        raise ConfigError(f"{run_dir}: no checkpoint at step {step} (complete ones: {sorted(checkpoints)})")
+        raise ConfigError(f"{run_dir}: no intact checkpoint at step {step} (intact ones: {sorted(checkpoints)})"
+                          f"{passed_over}")
     weights = checkpoints[step] / "policy.safetensors"
     if not weights.is_file():
         raise ConfigError(f"{checkpoints[step]}: has no policy.safetensors (a run without a model node?)")

@@ -7,7 +7,6 @@ recorded in its plan.json.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -17,34 +16,38 @@ from rich.console import Console
 from rich.live import Live
 
 from areal.engines import require_engines
-from areal.errors import ArealError, RecipeError, RunError
+from areal.errors import ArealError, RunError
 from areal.graph.node import Node
 from areal.graph.recipe import Recipe, load_recipe
 from areal.runtime.compile import compile_plan
 from areal.runtime.controller import Controller
 from areal.runtime.progress import live_table, summary_table
+from areal.runtime.resume import ResumePoint, refuse_changes, resume_point
 
 log = logging.getLogger("areal")
 
 
-def run_recipe(recipe_path: Path | str, *, overrides: list[str] | None = None, run_dir: Path | None = None,
+def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = None, run_dir: Path | None = None,
                resume: Path | None = None, live: bool = True, console: Console | None = None) -> int:
+    """`recipe_path` None with `resume`: the recipe the run recorded."""
     console = console or Console(stderr=True)
     overrides = list(overrides or [])
-    checkpoint = None
+    point = None
     if resume is not None:
-        recipe_path, saved, checkpoint = _resume_point(resume)
-        overrides = saved + overrides
-        run_dir = resume
-    if checkpoint is not None:
-        console.print(f"resuming {run_dir} from {checkpoint.name}")
+        point = resume_point(resume, recipe_path)
+        for line in point.skipped:
+            console.print(f"[yellow]skipped checkpoint[/] {line}", highlight=False, soft_wrap=True)
+        recipe_path, overrides, run_dir = point.recipe, point.overrides + overrides, resume
+        console.print(f"resuming {run_dir} from {point.checkpoint.name if point.checkpoint else 'the start'}",
+                      soft_wrap=True)
     view: Live | None = None
 
     def refresh(controller: Controller) -> None:
         if view is not None:
             view.update(live_table(controller))
 
-    controller = build_controller(recipe_path, overrides, run_dir, checkpoint, console, _throttled(refresh))
+    assert recipe_path is not None
+    controller = build_controller(recipe_path, overrides, run_dir, point, console, _throttled(refresh))
     code = 0
     try:
         if live:
@@ -63,13 +66,15 @@ def run_recipe(recipe_path: Path | str, *, overrides: list[str] | None = None, r
 
 
 def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Path | None,
-                     checkpoint: Path | None = None, console: Console | None = None,
+                     resume: ResumePoint | None = None, console: Console | None = None,
                      on_event: Any = None) -> Controller:
     """Load, compile and wire a run without starting it (tests drive the controller directly)."""
     recipe = load_recipe(recipe_path, overrides)
+    if resume is not None:
+        refuse_changes(resume.run_dir, recipe.config)
     _check_engines(recipe)
     _preflight(recipe)
-    saved = json.loads((checkpoint / "controller.json").read_text()) if checkpoint is not None else None
+    checkpoint, saved = (resume.checkpoint, resume.saved) if resume is not None else (None, None)
     folder = Path(run_dir or recipe.config.run_dir or _default_run_dir(recipe))
     folder.mkdir(parents=True, exist_ok=True)
     _log_to(folder / "logs" / "controller.log")
@@ -83,15 +88,6 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
 
 def _default_run_dir(recipe: Recipe) -> Path:
     return Path("runs") / f"{recipe.graph.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _resume_point(run_dir: Path) -> tuple[str, list[str], Path | None]:
-    plan_path = run_dir / "plan.json"
-    if not plan_path.exists():
-        raise RecipeError(f"--resume {run_dir}: no plan.json there; is it a run directory?")
-    plan = json.loads(plan_path.read_text())
-    complete = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if (p / "controller.json").exists())
-    return plan["recipe"], list(plan["overrides"]), complete[-1] if complete else None
 
 
 def _check_engines(recipe: Recipe) -> None:

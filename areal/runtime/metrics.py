@@ -12,9 +12,15 @@ from typing import Any
 
 
 class MetricsWriter:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, keep_lines: int | None = None) -> None:
+        """`keep_lines`: on resume, the lines the checkpoint had seen; later ones describe rolled-back work and go."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        if keep_lines is not None and path.exists():
+            kept = path.read_text().splitlines(keepends=True)[:keep_lines]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(kept))
+            tmp.replace(path)
         self.lines = sum(1 for _ in path.open()) if path.exists() else 0
         self._file = path.open("a")
         self._board = _tensorboard(path.parent / "tensorboard")

@@ -34,6 +34,7 @@ from areal.graph.meta import GroupMeta
 from areal.graph.node import FAILED, Node
 from areal.graph.recipe import load_recipe
 from areal.runtime.channels import BatchReceiver, BatchSender, bind_address, is_dynamic
+from areal.runtime.checkpoint import staging_dir
 from areal.runtime.codec import FrameTooLarge
 from areal.runtime.context import WorkerContext
 from areal.runtime.control import ControlClient, Pulse
@@ -342,7 +343,7 @@ class Worker:
             self.weights_group.send(weights)  # the controller tells the generators to take their part
         every = self.config.checkpoint.interval_steps
         if every and self.version % every == 0:
-            self._checkpoint(Path(self.plan.run_dir) / "checkpoints" / f"step-{self.version:06d}")
+            self._checkpoint(staging_dir(self.plan.run_dir, self.version))
 
     def _publish(self) -> str | None:
         trainer = self.impls[-1]

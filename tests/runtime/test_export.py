@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -10,6 +8,7 @@ from transformers import AutoModelForCausalLM
 from areal.config import RunConfig
 from areal.errors import ConfigError
 from areal.models.loading import load_policy
+from areal.runtime.checkpoint import seal, staging_dir
 from areal.runtime.export import export_checkpoint
 from tests.local_model import make_checkpoint
 
@@ -17,15 +16,15 @@ from tests.local_model import make_checkpoint
 def test_exported_checkpoint_loads_with_transformers_and_gives_the_same_logits(tmp_path):
     base = make_checkpoint(tmp_path / "base")
     run = tmp_path / "run"
-    step = run / "checkpoints" / "step-000003"
-    step.mkdir(parents=True)
+    staged = staging_dir(run, 3)
+    staged.mkdir(parents=True)
     (run / "config.json").write_text(RunConfig(model=str(base)).model_dump_json())
     trained, _ = load_policy(str(base))
     with torch.no_grad():
         for p in trained.parameters():
             p.add_(0.01 * torch.randn_like(p))  # stands for the trained policy
-    save_file({k: v.contiguous().clone() for k, v in trained.state_dict().items()}, str(step / "policy.safetensors"))
-    (step / "controller.json").write_text(json.dumps({"version": 3}))
+    save_file({k: v.contiguous().clone() for k, v in trained.state_dict().items()}, str(staged / "policy.safetensors"))
+    seal(staged, 3, {}, policy=None)
     out = export_checkpoint(run, None, tmp_path / "out")
     loaded = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
     ids = torch.randint(4, 90, (2, 12))
@@ -36,11 +35,30 @@ def test_exported_checkpoint_loads_with_transformers_and_gives_the_same_logits(t
     assert (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists()
 
 
-def test_export_of_a_missing_step_lists_the_complete_ones(tmp_path):
+def _checkpoint(run, step: int) -> None:
+    staged = staging_dir(run, step)
+    staged.mkdir(parents=True)
+    (staged / "policy.safetensors").write_bytes(b"x" * 100)
+    seal(staged, step, {}, policy=None)
+
+
+def test_export_of_a_missing_step_lists_the_intact_ones_and_names_a_cut_short_file(tmp_path):
     run = tmp_path / "run"
-    (run / "checkpoints" / "step-000002").mkdir(parents=True)
-    (run / "checkpoints" / "step-000002" / "controller.json").write_text("{}")
-    (run / "checkpoints" / "step-000004").mkdir()  # no controller.json: incomplete
+    (run / "config.json").parent.mkdir(parents=True)
     (run / "config.json").write_text(RunConfig().model_dump_json())
-    with pytest.raises(ConfigError, match=r"no checkpoint at step 4 \(complete ones: \[2\]\)"):
+    _checkpoint(run, 2)
+    _checkpoint(run, 4)
+    (run / "checkpoints" / "step-000004" / "policy.safetensors").write_bytes(b"x" * 10)  # a write cut short
+    with pytest.raises(ConfigError) as caught:
         export_checkpoint(run, 4, tmp_path / "out")
+    assert str(caught.value) == (
+        f"{run}: no intact checkpoint at step 4 (intact ones: [2])\n  skipped {run}/checkpoints/step-000004: "
+        "policy.safetensors is 10 B, the manifest says 100 B (a write was cut short)")
+
+
+def test_export_of_a_run_with_a_damaged_config_says_so(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"model": ')
+    with pytest.raises(ConfigError, match=r"config.json is damaged \(Expecting value"):
+        export_checkpoint(run, None, tmp_path / "out")

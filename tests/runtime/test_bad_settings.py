@@ -1,0 +1,131 @@
+"""Settings and inputs that used to misbehave quietly now stop with a message naming the setting or the file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from areal.config import RunConfig, apply_overrides
+from areal.data.jsonl import jsonl_tasks
+from areal.errors import ConfigError, RunError
+from areal.runtime.controller import _first_tasks
+from areal.runtime.launch import build_controller
+from tests.local_model import make_checkpoint
+
+RECIPE = Path(__file__).with_name("fake_rl.py")
+TINY_RL = Path(__file__).with_name("tiny_rl.py")
+
+
+def _controller(tmp_path: Path, recipe: Path, *overrides: str):
+    copy = tmp_path / recipe.name
+    shutil.copy(recipe, copy)
+    return build_controller(copy, list(overrides), tmp_path / "run")
+
+
+@pytest.mark.parametrize(("override", "says"), [
+    ("faults.heartbeat_s=20", "dead_after_s=10.0 must be more than twice heartbeat_s=20.0"),
+    ("batch_size=100000000", "batch_size: input should be less than or equal to 65536"),
+    ("generation.max_new_tokens=100000000", "generation.max_new_tokens: input should be less than or equal to"),
+])
+def test_settings_that_cannot_work_are_refused_naming_them(override, says):
+    with pytest.raises(ConfigError, match=says):
+        apply_overrides(RunConfig(), [override])
+
+
+def test_placement_of_a_node_that_has_no_pool_of_its_own_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"placement: 'actor', 'rolout' starts no pool of its own.*placement takes: "
+                                          r"rollout \(a trainer's are trainer.ranks\)"):
+        _controller(tmp_path, RECIPE, 'placement={"rolout": 2, "actor": 2}')
+
+
+def test_max_new_tokens_beyond_the_models_context_stops_the_run_at_once_naming_the_setting(tmp_path):
+    model = make_checkpoint(tmp_path / "ckpt")  # max_position_embeddings=256
+    controller = _controller(tmp_path, TINY_RL, f"model={model}", "generation.max_new_tokens=5000")
+    with pytest.raises(RunError, match=r"generation.max_new_tokens=5000 leaves no room for a prompt in the model's "
+                                       r"context of 256 tokens (?s:.*)while setting up"):
+        controller.run()
+
+
+def test_one_sample_per_group_warns_once_that_the_update_moves_nothing(tmp_path, caplog):
+    model = make_checkpoint(tmp_path / "ckpt")
+    controller = _controller(tmp_path, TINY_RL, f"model={model}", "group_size=1", "steps=2")
+    with caplog.at_level(logging.WARNING, "areal.controller"):
+        controller.run()
+    warnings = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+                if '"warning"' in line]
+    assert len(warnings) == 1 and "every advantage of step 1 is 0" in warnings[0]["warning"]
+    assert "group_size=1" in warnings[0]["warning"]
+
+
+def test_held_out_tasks_are_one_pass_of_the_file_and_repeated_ids_are_kept_and_named(tmp_path, caplog):
+    path = tmp_path / "heldout.jsonl"
+    tasks = [{"task_id": tid, "problem": f"{i} + 1", "answer": str(i + 1)} for i, tid in enumerate("abcab")]
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    source = jsonl_tasks(path, schema="math", seed=0)
+    with caplog.at_level(logging.WARNING, "areal.controller"):
+        first = _first_tasks(source, 100)
+    assert sorted(t["answer"] for t in first) == ["1", "2", "3", "4", "5"]  # all five, and no sixth from pass two
+    assert "held-out tasks repeat task_id 'a', 'b'" in caplog.text
+
+
+def test_a_record_nested_too_deeply_is_skipped_and_named_by_line(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"problem": "1 + 1", "answer": "2"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    source = jsonl_tasks(path, schema="math", seed=0)
+    assert next(iter(source))["answer"] == "2"
+    assert source.problems == [f"{path}:2: the JSON is nested too deeply to read"]
+
+
+def test_a_read_only_run_directory_stops_a_restart_with_the_path_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_STEP_WORK", "30")
+    controller = _controller(tmp_path, RECIPE, "steps=50", "batch_size=1", "group_size=1")
+    logs = Path(controller.plan.run_dir) / "logs"
+    done: list[bool] = []
+
+    def on_event(c) -> None:
+        worker = c.workers.get("rollout[0]")
+        if not done and c.state.version >= 1 and worker is not None and worker.process.poll() is None:
+            done.append(True)
+            logs.chmod(0o555)  # what a full disk or a remount does to a restart
+            worker.process.kill()
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes into a read-only folder anyway")
+    controller.on_event = on_event
+    try:
+        with pytest.raises(RunError, match=r"cannot start rollout\[0\]: Permission denied .*rollout-0\.log.*writable"):
+            controller.run()
+    finally:
+        logs.chmod(0o755)
+
+
+def test_a_run_in_a_directory_too_deep_for_socket_paths_runs_and_leaves_no_socket_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_ADVANTAGE_POOL", "1")
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(RECIPE, recipe)
+    controller = build_controller(recipe, ["steps=2", "batch_size=1", "group_size=1"], deep / "run")
+    assert len(controller.plan.control_endpoint) <= 107 + len("ipc://")
+    state = controller.run()
+    assert state.version == 2
+    sockets = [Path(e.removeprefix("ipc://")) for p in controller.plan.pools for e in p.endpoints]
+    assert sockets and not any(s.exists() for s in sockets)
+    assert not Path(controller.plan.control_endpoint.removeprefix("ipc://")).exists()
+    assert os.listdir(deep / "run" / "sockets") == []
+
+
+def test_a_node_that_would_run_after_the_update_is_refused_at_its_line(tmp_path):
+    recipe = tmp_path / "fake_rl.py"
+    text = RECIPE.read_text() + (
+        "\n\n@node(inputs={'advantage': Float['S']}, outputs={'watched': Float['S']})\n"
+        "def watch(batch):\n    return {'watched': batch['advantage']}\n\n\ng.add(watch)\n")
+    recipe.write_text(text)
+    line = len(text.splitlines())
+    with pytest.raises(Exception, match=rf"fake_rl\.py:{line}: node 'watch' \(custom\): would run after the trainer "
+                                        r"'actor'"):
+        build_controller(recipe, [], tmp_path / "run")

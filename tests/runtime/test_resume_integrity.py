@@ -1,0 +1,75 @@
+"""--resume after damage: checkpoints are whole or skipped by name; settings that shape ids are kept; the
+metrics are not repeated; old checkpoints are pruned; a damaged run directory is named, not a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from areal.errors import ConfigError, RecipeError
+from areal.runtime.launch import run_recipe
+
+RECIPE = Path(__file__).with_name("fake_rl.py")
+B, G = 2, 3  # fake_rl's config
+
+
+def _run(tmp_path: Path, *overrides: str) -> tuple[Path, Path]:
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(RECIPE, recipe)
+    run = tmp_path / "run"
+    assert run_recipe(recipe, overrides=["checkpoint.interval_steps=2", *overrides], run_dir=run, live=False) == 0
+    return recipe, run
+
+
+def _records(run: Path, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+def test_a_checkpoint_cut_short_is_skipped_by_name_and_the_older_one_resumes_exactly_once(tmp_path, capsys):
+    recipe, run = _run(tmp_path, "steps=4", "checkpoint.keep=3")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000002", "step-000004"]  # no partials
+    policy = run / "checkpoints" / "step-000004" / "policy.safetensors"
+    policy.write_bytes(policy.read_bytes()[:-1])  # a kill -9 in the middle of a write, as it would have looked
+    before = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()]
+    assert run_recipe(recipe, overrides=["steps=6"], resume=run, live=False) == 0
+    said = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert "skipped checkpoint" in said and "step-000004: policy.safetensors is" in said
+    assert "resuming" in said and "from step-000002" in said
+    after = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()][len(before):]
+    kept = [r for r in before if r["version"] < 2]
+    ids = [s for r in kept + after for s in r["sample_ids"]]
+    assert [r["version"] for r in kept + after] == list(range(6))
+    assert sorted(ids) == list(range(6 * B * G))
+
+
+def test_resume_refuses_a_change_to_what_shapes_sample_ids_naming_each(tmp_path):
+    recipe, run = _run(tmp_path, "steps=2")
+    with pytest.raises(ConfigError, match=r"batch_size 2 -> 4; group_size 3 -> 2: these shape sample ids"):
+        run_recipe(recipe, overrides=["steps=4", "batch_size=4", "group_size=2"], resume=run, live=False)
+    assert run_recipe(recipe, overrides=["steps=3", "staleness=0"], resume=run, live=False) == 0  # these may change
+
+
+def test_resume_refuses_another_recipe_and_names_a_damaged_plan(tmp_path):
+    recipe, run = _run(tmp_path, "steps=2")
+    other = tmp_path / "other.py"
+    shutil.copy(RECIPE, other)
+    with pytest.raises(RecipeError, match=r"that run was made by .*fake_rl\.py, not .*other\.py"):
+        run_recipe(other, overrides=[], resume=run, live=False)
+    (run / "plan.json").write_text("")
+    with pytest.raises(RecipeError, match=r"plan\.json is damaged \(JSONDecodeError"):
+        run_recipe(recipe, overrides=[], resume=run, live=False)
+
+
+def test_resumed_metrics_do_not_repeat_steps_rates_count_only_new_work_and_keep_prunes_old(tmp_path):
+    recipe, run = _run(tmp_path, "steps=4", "checkpoint.keep=3")
+    shutil.rmtree(run / "checkpoints" / "step-000004")  # as if killed after step 4 trained, before its checkpoint
+    assert run_recipe(recipe, overrides=["steps=6", "checkpoint.keep=1"], resume=run, live=False) == 0
+    steps = _records(run, "step")
+    assert [s["version"] for s in steps] == list(range(1, 7))  # versions 3 and 4 once each, not twice
+    resumed = [s for s in steps if s["version"] > 2]
+    first = resumed[0]
+    assert first["samples_per_s"] * first["wall_s"] == pytest.approx(B * G)  # one step's worth, not three
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000006"]
