@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import builtins
 import ctypes
+import functools
 import json
 import os
 import resource
@@ -73,6 +74,10 @@ def run_job(job: dict, channel: int, close_in_child: tuple[int, ...], scratch: t
     """
     _set_dumpable(False)  # before any child exists: see the module docstring
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    whole_namespace = os.getpid() == 1
+    # opened before the filter, which allows unix sockets only; the plain path's would be the host's
+    sockets = job_meter.UnixSockets() if whole_namespace else None
+    close_in_child = (*close_in_child, *([sockets.fileno()] if sockets else []))
     if job["seccomp"]:
         # once, here: every test's processes inherit it, and this process needs none of what it denies
         seccomp_filter.install()
@@ -89,8 +94,9 @@ def run_job(job: dict, channel: int, close_in_child: tuple[int, ...], scratch: t
     except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
         emit({"event": "syntax_error", "detail": _exception_line(exc)})
         return
+    meter = functools.partial(job_meter.JobMeter, whole_namespace=whole_namespace, scratch=scratch, sockets=sockets)
     for i, test_input in enumerate(job["inputs"]):
-        record = _run_test(code, test_input, job, close_in_child, scratch)
+        record = _run_test(code, test_input, job, close_in_child, meter)
         record["i"] = i
         emit(record)
 
@@ -106,7 +112,8 @@ def _exception_line(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
 
 
-def _run_test(code, test_input, job: dict, close_in_child: tuple[int, ...], scratch: tuple[str, ...]) -> dict:
+def _run_test(code, test_input, job: dict, close_in_child: tuple[int, ...], meter_of) -> dict:
+    """One test in a forked child; `meter_of(pid)` measures the processes it starts."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     res_r, res_w = os.pipe()
@@ -122,7 +129,7 @@ def _run_test(code, test_input, job: dict, close_in_child: tuple[int, ...], scra
             os._exit(EXIT_CRASH)
     for fd in (out_w, err_w, res_w, stdin_r):
         os.close(fd)
-    meter = job_meter.JobMeter(pid, whole_namespace=os.getpid() == 1, scratch=scratch)
+    meter = meter_of(pid)
     stdin = str(test_input).encode() if job["kind"] == "stdio" else b""
     return _watch(meter, started, (stdin_w, stdin), out_r, err_r, res_r, job)
 

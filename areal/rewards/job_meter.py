@@ -3,9 +3,10 @@
 The runner asks this every few tens of milliseconds while a test runs, so that a limit holds
 for the test as a whole, not per process: CPU seconds summed over every process (a hundred
 busy children spend the budget a hundred times faster), memory summed over every process plus
-the files on the job's tmpfs, and the time the test's first process waited for a CPU, which the
-wall clock should not charge to it (a neighbour's load must not turn a correct program into a
-timeout). It only measures; the harness decides and kills.
+the files on the job's tmpfs and the data queued on its unix sockets (kernel memory no process
+maps), and the time the test's first process waited for a CPU, which the wall clock should not
+charge to it (a neighbour's load must not turn a correct program into a timeout). It only
+measures; the harness decides and kills.
 
 "The test's processes" are every process of the job's PID namespace but the runner when the
 runner is its PID 1, else (the plain path, no namespace) the other processes in the runner's
@@ -15,16 +16,75 @@ session, which the seccomp filter keeps them in. Stdlib only: it runs inside the
 from __future__ import annotations
 
 import os
+import socket
+import struct
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 KIB = 1024
+NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLMSG_ERROR, NLMSG_DONE = 4, 20, 2, 3
+NLM_F_REQUEST_DUMP = 0x301
+UDIAG_SHOW_MEMINFO, UNIX_DIAG_MEMINFO = 0x20, 5
+NLMSG = struct.Struct("=IHHII")  # length, type, flags, seq, pid
+UNIX_DIAG_REQ = struct.Struct("=BBHIIIII")  # family, protocol, pad, states, ino, show, cookie[2]
+UNIX_DIAG_MSG_BYTES = 16
+RTATTR = struct.Struct("=HH")  # length, type
+MEMINFO = struct.Struct("=9I")  # SK_MEMINFO_*: rmem_alloc, rcvbuf, wmem_alloc, ...
+
+
+class UnixSockets:
+    """The unix sockets of this network namespace, through sock_diag: bytes their queues hold.
+
+    Data written to a unix socket and not yet read is kernel memory charged to no process; a
+    program could park hundreds of MB there. The netlink socket is opened before the seccomp
+    filter (which allows unix sockets only), once per job.
+    """
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def queued_bytes(self) -> int:
+        """Memory allocated for queued data, both directions, over every unix socket of the namespace."""
+        request = UNIX_DIAG_REQ.pack(socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, UDIAG_SHOW_MEMINFO, 0xFFFFFFFF, 0xFFFFFFFF)
+        self.sock.send(NLMSG.pack(NLMSG.size + len(request), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST_DUMP, 1, 0) + request)
+        total = 0
+        while True:
+            data = self.sock.recv(1 << 16)
+            at = 0
+            while at + NLMSG.size <= len(data):
+                length, kind = NLMSG.unpack_from(data, at)[:2]
+                if kind in (NLMSG_DONE, NLMSG_ERROR) or length < NLMSG.size:
+                    return total
+                total += _meminfo(data, at + NLMSG.size + UNIX_DIAG_MSG_BYTES, at + length)
+                at += (length + 3) & ~3
+            if not data:
+                return total
+
+
+def _meminfo(data: bytes, at: int, end: int) -> int:
+    """rmem_alloc + wmem_alloc from the UNIX_DIAG_MEMINFO attribute among those in data[at:end]."""
+    while at + RTATTR.size <= end:
+        length, kind = RTATTR.unpack_from(data, at)
+        if length < RTATTR.size:
+            return 0
+        if kind == UNIX_DIAG_MEMINFO and length >= RTATTR.size + MEMINFO.size:
+            values = MEMINFO.unpack_from(data, at + RTATTR.size)
+            return values[0] + values[2]
+        at += (length + 3) & ~3
+    return 0
 
 
 class JobMeter:
-    """Samples of one test, whose first process is `pid`; `scratch` are the job's tmpfs mounts."""
+    """Samples of one test, whose first process is `pid`; `scratch` are the job's tmpfs mounts, and
+    `sockets` its network namespace's unix sockets (None on the plain path: they would be the host's)."""
 
-    def __init__(self, pid: int, whole_namespace: bool, scratch: tuple[str, ...]) -> None:
-        self.pid, self.whole_namespace, self.scratch = pid, whole_namespace, scratch
+    def __init__(self, pid: int, whole_namespace: bool, scratch: tuple[str, ...], sockets: UnixSockets | None) -> None:
+        self.pid, self.whole_namespace, self.scratch, self.sockets = pid, whole_namespace, scratch, sockets
         self.runner, self.session = os.getpid(), b"%d" % os.getsid(0)
 
     def processes(self) -> list[int]:
@@ -44,12 +104,13 @@ class JobMeter:
         return ticks / CLK_TCK
 
     def memory_bytes(self, pids: list[int]) -> int:
-        """Resident anonymous and shared memory of `pids`, plus the job's tmpfs files.
+        """Resident anonymous and shared memory of `pids`, plus the job's tmpfs files and socket queues.
 
         A page two processes share after fork counts in both (proportional sizes need ptrace
         access to each process, which the runner gives up): the sum errs on the side of the host.
         """
-        return sum(_fields(pid, "status", (b"RssAnon:", b"RssShmem:")) for pid in pids) + self.scratch_bytes()
+        resident = sum(_fields(pid, "status", (b"RssAnon:", b"RssShmem:")) for pid in pids)
+        return resident + self.scratch_bytes() + (self.sockets.queued_bytes() if self.sockets else 0)
 
     def scratch_bytes(self) -> int:
         used = 0

@@ -13,6 +13,8 @@ and closes what that check does not cover:
 - leaving the jail's shape: mount and the new mount API, pivot_root, chroot, unshare, setns,
   and clone with any namespace flag (clone3 answers ENOSYS, so libc falls back to clone, whose
   flags a filter can read);
+- sockets other than unix ones: the job's network namespace has nothing to reach, and unix
+  sockets are the kind whose buffers the runner can measure (`job_meter.py`);
 - setsid: every process of a test stays in the test's session, which is one scheduling
   autogroup, so a hundred busy processes get one share of the CPU, not a hundred.
 
@@ -70,17 +72,20 @@ DENIED = {
 }
 CLONE = (56, 220)
 CLONE3 = (435, 435)
+SOCKET = (41, 198)
 # machine -> (AUDIT_ARCH_*, column in the tables above)
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
 X32_SYSCALL_BIT = 0x40000000
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET (0x80, NEWTIME, is the
 # exit-signal byte in clone's flags and is refused by clone itself)
 CLONE_NAMESPACES = 0x7E020000
+AF_UNIX = 1
 
 BPF_LD_W_ABS, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
 RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 OFFSET_NR, OFFSET_ARCH, OFFSET_ARG0 = 0, 4, 16  # struct seccomp_data; arg0's low word (little-endian)
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+Instruction = tuple[int, "str | None", "str | None", int]  # (code, label if true, label if false, k)
 
 
 def unsupported() -> str | None:
@@ -96,30 +101,36 @@ def unsupported() -> str | None:
 def program(machine: str) -> list[tuple[int, int, int, int]]:
     """The filter for `machine` as (code, jump-if-true, jump-if-false, k) instructions."""
     audit_arch, column = ARCHES[machine]
-    # (label to jump to, or None) per instruction, resolved to offsets below
-    body: list[tuple[int, str | None, str | None, int]] = [
-        (BPF_LD_W_ABS, None, None, OFFSET_ARCH),
-        (BPF_JEQ, None, "kill", audit_arch),
-        (BPF_LD_W_ABS, None, None, OFFSET_NR),
-    ]
-    if machine == "x86_64":
-        body.append((BPF_JGE, "kill", None, X32_SYSCALL_BIT))
-    body += [(BPF_JEQ, "deny", None, numbers[column]) for numbers in DENIED.values()]
-    body += [
-        (BPF_JEQ, "enosys", None, CLONE3[column]),
-        (BPF_JEQ, None, "allow", CLONE[column]),
-        (BPF_LD_W_ABS, None, None, OFFSET_ARG0),
-        (BPF_JSET, "deny", "allow", CLONE_NAMESPACES),
-    ]
-    labels = {"allow": RET_ALLOW, "deny": RET_ERRNO | errno.EPERM, "enosys": RET_ERRNO | errno.ENOSYS,
-              "kill": RET_KILL_PROCESS}
-    at = {name: len(body) + k for k, name in enumerate(labels)}
+    blocks: dict[str, list[Instruction]] = {
+        "start": [
+            (BPF_LD_W_ABS, None, None, OFFSET_ARCH),
+            (BPF_JEQ, None, "kill", audit_arch),
+            (BPF_LD_W_ABS, None, None, OFFSET_NR),
+            *([(BPF_JGE, "kill", None, X32_SYSCALL_BIT)] if machine == "x86_64" else []),
+            *[(BPF_JEQ, "deny", None, numbers[column]) for numbers in DENIED.values()],
+            (BPF_JEQ, "enosys", None, CLONE3[column]),
+            (BPF_JEQ, "clone", None, CLONE[column]),
+            (BPF_JEQ, "socket", "allow", SOCKET[column]),
+        ],
+        # clone: no namespace flag
+        "clone": [(BPF_LD_W_ABS, None, None, OFFSET_ARG0), (BPF_JSET, "deny", "allow", CLONE_NAMESPACES)],
+        # socket: unix sockets only (the job's network namespace has nothing else to reach)
+        "socket": [(BPF_LD_W_ABS, None, None, OFFSET_ARG0), (BPF_JEQ, "allow", "deny", AF_UNIX)],
+        "allow": [(BPF_RET, None, None, RET_ALLOW)],
+        "deny": [(BPF_RET, None, None, RET_ERRNO | errno.EPERM)],
+        "enosys": [(BPF_RET, None, None, RET_ERRNO | errno.ENOSYS)],
+        "kill": [(BPF_RET, None, None, RET_KILL_PROCESS)],
+    }
+    at, size = {}, 0
+    for name, block in blocks.items():
+        at[name], size = size, size + len(block)
     out = []
-    for here, (code, jt, jf, k) in enumerate(body):
+    for code, jt, jf, k in (ins for block in blocks.values() for ins in block):
+        here = len(out)
         jumps = [0 if label is None else at[label] - here - 1 for label in (jt, jf)]
         assert all(0 <= j <= 255 for j in jumps), "a seccomp jump is out of range"
         out.append((code, *jumps, k))
-    return out + [(BPF_RET, 0, 0, ret) for ret in labels.values()]
+    return out
 
 
 class _Filter(ctypes.Structure):

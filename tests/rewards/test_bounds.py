@@ -96,6 +96,40 @@ def test_memory_spread_over_processes_counts_once_for_the_job(roomy):
     assert (result.reward, result.reason) == (0.0, "memory")
 
 
+SOCKET_QUEUES = """
+import os, signal, socket
+r, w = os.pipe()
+for _ in range(8):
+    if os.fork() == 0:
+        held, pairs = 0, []
+        try:
+            while held < 64 << 20:
+                a, b = socket.socketpair()
+                pairs.append((a, b))
+                a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+                a.setblocking(False)
+                try:
+                    while True:
+                        held += a.send(bytes(1 << 16))
+                except BlockingIOError:
+                    pass
+        except OSError:
+            pass
+        os.write(w, b"%d," % held)
+        signal.pause()
+sizes = b""
+while sizes.count(b",") < 8:
+    sizes += os.read(r, 64)
+print(min(sum(int(n) for n in sizes.split(b",")[:8]) >> 20, 512))
+"""
+
+
+def test_data_parked_in_socket_queues_counts_against_the_job(roomy):
+    # 8 processes x 64 MB written to unix sockets and never read: kernel memory no process maps
+    result = run_one(roomy, SOCKET_QUEUES, HOLD_512_MB)
+    assert (result.reward, result.reason) == (0.0, "memory")
+
+
 INODE_FLOOD = """
 counts = []
 for place in ("/tmp", "/dev/shm"):

@@ -190,6 +190,7 @@ print(len(zombies()))
 
 def test_starting_and_closing_sandboxes_leaves_no_zombie_for_the_init_to_reap(full_sandbox):
     """In a fresh interpreter that adopts orphans as a container's PID 1 would: none may be left to reap."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    paths = [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
     done = subprocess.run([sys.executable, "-c", ZOMBIE_COUNT], capture_output=True, text=True, timeout=60, env=env)
     assert (done.returncode, done.stdout.strip()) == (0, "0"), done.stderr[-2000:]
