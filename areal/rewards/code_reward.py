@@ -238,7 +238,11 @@ def _verdicts(run: SandboxRun, kind: str, outputs: list) -> list[tuple[str | Non
         "timeout": ("timeout", "the run exceeded its wall-clock budget"),
         "output_limit": ("output_limit", "the run exceeded its output budget"),
     }.get(run.ended, ("killed", "the test runner was killed before reporting"))
-    return [_verdict(run.records.get(i), kind, expected, missing) for i, expected in enumerate(outputs)]
+    verdicts = [_verdict(run.records.get(i), kind, expected, missing) for i, expected in enumerate(outputs)]
+    if run.oom_killed:  # the kernel's SIGKILL, for want of memory in the job's cgroup
+        out_of_memory = ("memory", "killed by the kernel: the job's cgroup ran out of memory")
+        verdicts = [out_of_memory if reason == "killed" else (reason, detail) for reason, detail in verdicts]
+    return verdicts
 
 
 def _verdict(

@@ -72,6 +72,10 @@ def run_job(job: dict, channel: int, close_in_child: tuple[int, ...], scratch: t
 
     `scratch` are the job's own tmpfs mounts, whose files count against its memory.
     """
+    # first in line for the OOM killer, with every process it forks, before the worker or the host
+    # (written while /proc/self is still ours: an undumpable process's belongs to root)
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
     _set_dumpable(False)  # before any child exists: see the module docstring
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     whole_namespace = os.getpid() == 1

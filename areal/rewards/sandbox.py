@@ -25,6 +25,7 @@ from pathlib import Path
 
 from areal.errors import ArealError
 from areal.rewards import seccomp_filter
+from areal.rewards.sandbox_cgroup import WORKER_OVERHEAD_MB, CgroupPlace, find_place
 
 SANDBOX_UID = 913_713  # a uid no account uses: every process running as it belongs to a sandbox
 # the modules that run inside the jail, from source, in import order
@@ -66,6 +67,7 @@ class SandboxRun:
     exit_status: int | None = None
     stderr: str = ""  # tail of the harness's own stderr (bwrap errors show here)
     broken: tuple[str, str] | None = None  # (reason, detail) when the machinery, not the program, failed
+    oom_killed: bool = False  # the worker's cgroup killed a process for want of memory during the run
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class SandboxLayers:
     problem: str = ""  # why `namespaces` is False
     seccomp: str = ""  # why the seccomp filter is off; "" when it is on
     autogroup: str = ""  # why a test's processes do not share one CPU autogroup; "" when they do
+    cgroup: CgroupPlace | None = None  # where each worker gets a cgroup, None where nowhere
+    cgroup_problem: str = ""  # why `cgroup` is None
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -107,28 +111,37 @@ class SandboxLayers:
         if self.seccomp:
             seccomp = f"off ({self.seccomp}): memfd and SysV shared memory are not denied and escape the memory sum"
         else:
-            seccomp = f"on: {', '.join(seccomp_filter.DENIED)} and clone with namespace flags denied"
-        memory = (
-            f"fallback (no cgroup): each process under RLIMIT_AS {limits.memory_mb} MB; the resident memory of the "
-            f"test's processes (a page shared after fork counted in each) and its tmpfs files summed every 50 ms, "
-            f"the test killed past {limits.memory_mb} MB; not covered: kernel memory (pipe and socket buffers, "
-            f"page tables), and growth between two samples (at most {limits.max_processes} processes x "
-            f"{limits.memory_mb} MB)"
-        )
-        share = "one scheduling autogroup per test (setsid denied)" if not self.autogroup else (
+            seccomp = (f"on: {', '.join(seccomp_filter.DENIED)}, clone with namespace flags and sockets other than "
+                       "unix ones denied")
+        held = "tmpfs files and unix socket queues" if self.namespaces else "nothing else (no tmpfs of its own)"
+        meter = (f"each test's processes (resident memory, a page shared after fork counted in each) and {held} "
+                 f"summed every 50 ms, the test killed past {limits.memory_mb} MB")
+        share = "one scheduling autogroup per job (setsid denied)" if not self.autogroup else (
             f"no shared autogroup ({self.autogroup}): N busy processes get N shares of the CPU"
         )
-        cpu = (
-            f"fallback (no cgroup): {limits.timeout_s:g} s of CPU summed over the test's processes, and of wall time "
-            f"not spent queued for a CPU (backstop {limits.backstop_s:g} s wall); {share}"
-        )
+        timing = (f"{limits.timeout_s:g} s of CPU summed over the test's processes, and of wall time not spent "
+                  f"queued for a CPU (backstop {limits.backstop_s:g} s wall)")
+        if self.cgroup is not None and self.namespaces:
+            cgroup = (f"{self.cgroup.describe()}, one per worker: memory.max {limits.memory_mb + WORKER_OVERHEAD_MB} "
+                      f"MB (the job's {limits.memory_mb} MB, kernel memory included, and the worker's own), no swap, "
+                      f"cpu.max one CPU, pids.max")
+            memory = f"the worker's cgroup, and inside it {meter}"
+            cpu = f"the worker's cgroup (one CPU); a test may use {timing}"
+        else:
+            cgroup = f"none ({self.cgroup_problem or 'the plain path runs without one'})"
+            memory = (
+                f"fallback: each process under RLIMIT_AS {limits.memory_mb} MB; {meter}; not covered: pipe "
+                "buffers (at most fs.pipe-user-pages-soft per uid), page tables and other kernel objects, and "
+                f"growth between two samples (at most {limits.max_processes} processes x {limits.memory_mb} MB)"
+            )
+            cpu = f"fallback: {timing}; {share}"
         rlimits = (
             f"CPU {int(limits.timeout_s) + 1} s, AS {limits.memory_mb} MB, FSIZE {limits.max_file_bytes >> 20} MB, "
             f"NPROC {limits.max_processes}, NOFILE {limits.max_open_files}, MEMLOCK 0, MSGQUEUE 0, CORE 0"
         )
         lines = [("code sandbox", isolation), ("verdict", verdict), ("processes", processes),
-                 ("seccomp", seccomp), ("memory", memory), ("cpu", cpu), ("rlimits per process", rlimits),
-                 ("python", self.python)]
+                 ("seccomp", seccomp), ("cgroup", cgroup), ("memory", memory), ("cpu", cpu),
+                 ("rlimits per process", rlimits), ("python", self.python)]
         if self.missing:
             lines.append(("missing", f"{', '.join(self.missing)} ({self.problem})"))
         return lines
@@ -161,7 +174,13 @@ def detect_layers() -> SandboxLayers:
     """
     uid = SANDBOX_UID if os.geteuid() == 0 else os.geteuid()
     python = _sandbox_python()
-    common = {"seccomp": _probe_seccomp(python), "autogroup": _autogroup_problem()}
+    place = find_place()
+    common = {
+        "seccomp": _probe_seccomp(python),
+        "autogroup": _autogroup_problem(),
+        "cgroup": place if isinstance(place, CgroupPlace) else None,
+        "cgroup_problem": "" if isinstance(place, CgroupPlace) else place,
+    }
     candidates = bwrap_candidates()
     if not candidates:
         return SandboxLayers(None, False, uid, python, "no bubblewrap found: neither `bwrap` on PATH nor the "

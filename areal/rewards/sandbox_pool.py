@@ -22,6 +22,7 @@ import time
 import weakref
 
 from areal.rewards.sandbox import JAIL_MODULES, Limits, SandboxLayers, SandboxRun, boot_source
+from areal.rewards.sandbox_cgroup import WorkerCgroup
 from areal.rewards.sandbox_process import (
     STARTUP_SLACK_S,
     SandboxProcess,
@@ -52,28 +53,42 @@ class SandboxWorker:
     """One started bubblewrap running the server. Not thread-safe: the pool lends it out."""
 
     def __init__(self, layers: SandboxLayers, limits: Limits, source: str, reuse: bool = True) -> None:
+        self.cgroup = None
         try:
+            if layers.cgroup is not None:
+                self.cgroup = WorkerCgroup(layers.cgroup, limits.memory_mb, limits.max_processes)
             self.sandbox = SandboxProcess(layers, limits, source)
         except OSError as exc:
+            if self.cgroup is not None:
+                self.cgroup.remove()
             raise WorkerFailure("sandbox_error", f"sandbox worker failed to start: {exc}") from exc
         self.pid = self.sandbox.proc.pid
         self._stderr = bytearray()
         try:
             settings = _encode({"tmpfs_bytes": limits.tmpfs_bytes, "tmpfs_files": limits.tmpfs_files, "reuse": reuse})
             hello = self._exchange(settings, time.monotonic() + STARTUP_SLACK_S, cap=STDERR_TAIL_BYTES)
-        except WorkerFailure as failure:
+            if hello != {"event": "hello"}:
+                raise WorkerFailure("sandbox_error", f"it sent {hello!r:.80}")
+            if self.cgroup is not None:
+                # after the hello, before any job: nothing a program starts is outside it
+                self.cgroup.adopt(self.pid)
+        except (WorkerFailure, OSError) as failure:
             self.kill()
-            raise WorkerFailure("sandbox_error", f"sandbox worker did not start: {failure.detail}") from None
-        if hello != {"event": "hello"}:
-            self.kill()
-            raise WorkerFailure("sandbox_error", f"sandbox worker did not start: it sent {hello!r:.80}")
+            why = failure.detail if isinstance(failure, WorkerFailure) else str(failure)
+            raise WorkerFailure("sandbox_error", f"sandbox worker did not start: {why}") from None
 
     def run(self, payload: dict, budget_s: float, cap: int) -> dict:
         """Send one job and wait for its reply, at most `budget_s` + GRACE_S."""
         return self._exchange(_encode(payload), time.monotonic() + budget_s + GRACE_S, cap)
 
+    def oom_kills(self) -> int:
+        """Processes the kernel killed in the worker's cgroup for want of memory (0 without a cgroup)."""
+        return 0 if self.cgroup is None else self.cgroup.oom_kills()
+
     def kill(self) -> None:
         self.sandbox.kill()
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
     def _exchange(self, request: bytes, deadline: float, cap: int) -> dict:
         """Write `request` while reading one reply frame (and the stderr tail) until `deadline`."""
@@ -163,7 +178,10 @@ class SandboxPool:
             if worker is None:
                 worker = SandboxWorker(self.layers, self.limits, BOOT_SOURCE, self.reuse)
                 self._live.add(worker)
-            return _run_from_reply(worker.run(payload, budget_s, _reply_cap(cap)))
+            oom_kills = worker.oom_kills()
+            run = _run_from_reply(worker.run(payload, budget_s, _reply_cap(cap)))
+            run.oom_killed = worker.oom_kills() > oom_kills
+            return run
         except WorkerFailure as failure:
             self._retire(worker)
             worker = None

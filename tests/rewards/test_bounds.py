@@ -2,10 +2,13 @@
 
 Programs run with memory_mb=256. Each hostile program reports how much it managed to take; it
 passes its test only if it took more than its job may have, so a pass here is the sandbox failing.
+Every scorer here runs without worker cgroups, even where the machine offers them: these bounds
+must hold on the fallback (test_sandbox_cgroup.py checks the cgroups).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -16,14 +19,29 @@ from tests.rewards.conftest import job_pids, run_one
 HOLD_512_MB = {"kind": "stdio", "inputs": [""], "outputs": ["512"]}
 
 
-@pytest.fixture(scope="module")
-def roomy() -> Iterator[CodeTests]:
-    """memory_mb=256 with time to fault in 512 MB of shared memory (slow on a loaded 2-core VM)."""
+def fallback(**kw) -> Iterator[CodeTests]:
     layers = detect_layers()
     if layers.missing:
         pytest.skip(f"full sandbox unavailable here: {layers.describe()}")
-    with CodeTests(timeout_s=3.0, memory_mb=256, workers=1, remember=0) as scorer:
+    with CodeTests(memory_mb=256, **kw) as scorer:
+        scorer._layers = dataclasses.replace(layers, cgroup=None, cgroup_problem="off for this test")
         yield scorer
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[CodeTests]:
+    yield from fallback(timeout_s=1.0, workers=2)
+
+
+@pytest.fixture(scope="module")
+def solo() -> Iterator[CodeTests]:
+    yield from fallback(timeout_s=1.0, workers=1, remember=0)
+
+
+@pytest.fixture(scope="module")
+def roomy() -> Iterator[CodeTests]:
+    """Time to fault in 512 MB of shared memory (slow on a loaded 2-core VM)."""
+    yield from fallback(timeout_s=3.0, workers=1, remember=0)
 
 
 # each takes up to 512 MB (twice the job's limit) in 8 MB pieces (under the file size limit)
