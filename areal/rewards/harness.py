@@ -9,8 +9,8 @@ memory. Why it still cannot write the verdict, nor stop the clock:
 - nothing in that memory is worth taking: the records carry no secret, and the channel's fd is
   closed in the child before the program runs;
 - this process is not dumpable, so the kernel refuses the program /proc/PID/fd, /proc/PID/mem,
-  ptrace, process_vm_* and pidfd_getfd on it; the seccomp filter in the child denies those
-  calls as well (`seccomp_filter.py`);
+  ptrace, process_vm_* and pidfd_getfd on it; the seccomp filter (`seccomp_filter.py`), which
+  this process installs on itself once per job and every test inherits, denies those calls too;
 - in the pooled path this process is PID 1 of the job's PID namespace, which the kernel shields
   from every signal its own namespace sends without a handler, SIGSTOP and SIGKILL included;
 - a test's time is judged on what was measured, not on when this process woke up: CPU seconds
@@ -18,11 +18,13 @@ memory. Why it still cannot write the verdict, nor stop the clock:
   a CPU (so a neighbour's load does not turn a correct program into a timeout), with a
   wall-clock backstop (`backstop_s`) for a machine so loaded that even that is unfair.
 
-Each test runs in a child in its own session, with rlimits, the filter, and the job's memory
-limit summed over all its processes (`job_meter.py`). When the test ends, every process it
-started is killed (as PID 1: everything in the namespace but this process, setsid or not) and
-reaped before the next test starts. A record says how a test ended in the program's terms; the
-host refuses any other status, so nothing from here can report a machinery failure.
+Each test runs in a child with rlimits, its input through a pipe, and the job's limits summed
+over all its processes (`job_meter.py`); the filter denies setsid, so all of them stay in this
+process's session, which is one CPU autogroup. When the test ends, every process it started is
+killed (as PID 1: everything in the namespace but this process, setsid or not; on the plain
+path, the session) and reaped before the next test starts. A record says how a test ended in
+the program's terms; the host refuses any other status, so nothing from here can report a
+machinery failure.
 
 Stdlib only, run from source next to its helpers `seccomp_filter` and `job_meter`: the pooled
 worker (`sandbox_server.py`) calls `run_job` once per job, the plain path runs `main` once. It
@@ -140,8 +142,8 @@ def _run_test(code, test_input, job: dict, close_in_child: tuple[int, ...], mete
 
 def _child(code, test_input, job: dict, stdin_fd: int, out_w: int, err_w: int, res_w: int) -> None:
     """Run the program once; never returns. Exit codes tell the harness how it ended."""
-    # its own process group, in the runner's session: the setsid this file's filter denies keeps
-    # every process of the job in that session, which is one scheduling autogroup
+    # its own process group, in the runner's session: with setsid denied by the filter, every
+    # process of the job stays in that session, which is one scheduling autogroup
     os.setpgid(0, 0)
     os.dup2(stdin_fd, 0)
     os.dup2(out_w, 1)
