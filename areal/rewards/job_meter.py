@@ -109,7 +109,7 @@ class JobMeter:
         A page two processes share after fork counts in both (proportional sizes need ptrace
         access to each process, which the runner gives up): the sum errs on the side of the host.
         """
-        resident = sum(_fields(pid, "status", (b"RssAnon:", b"RssShmem:")) for pid in pids)
+        resident = sum(_process_memory(pid) for pid in pids)
         return resident + self.scratch_bytes() + (self.sockets.queued_bytes() if self.sockets else 0)
 
     def scratch_bytes(self) -> int:
@@ -145,9 +145,26 @@ def _stat(pid: int) -> list[bytes] | None:
     return None if data is None else [b"", b"", *data.rsplit(b")", 1)[1].split()]
 
 
-def _fields(pid: int, name: str, keys: tuple[bytes, ...]) -> int:
-    """Bytes in the kB lines `keys` of /proc/PID/`name`; 0 once the process is gone."""
-    data = _read(f"/proc/{pid}/{name}")
-    if data is None:
-        return 0
-    return sum(int(line.split()[1]) * KIB for line in data.splitlines() if line.startswith(keys))
+MEMORY_KEYS = (b"RssAnon:", b"RssShmem:", b"VmSwap:")
+
+
+def _process_memory(pid: int) -> int:
+    """Anonymous, shared and swapped-out bytes of one process.
+
+    A leader thread that exited while other threads run shows no memory in its own status (the
+    threads still hold it): then the first live thread's status answers for the process.
+    """
+    held = _memory(f"/proc/{pid}/status")
+    if held is None:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return 0
+        held = next((b for tid in tids if (b := _memory(f"/proc/{pid}/task/{tid}/status")) is not None), None)
+    return held or 0
+
+
+def _memory(status: str) -> int | None:
+    """Bytes in the memory lines of a status file, None where it has none (no mm, or gone)."""
+    lines = [line for line in (_read(status) or b"").splitlines() if line.startswith(MEMORY_KEYS)]
+    return sum(int(line.split()[1]) * KIB for line in lines) if lines else None

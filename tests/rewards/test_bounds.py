@@ -114,6 +114,29 @@ def test_memory_spread_over_processes_counts_once_for_the_job(roomy):
     assert (result.reward, result.reason) == (0.0, "memory")
 
 
+HIDDEN_BEHIND_EXITED_LEADERS = """
+import ctypes, os, signal, threading, time
+r, w = os.pipe()
+for _ in range(4):
+    if os.fork() == 0:
+        def hold():
+            while open("/proc/self/status").read().split("State:")[1].split()[0] != "Z":
+                time.sleep(0.01)
+            block = b"x" * (150 << 20)
+            os.write(w, b"1")
+            signal.pause()
+        threading.Thread(target=hold).start()
+        ctypes.CDLL(None).pthread_exit(None)  # the leader's status now shows no memory
+held = sum(os.read(r, 1) == b"1" for _ in range(4))
+print(held * 150)
+"""
+
+
+def test_memory_of_threads_whose_leader_exited_still_counts(roomy):
+    result = run_one(roomy, HIDDEN_BEHIND_EXITED_LEADERS, {"kind": "stdio", "inputs": [""], "outputs": ["600"]})
+    assert (result.reward, result.reason) == (0.0, "memory")
+
+
 SOCKET_QUEUES = """
 import os, signal, socket
 r, w = os.pipe()
