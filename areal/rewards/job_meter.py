@@ -45,9 +45,6 @@ class UnixSockets:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def close(self) -> None:
-        self.sock.close()
-
     def queued_bytes(self) -> int:
         """Memory allocated for queued data, both directions, over every unix socket of the namespace."""
         request = UNIX_DIAG_REQ.pack(socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, UDIAG_SHOW_MEMINFO, 0xFFFFFFFF, 0xFFFFFFFF)

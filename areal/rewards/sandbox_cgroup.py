@@ -31,7 +31,6 @@ WORKER_PROCESSES = 8  # bwrap, the server, a supervisor and a runner for this jo
 CPU_PERIOD_US = 100_000
 OPTIONAL = ("memory.swap.max", "memory.memsw.limit_in_bytes")  # absent without swap accounting
 _names = itertools.count()
-_adopt_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -166,13 +165,12 @@ class WorkerCgroup:
         A child forked after its parent moved starts in the cgroup; one forked before is in the
         children list read after the move.
         """
-        with _adopt_lock:
-            todo = [pid]
-            while todo:
-                current = todo.pop()
-                for directory in dict.fromkeys(self.dirs.values()):
-                    _write(directory / "cgroup.procs", current, optional=False, gone_ok=True)
-                todo += _children(current)
+        todo = [pid]
+        while todo:
+            current = todo.pop()
+            for directory in dict.fromkeys(self.dirs.values()):
+                _write(directory / "cgroup.procs", current, optional=False, gone_ok=True)
+            todo += _children(current)
 
     def oom_kills(self) -> int:
         """How many processes the kernel has killed in this cgroup for want of memory."""
@@ -215,7 +213,8 @@ def _lines(path: Path) -> list[str]:
 
 
 def _rmdir(path: Path) -> None:
-    """Remove an emptied cgroup; its last process may take a moment to leave after it died."""
+    """Remove an emptied cgroup, retrying for up to a second while the kernel still counts a process
+    that has died (EBUSY); v1 gives nothing to wait on. A cgroup left behind holds nothing."""
     for _ in range(100):
         try:
             path.rmdir()
