@@ -2,9 +2,10 @@
 
     python benchmarks/bench_sandbox.py [--runs 30] [--programs 64]
 
-Prints the latency of one program (1 test) against a bare `python -I -c pass`, and programs
-scored per second (3 tests each) with 1 and 2 workers, for both paths. Pool figures exclude the
-workers' start (once per run, printed apart). Wall times on a shared 2-core machine swing with
+Prints the layers report, the latency of one program (1 test) against a bare `python -I -c
+pass`, and programs scored per second (3 tests each) with 1 and 2 workers, for both paths (the
+per-program path is the pool's jail in a worker used once). Pool figures exclude the workers'
+start (once per run, printed apart). Wall times on a shared 2-core machine swing with
 the others' load; the CPU columns (this process plus every sandbox process, reaped or live)
 do not, and are the fair comparison.
 """

@@ -2,7 +2,7 @@
 
 from areal.rewards.code_reward import CodeResult, CodeTests, code_tests, extract_code
 from areal.rewards.math_answer import MathResult, MathReward, answers_equivalent, extract_answer, math_reward
-from areal.rewards.sandbox import SandboxError, SandboxLayers, detect_layers
+from areal.rewards.sandbox import SandboxError, SandboxLayers, detect_layers, sandbox_report
 
 __all__ = [
     "CodeResult",
@@ -17,4 +17,5 @@ __all__ = [
     "detect_layers",
     "extract_answer",
     "extract_code",
+    "sandbox_report",
 ]

@@ -2,10 +2,13 @@
 
 Expected outputs never enter the sandbox: the harness there reports what each test produced,
 and this trusted side compares. A program that exits early, patches `print` or the harness, or
-kills its runner just leaves results missing, and a missing result is a failure. An error in the
-machinery itself comes back as reason "sandbox_error" or "killed", never as a silent 0.
-Programs run on a pool of long-lived sandbox workers, each in a fresh jail (`sandbox_pool.py`);
-without bubblewrap, each in one plain sandbox process.
+kills its runner just leaves results missing, and a missing result is a failure. Only this side
+decides that the machinery failed ("sandbox_error": the sandbox did not start or its worker
+broke the protocol); a record from inside can only report how the program ended, and one that
+claims anything else counts as a crash. Every detail is made one printable line before it is
+returned or logged: it may hold the program's own bytes. Programs run on a pool of long-lived
+sandbox workers, each in a fresh jail (`sandbox_pool.py`); without bubblewrap, each in one
+plain sandbox process.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from areal.rewards.sandbox import Limits, SandboxLayers, SandboxRun, detect_layers, run_in_sandbox
+from areal.rewards.sandbox import Limits, SandboxLayers, SandboxRun, detect_layers
 from areal.rewards.sandbox_pool import SandboxPool
+from areal.rewards.sandbox_process import run_plain
 
 REASONS = (
     "wrong_answer",
@@ -34,6 +38,8 @@ REASONS = (
     "output_limit",
     "sandbox_error",
 )
+# what a record from inside may say about a test: the program's outcomes, never the machinery's
+PROGRAM_OUTCOMES = ("ok", "bad_result", "timeout", "crash", "memory", "killed", "output_limit")
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _DETAIL_CHARS = 200
 # outcomes a rerun of the same program on the same tests gives again; a timeout or a broken
@@ -58,6 +64,14 @@ def extract_code(completion: str) -> str:
     return chosen[-1] if chosen else completion
 
 
+def printable(text: str, limit: int = _DETAIL_CHARS) -> str:
+    """One line of at most `limit` characters: control and format characters (escape sequences,
+    newlines, bidi overrides) are shown escaped, so program bytes can neither restyle a terminal
+    nor forge a log line."""
+    shown = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
 def normalise_stdout(text: str) -> str:
     """Strip trailing whitespace per line and trailing blank lines."""
     return "\n".join(line.rstrip() for line in text.splitlines()).rstrip("\n")
@@ -66,10 +80,10 @@ def normalise_stdout(text: str) -> str:
 class CodeTests:
     """Scores programs against their tests, `workers` programs at a time.
 
-    `pooled=False` starts one sandbox per program instead of reusing workers (~20x slower per
-    program; kept to measure against). Nothing is probed or started here: a recipe that builds
-    this is loaded in every worker. The sandbox is probed once, on the first call or at
-    `preflight()` (which `areal run` calls before any worker starts).
+    `pooled=False` starts one sandbox per program instead of reusing workers (~10x slower per
+    program; kept to measure against): the same jail, in a worker used once. Nothing is probed
+    or started here: a recipe that builds this is loaded in every worker. The sandbox is probed
+    once, on the first call or at `preflight()` (which `areal run` calls before any worker starts).
 
     A group of samples for one prompt often holds the same program several times, and a
     held-out round asks again what an earlier round asked: identical (code, tests) jobs in one
@@ -118,8 +132,8 @@ class CodeTests:
             if self._threads is None:
                 self.preflight()
                 # the pool needs the namespaces: without them each program gets its own plain process
-                if self.pooled and self.layers.namespaces:
-                    self._pool = SandboxPool(self.layers, self.limits, self.size)
+                if self.layers.namespaces:
+                    self._pool = SandboxPool(self.layers, self.limits, self.size, reuse=self.pooled)
                 self._threads = ThreadPoolExecutor(self.size, "code-sandbox")
             return self._threads
 
@@ -175,7 +189,7 @@ class CodeTests:
 
     def _execute(self, job: dict) -> SandboxRun:
         """Run one program's tests in the sandbox; the records come back unverified."""
-        return run_in_sandbox(job, self.limits, self.layers) if self._pool is None else self._pool.run(job)
+        return run_plain(job, self.limits, self.layers) if self._pool is None else self._pool.run(job)
 
     def _result(self, verdicts: list[tuple[str | None, str]]) -> CodeResult:
         passed = sum(reason is None for reason, _ in verdicts)
@@ -185,7 +199,7 @@ class CodeTests:
             reward = 1.0 if passed == total else 0.0
         else:
             reward = passed / total
-        return CodeResult(reward, passed, total, failure[0], failure[1][:_DETAIL_CHARS])
+        return CodeResult(reward, passed, total, failure[0], printable(failure[1]))
 
     def close(self) -> None:
         """Wait for running programs, then stop every sandbox worker (also done at exit)."""
@@ -224,7 +238,11 @@ def _verdicts(run: SandboxRun, kind: str, outputs: list) -> list[tuple[str | Non
         "timeout": ("timeout", "the run exceeded its wall-clock budget"),
         "output_limit": ("output_limit", "the run exceeded its output budget"),
     }.get(run.ended, ("killed", "the test runner was killed before reporting"))
-    return [_verdict(run.records.get(i), kind, expected, missing) for i, expected in enumerate(outputs)]
+    verdicts = [_verdict(run.records.get(i), kind, expected, missing) for i, expected in enumerate(outputs)]
+    if run.oom_killed:  # the kernel's SIGKILL, for want of memory in the job's cgroup
+        out_of_memory = ("memory", "killed by the kernel: the job's cgroup ran out of memory")
+        verdicts = [out_of_memory if reason == "killed" else (reason, detail) for reason, detail in verdicts]
+    return verdicts
 
 
 def _verdict(
@@ -233,10 +251,12 @@ def _verdict(
     if record is None:
         return missing
     status, detail = record.get("status"), str(record.get("detail", ""))
+    if status not in PROGRAM_OUTCOMES:
+        return "crash", f"the runner reported an unknown outcome {status!r:.40}: {detail}"
     if status == "bad_result":
         return "wrong_answer", detail
     if status != "ok":
-        return (status if status in REASONS else "killed"), detail
+        return status, detail
     got = str(record.get("out", ""))
     if kind == "stdio":
         if normalise_stdout(got) == normalise_stdout(str(expected)):

@@ -1,23 +1,41 @@
-"""The test runner that executes inside the sandbox, next to the untrusted program.
+"""The test runner inside the sandbox: each test of one program in a forked child, and what it produced.
 
 The one idea: this side only *runs* the program and reports what it produced; it never sees the
-expected outputs, so nothing the program does here (exit early, patch `print`, patch this module,
-kill this process) can turn a failure into a pass. The trusted parent compares. Each test runs in
-a forked child with its own process group and rlimits; the harness enforces the per-test wall
-clock and the output cap and reports one JSON line per test, tagged with the run's nonce.
+expected outputs, and it writes its records to a channel no process of the program can reach.
+The trusted parent compares.
 
-The program shares this process's uid, so it may ptrace or signal the harness: that can only
-lose results (counted as failures) or send garbage (capped, nonce-checked, compared by the
-parent), never produce a pass it did not compute.
+The program runs in a forked child, as the same uid, so it holds a copy of this process's
+memory. Why it still cannot write the verdict, nor stop the clock:
+- nothing in that memory is worth taking: the records carry no secret, and the channel's fd is
+  closed in the child before the program runs;
+- this process is not dumpable, so the kernel refuses the program /proc/PID/fd, /proc/PID/mem,
+  ptrace, process_vm_* and pidfd_getfd on it; the seccomp filter (`seccomp_filter.py`), which
+  this process installs on itself once per job and every test inherits, denies those calls too;
+- in the pooled path this process is PID 1 of the job's PID namespace, which the kernel shields
+  from every signal its own namespace sends without a handler, SIGSTOP and SIGKILL included;
+- a test's time is judged on what was measured, not on when this process woke up: CPU seconds
+  summed over the test's processes, and wall time minus the time its first process waited for
+  a CPU (so a neighbour's load does not turn a correct program into a timeout), with a
+  wall-clock backstop (`backstop_s`) for a machine so loaded that even that is unfair.
 
-Stdlib only, and self-contained: the parent passes this file's source to `python -I -c` (one
-program per process), or the pooled worker (`sandbox_server.py`) calls `run_job` once per job.
-It does not isolate anything by itself (bubblewrap, the per-job namespaces and the uid do that).
+Each test runs in a child with rlimits, its input through a pipe, and the job's limits summed
+over all its processes (`job_meter.py`); the filter denies setsid, so all of them stay in this
+process's session, which is one CPU autogroup. When the test ends, every process it started is
+killed (as PID 1: everything in the namespace but this process, setsid or not; on the plain
+path, the session) and reaped before the next test starts. A record says how a test ended in
+the program's terms; the host refuses any other status, so nothing from here can report a
+machinery failure.
+
+Stdlib only, run from source next to its helpers `seccomp_filter` and `job_meter`: the pooled
+worker (`sandbox_server.py`) calls `run_job` once per job, the plain path runs `main` once. It
+isolates nothing from the host by itself (bubblewrap, the per-job namespaces and the uid do).
 """
 
 from __future__ import annotations
 
 import builtins
+import ctypes
+import functools
 import json
 import os
 import resource
@@ -27,42 +45,71 @@ import sys
 import time
 import traceback
 
+import job_meter  # put in sys.modules by the boot code: this file runs only in the sandbox
+import seccomp_filter
+
 EXIT_CRASH = 1
 EXIT_MEMORY = 3
 EXIT_BAD_RESULT = 4
 STDERR_TAIL_BYTES = 4096
+TICK_S = 0.05  # how often a running test's processes are measured
+CPUS = len(os.sched_getaffinity(0))  # a test cannot spend more CPU seconds than this per second
+PR_SET_DUMPABLE = 4
+
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def main() -> None:
-    """One-shot entry: read one job from stdin, report on stdout, exit."""
+    """Plain-path entry: read one job from stdin, report on stdout, exit."""
     job = json.loads(sys.stdin.buffer.read())
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     channel = os.dup(1)
     os.dup2(null, 1)
-    run_job(job, channel, close_in_child=(channel, null))
+    run_job(job, channel, close_in_child=(channel, null), scratch=())
 
 
-def run_job(job: dict, channel: int, close_in_child: tuple[int, ...]) -> None:
-    """Compile the program, run each test in a forked child, write one record per test to `channel`."""
+def run_job(job: dict, channel: int, close_in_child: tuple[int, ...], scratch: tuple[str, ...]) -> None:
+    """Run each test in a forked child and write one record per test to `channel`.
+
+    `scratch` are the job's own tmpfs mounts, whose files count against its memory.
+    """
+    # first in line for the OOM killer, with every process it forks, before the worker or the host
+    # (written while /proc/self is still ours: an undumpable process's belongs to root)
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
+    _set_dumpable(False)  # before any child exists: see the module docstring
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    whole_namespace = os.getpid() == 1
+    # opened before the filter, which allows unix sockets only; the plain path's would be the host's
+    sockets = job_meter.UnixSockets() if whole_namespace else None
+    close_in_child = (*close_in_child, *([sockets.fileno()] if sockets else []))
+    if job["seccomp"]:
+        # once, here: every test's processes inherit it, and this process needs none of what it denies
+        seccomp_filter.install()
 
     def emit(record: dict) -> None:
-        record["nonce"] = job["nonce"]
         data = (json.dumps(record) + "\n").encode()
         while data:
             data = data[os.write(channel, data) :]
 
+    # 'ready' before the program is even compiled: from here on, whatever goes wrong is the program's
+    emit({"event": "ready"})
     try:
         code = compile(job["code"], "<program>", "exec")
     except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
         emit({"event": "syntax_error", "detail": _exception_line(exc)})
         return
-    emit({"event": "ready"})
+    meter = functools.partial(job_meter.JobMeter, whole_namespace=whole_namespace, scratch=scratch, sockets=sockets)
     for i, test_input in enumerate(job["inputs"]):
-        record = _run_test(code, test_input, job, close_in_child)
+        record = _run_test(code, test_input, job, close_in_child, meter)
         record["i"] = i
         emit(record)
+
+
+def _set_dumpable(dumpable: bool) -> None:
+    if _libc.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
 
 
 def _exception_line(exc: BaseException) -> str:
@@ -71,31 +118,32 @@ def _exception_line(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
 
 
-def _run_test(code, test_input, job: dict, close_in_child: tuple[int, ...]) -> dict:
+def _run_test(code, test_input, job: dict, close_in_child: tuple[int, ...], meter_of) -> dict:
+    """One test in a forked child; `meter_of(pid)` measures the processes it starts."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     res_r, res_w = os.pipe()
-    if job["kind"] == "stdio":
-        stdin_fd = os.memfd_create("stdin")
-        os.write(stdin_fd, str(test_input).encode())
-        os.lseek(stdin_fd, 0, os.SEEK_SET)
-    else:
-        stdin_fd = os.open("/dev/null", os.O_RDONLY)
+    stdin_r, stdin_w = os.pipe()  # fed by `_watch`: a pipe needs no call the filter denies
+    started = time.monotonic()
     pid = os.fork()
     if pid == 0:
         try:
-            for fd in (*close_in_child, out_r, err_r, res_r):
+            for fd in (*close_in_child, out_r, err_r, res_r, stdin_w):
                 os.close(fd)
-            _child(code, test_input, job, stdin_fd, out_w, err_w, res_w)
+            _child(code, test_input, job, stdin_r, out_w, err_w, res_w)
         finally:
             os._exit(EXIT_CRASH)
-    for fd in (out_w, err_w, res_w, stdin_fd):
+    for fd in (out_w, err_w, res_w, stdin_r):
         os.close(fd)
-    return _watch(pid, out_r, err_r, res_r, job)
+    meter = meter_of(pid)
+    stdin = str(test_input).encode() if job["kind"] == "stdio" else b""
+    return _watch(meter, started, (stdin_w, stdin), out_r, err_r, res_r, job)
 
 
 def _child(code, test_input, job: dict, stdin_fd: int, out_w: int, err_w: int, res_w: int) -> None:
     """Run the program once; never returns. Exit codes tell the harness how it ended."""
+    # its own process group, in the runner's session: with setsid denied by the filter, every
+    # process of the job stays in that session, which is one scheduling autogroup
     os.setpgid(0, 0)
     os.dup2(stdin_fd, 0)
     os.dup2(out_w, 1)
@@ -104,10 +152,16 @@ def _child(code, test_input, job: dict, stdin_fd: int, out_w: int, err_w: int, r
         os.close(fd)
     cpu_s = int(job["timeout_s"]) + 1
     memory = job["memory_mb"] * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (job["max_file_bytes"],) * 2)
-    resource.setrlimit(resource.RLIMIT_NPROC, (job["max_processes"],) * 2)
+    for limit, value in (
+        (resource.RLIMIT_CPU, cpu_s),
+        (resource.RLIMIT_AS, memory),
+        (resource.RLIMIT_FSIZE, job["max_file_bytes"]),
+        (resource.RLIMIT_NPROC, job["max_processes"]),
+        (resource.RLIMIT_NOFILE, job["max_open_files"]),
+        (resource.RLIMIT_MEMLOCK, 0),
+        (resource.RLIMIT_MSGQUEUE, 0),
+    ):
+        resource.setrlimit(limit, (value, value))
     sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
     sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
     sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
@@ -159,24 +213,41 @@ def _refuse_sockets(event: str, args: tuple) -> None:
         raise PermissionError("network access is not allowed in the sandbox")
 
 
-def _watch(pid: int, out_r: int, err_r: int, res_r: int, job: dict) -> dict:
-    """Wait for the test child under the wall clock and the output cap; report how it ended."""
-    cap = job["max_output_bytes"]
-    pidfd = os.pidfd_open(pid)
+def _watch(
+    meter: job_meter.JobMeter, started: float, stdin: tuple[int, bytes], out_r: int, err_r: int, res_r: int, job: dict
+) -> dict:
+    """Feed the test its input and wait for it under its limits and the output cap; end all it
+    started; report how it ended. `stdin` is (the write end of its stdin, the bytes to write)."""
+    cap, limit_s, backstop_s = job["max_output_bytes"], job["timeout_s"], job["backstop_s"]
+    pidfd = os.pidfd_open(meter.pid)
     bufs = {out_r: bytearray(), err_r: bytearray(), res_r: bytearray()}
     poller = select.poll()
     for fd in (*bufs, pidfd):
         poller.register(fd, select.POLLIN)
-    deadline = time.monotonic() + job["timeout_s"]
-    verdict = None
+    stdin_w, pending = stdin
+    os.set_blocking(stdin_w, False)
+    if pending := _feed(stdin_w, pending):
+        poller.register(stdin_w, select.POLLOUT)
+    verdict, detail, next_tick = None, "", TICK_S
     while verdict is None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        elapsed = time.monotonic() - started
+        if elapsed >= next_tick:
+            verdict, detail = _over_limits(meter, job)
+            next_tick = elapsed + TICK_S
+            if verdict is not None:
+                break
+        left_s = limit_s - _unqueued_s(meter, elapsed, limit_s)
+        if left_s <= 0 or elapsed >= backstop_s:
             verdict = "timeout"
             break
-        for fd, _ in poller.poll(remaining * 1000):
+        wait_s = min(next_tick - elapsed, left_s, backstop_s - elapsed)
+        for fd, _ in poller.poll(max(wait_s, 0.001) * 1000):
             if fd == pidfd:
                 verdict = "exited"
+                continue
+            if fd == stdin_w:
+                if not (pending := _feed(stdin_w, pending)):
+                    poller.unregister(stdin_w)
                 continue
             chunk = os.read(fd, 65536)
             if not chunk:
@@ -187,8 +258,16 @@ def _watch(pid: int, out_r: int, err_r: int, res_r: int, job: dict) -> dict:
                 del bufs[fd][:-STDERR_TAIL_BYTES]
             elif len(bufs[fd]) > cap:
                 verdict = "output_limit"
-    _kill_group(pid)
-    _, wait_status = os.waitpid(pid, 0)
+    if verdict == "exited":
+        # judged on what it used, not on when this process noticed: see the module docstring
+        elapsed = time.monotonic() - started
+        if _unqueued_s(meter, elapsed, limit_s) > limit_s or (
+            elapsed * CPUS > limit_s and meter.cpu_s(meter.processes()) > limit_s
+        ):
+            verdict = "timeout"
+    wait_status = _end_test(meter)
+    if pending:
+        os.close(stdin_w)
     for fd in bufs:
         _drain(fd, bufs[fd], cap)
     for fd in (*bufs, pidfd):
@@ -198,15 +277,63 @@ def _watch(pid: int, out_r: int, err_r: int, res_r: int, job: dict) -> dict:
     stderr = bufs[err_r].decode("utf-8", "replace")
     out = (bufs[res_r] if job["kind"] == "call" else bufs[out_r]).decode("utf-8", "replace")
     if verdict == "timeout":
-        return {"status": verdict, "detail": f"still running after {job['timeout_s']} s"}
+        return {"status": verdict, "detail": f"still running after {limit_s} s"}
     if verdict == "output_limit":
         return {"status": verdict, "detail": f"more than {cap} bytes of output"}
+    if verdict == "memory":
+        return {"status": verdict, "detail": detail}
     return _classify(wait_status, out, stderr, job["kind"])
 
 
-def _kill_group(pid: int) -> None:
+def _feed(fd: int, data: bytes) -> bytes:
+    """Write what the pipe takes now; close it once all is written (or nobody reads). Returns the rest."""
     try:
-        os.killpg(pid, signal.SIGKILL)
+        data = data[os.write(fd, data) :] if data else data
+    except BlockingIOError:
+        return data
+    except BrokenPipeError:
+        data = b""
+    if not data:
+        os.close(fd)
+    return data
+
+
+def _unqueued_s(meter: job_meter.JobMeter, elapsed: float, limit_s: float) -> float:
+    """Wall time the test did not spend queued for a CPU; read only once the wall time alone passes the limit."""
+    return elapsed if elapsed <= limit_s else elapsed - meter.queued_s()
+
+
+def _over_limits(meter: job_meter.JobMeter, job: dict) -> tuple[str | None, str]:
+    """('timeout' | 'memory' | None, why) from one measurement of all the test's processes."""
+    pids = meter.processes()
+    if meter.cpu_s(pids) > job["timeout_s"]:
+        return "timeout", ""
+    if (held := meter.memory_bytes(pids)) > job["memory_mb"] << 20:
+        return "memory", f"its processes and files held {held >> 20} MB, over the job's {job['memory_mb']} MB"
+    return None, ""
+
+
+def _end_test(meter: job_meter.JobMeter) -> int:
+    """Kill every process the test started, reap them, and return the test's first process's wait status."""
+    if meter.whole_namespace:
+        _quietly(os.kill, -1, signal.SIGKILL)  # as PID 1: every other process of the namespace
+    else:
+        for pid in meter.processes():  # the plain path: the test's session, which it cannot leave
+            _quietly(os.kill, pid, signal.SIGKILL)
+    _, wait_status = os.waitpid(meter.pid, 0)
+    while meter.whole_namespace:
+        # orphans are this process's children: reap them all, killing again whatever forked meanwhile
+        _quietly(os.kill, -1, signal.SIGKILL)
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+    return wait_status
+
+
+def _quietly(kill, target: int, sig: int) -> None:
+    try:
+        kill(target, sig)
     except (ProcessLookupError, PermissionError):
         pass
 

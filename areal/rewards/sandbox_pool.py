@@ -5,8 +5,10 @@ pays that once and then ~5 ms per program for fresh namespaces (`sandbox_server.
 start on first use, never when a recipe is loaded, and are lent to one thread at a time. A
 worker that dies, sends garbage or stays silent past its job's budget plus GRACE_S is killed
 with its whole namespace, its program is reported as 'killed' or 'sandbox_error' (never a
-silent 0), and the next program gets a fresh worker. This module only runs and collects; it
-trusts nothing the worker sends beyond the framing, and scoring stays in `code_reward.py`.
+silent 0), and the next program gets a fresh worker. With `reuse=False` each worker runs one
+program and is killed (the one-sandbox-per-program path): the same jail, without the reuse.
+This module only runs and collects; it trusts nothing the worker sends beyond the framing, and
+scoring stays in `code_reward.py`.
 """
 
 from __future__ import annotations
@@ -18,30 +20,20 @@ import selectors
 import struct
 import time
 import weakref
-from pathlib import Path
 
-from areal.rewards.sandbox import (
-    HARNESS_SOURCE,
+from areal.rewards.sandbox import JAIL_MODULES, Limits, SandboxLayers, SandboxRun, boot_source
+from areal.rewards.sandbox_cgroup import WorkerCgroup
+from areal.rewards.sandbox_process import (
     STARTUP_SLACK_S,
-    Limits,
-    SandboxLayers,
     SandboxProcess,
-    SandboxRun,
     job_payload,
     output_cap,
     parse_records,
     tests_budget_s,
 )
 
-SERVER_SOURCE = Path(__file__).with_name("sandbox_server.py").read_text()
-# `python -I -c BOOT`: load the harness as a module, then run the server as __main__
-BOOT_SOURCE = (
-    "import sys, types\n"
-    "harness = types.ModuleType('harness')\n"
-    f"exec(compile({HARNESS_SOURCE!r}, 'harness.py', 'exec'), harness.__dict__)\n"
-    "sys.modules['harness'] = harness\n"
-    f"exec(compile({SERVER_SOURCE!r}, 'sandbox_server.py', 'exec'), {{'__name__': '__main__'}})\n"
-)
+# `python -I -c BOOT`: load the jail's modules from source, then serve jobs until stdin closes
+BOOT_SOURCE = boot_source((*JAIL_MODULES, "sandbox_server"), "sandbox_server.serve")
 HEADER = struct.Struct(">I")
 JOB_SLACK_S = 1.0  # namespaces, mounts and compiling the program, on a loaded machine
 GRACE_S = 5.0  # past the job's own budget, a silent worker is broken
@@ -60,29 +52,43 @@ class WorkerFailure(Exception):
 class SandboxWorker:
     """One started bubblewrap running the server. Not thread-safe: the pool lends it out."""
 
-    def __init__(self, layers: SandboxLayers, limits: Limits, source: str) -> None:
+    def __init__(self, layers: SandboxLayers, limits: Limits, source: str, reuse: bool = True) -> None:
+        self.cgroup = None
         try:
+            if layers.cgroup is not None:
+                self.cgroup = WorkerCgroup(layers.cgroup, limits.memory_mb, limits.max_processes)
             self.sandbox = SandboxProcess(layers, limits, source)
         except OSError as exc:
+            if self.cgroup is not None:
+                self.cgroup.remove()
             raise WorkerFailure("sandbox_error", f"sandbox worker failed to start: {exc}") from exc
         self.pid = self.sandbox.proc.pid
         self._stderr = bytearray()
         try:
-            settings = _encode({"tmpfs_bytes": limits.tmpfs_bytes})
+            settings = _encode({"tmpfs_bytes": limits.tmpfs_bytes, "tmpfs_files": limits.tmpfs_files, "reuse": reuse})
             hello = self._exchange(settings, time.monotonic() + STARTUP_SLACK_S, cap=STDERR_TAIL_BYTES)
-        except WorkerFailure as failure:
+            if hello != {"event": "hello"}:
+                raise WorkerFailure("sandbox_error", f"it sent {hello!r:.80}")
+            if self.cgroup is not None:
+                # after the hello, before any job: nothing a program starts is outside it
+                self.cgroup.adopt(self.pid)
+        except (WorkerFailure, OSError) as failure:
             self.kill()
-            raise WorkerFailure("sandbox_error", f"sandbox worker did not start: {failure.detail}") from None
-        if hello != {"event": "hello"}:
-            self.kill()
-            raise WorkerFailure("sandbox_error", f"sandbox worker did not start: it sent {hello!r:.80}")
+            why = failure.detail if isinstance(failure, WorkerFailure) else str(failure)
+            raise WorkerFailure("sandbox_error", f"sandbox worker did not start: {why}") from None
 
     def run(self, payload: dict, budget_s: float, cap: int) -> dict:
         """Send one job and wait for its reply, at most `budget_s` + GRACE_S."""
         return self._exchange(_encode(payload), time.monotonic() + budget_s + GRACE_S, cap)
 
+    def oom_kills(self) -> int:
+        """Processes the kernel killed in the worker's cgroup for want of memory (0 without a cgroup)."""
+        return 0 if self.cgroup is None else self.cgroup.oom_kills()
+
     def kill(self) -> None:
         self.sandbox.kill()
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
     def _exchange(self, request: bytes, deadline: float, cap: int) -> dict:
         """Write `request` while reading one reply frame (and the stderr tail) until `deadline`."""
@@ -151,8 +157,8 @@ def _frame(data: bytearray, cap: int) -> dict | None:
 class SandboxPool:
     """Up to `size` workers, started lazily, one program at a time each; thread-safe `run`."""
 
-    def __init__(self, layers: SandboxLayers, limits: Limits, size: int) -> None:
-        self.layers, self.limits = layers, limits
+    def __init__(self, layers: SandboxLayers, limits: Limits, size: int, reuse: bool = True) -> None:
+        self.layers, self.limits, self.reuse = layers, limits, reuse
         self._idle: queue.SimpleQueue[SandboxWorker | None] = queue.SimpleQueue()
         for _ in range(size):
             self._idle.put(None)  # a slot whose worker starts on first use
@@ -166,23 +172,30 @@ class SandboxPool:
         n_tests = len(job["inputs"])
         budget_s = JOB_SLACK_S + tests_budget_s(self.limits, n_tests)
         cap = output_cap(self.limits, n_tests)
-        payload = job_payload(job, self.limits, guard_socket=False)
-        payload.update(budget_s=budget_s, max_reply_bytes=cap)
+        payload = {**job_payload(job, self.limits, self.layers), "budget_s": budget_s, "max_reply_bytes": cap}
         worker = self._idle.get()
         try:
             if worker is None:
-                worker = SandboxWorker(self.layers, self.limits, BOOT_SOURCE)
+                worker = SandboxWorker(self.layers, self.limits, BOOT_SOURCE, self.reuse)
                 self._live.add(worker)
-            reply = worker.run(payload, budget_s, _reply_cap(cap))
-            return _run_from_reply(reply, payload["nonce"])
+            oom_kills = worker.oom_kills()
+            run = _run_from_reply(worker.run(payload, budget_s, _reply_cap(cap)))
+            run.oom_killed = worker.oom_kills() > oom_kills
+            return run
         except WorkerFailure as failure:
-            if worker is not None:
-                self._live.discard(worker)
-                worker.kill()
-                worker = None
+            self._retire(worker)
+            worker = None
             return SandboxRun(broken=(failure.reason, failure.detail))
         finally:
+            if not self.reuse:
+                self._retire(worker)
+                worker = None
             self._idle.put(worker)
+
+    def _retire(self, worker: SandboxWorker | None) -> None:
+        if worker is not None:
+            self._live.discard(worker)
+            worker.kill()
 
     def pids(self) -> set[int]:
         """Host pids of the live workers' bubblewraps (for tests and diagnostics)."""
@@ -198,7 +211,7 @@ def _reply_cap(records_cap: int) -> int:
     return 6 * (records_cap + (1 << 16) + STDERR_TAIL_BYTES) + 4096
 
 
-def _run_from_reply(reply: dict, nonce: str) -> SandboxRun:
+def _run_from_reply(reply: dict) -> SandboxRun:
     if reply.get("event") == "error":
         return SandboxRun(broken=("sandbox_error", f"sandbox worker: {reply.get('detail', '')}"[:500]))
     out, err, ended, status = (reply.get(k) for k in ("out", "err", "ended", "exit_status"))
@@ -210,7 +223,7 @@ def _run_from_reply(reply: dict, nonce: str) -> SandboxRun:
         or not isinstance(status, int)
     ):
         raise WorkerFailure("sandbox_error", f"sandbox worker sent a malformed reply: {reply!r:.80}")
-    return parse_records(out.encode(), err.encode(), ended, status, nonce)
+    return parse_records(out.encode(), err.encode(), ended, status)
 
 
 def _kill_all(workers: set[SandboxWorker]) -> None:

@@ -2,20 +2,22 @@
 
 The one idea: the worker is reused, its processes and files never are. Per job the server forks
 a supervisor that unshares fresh user, PID, mount, IPC, network and UTS namespaces, seals the
-worker's file systems read-only under fresh tmpfs /tmp and /dev/shm, and forks the runner as
-PID 1 of the new PID namespace. The runner mounts its own /proc, drops every capability, sets
-no_new_privs, then waits for its job and runs `harness.run_job` (per-test fork, rlimits, wall
-clock). The server builds each jail right after answering the previous job, so a job pays only
+worker's file systems read-only under fresh tmpfs /tmp and /dev/shm (bounded in bytes and in
+files), and forks the runner as PID 1 of the new PID namespace. The runner mounts its own /proc,
+drops every capability, sets no_new_privs, then waits for its job and runs `harness.run_job`
+(per-test fork, rlimits, seccomp, limits summed over the test, everything killed between
+tests). The server builds each jail right after answering the previous job, so a job pays only
 for its tests. The supervisor enforces the job's wall clock and output cap, then kills PID 1,
 which takes down everything the program started (setsid included), and only then does the
 server answer. Nothing a job leaves (processes, files, SysV or POSIX IPC objects, sockets)
 outlives it, and a job cannot name, signal or trace the server or its supervisor: they live in
-the parent namespaces.
+the parent namespaces. The server itself is PID 1 of the worker's namespace (bwrap --as-pid-1).
 
 Protocol on stdin/stdout: frames of a 4-byte big-endian length and a UTF-8 JSON object, never
 pickle: the worker's settings in and a hello out, then one job in and one answer out, repeated.
-Stdlib only and run from source: the pool's boot code loads `harness` first, then this. It
-isolates nothing from the host by itself; bubblewrap and the sandbox uid do that.
+Stdlib only and run from source: the pool's boot code loads the harness and its helpers first,
+then this, then calls `serve`. It isolates nothing from the host by itself; bubblewrap and the
+sandbox uid do that.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 import traceback
 
 import harness  # put in sys.modules by the pool's boot code: this file runs only in the sandbox
+import seccomp_filter
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x4000000, 0x8000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -44,6 +47,7 @@ STDERR_TAIL_BYTES = 4096
 CHANNEL_FD = 3  # the runner's record pipe; the job arrives on the next fd, all others are closed
 # warm in the server, so a program's `import` of these costs a dict lookup in its forked child
 PRELOADED = ("bisect", "collections", "fractions", "functools", "heapq", "itertools", "math", "re", "string")
+SCRATCH = ("/tmp", "/dev/shm")  # the job's own tmpfs mounts: its files count against its memory
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -57,18 +61,24 @@ def serve() -> None:
     for fd in (0, 1):  # a stray print can never corrupt the framing
         os.dup2(null, fd)
     os.close(null)
-    for name in PRELOADED:
-        __import__(name)
     raw = _receive(inbox)
     if raw is None:
         return
     settings = json.loads(raw)
-    jail = _prepare_jail(settings["tmpfs_bytes"], private=(inbox, outbox))
+    if settings["reuse"]:  # warm once per worker, inherited by every job's runner
+        for name in PRELOADED:
+            __import__(name)
+    if seccomp_filter.unsupported() is None:
+        seccomp_filter.compiled()
+    tmpfs = f"size={settings['tmpfs_bytes']},nr_inodes={settings['tmpfs_files']},mode=0700"
+    jail = _prepare_jail(tmpfs, private=(inbox, outbox))
     _send(outbox, {"event": "hello"})
     while (job := _receive(inbox)) is not None:
         _send(outbox, _run(jail, job))
+        if not settings["reuse"]:
+            return
         # the next job's jail is built while the pool reads this answer
-        jail = _prepare_jail(settings["tmpfs_bytes"], private=(inbox, outbox))
+        jail = _prepare_jail(tmpfs, private=(inbox, outbox))
 
 
 def _receive(fd: int) -> bytes | None:
@@ -104,7 +114,7 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data) :]
 
 
-def _prepare_jail(tmpfs_bytes: int, private: tuple[int, ...]) -> tuple[int, int, int]:
+def _prepare_jail(tmpfs: str, private: tuple[int, ...]) -> tuple[int, int, int]:
     """Fork a supervisor that builds a fresh jail and waits for its job: (pid, job fd, reply fd)."""
     job_r, job_w = os.pipe()
     reply_r, reply_w = os.pipe()
@@ -114,7 +124,7 @@ def _prepare_jail(tmpfs_bytes: int, private: tuple[int, ...]) -> tuple[int, int,
         try:
             for fd in (*private, job_w, reply_r):
                 os.close(fd)
-            _write_all(reply_w, json.dumps(_supervise(tmpfs_bytes, job_r)).encode())
+            _write_all(reply_w, json.dumps(_supervise(tmpfs, job_r)).encode())
             status = 0
         except BaseException:
             traceback.print_exc()
@@ -141,14 +151,14 @@ def _run(jail: tuple[int, int, int], job: bytes) -> dict:
     return {"event": "error", "detail": f"job supervisor failed with exit status {status} (traceback on stderr)"}
 
 
-def _supervise(tmpfs_bytes: int, job_r: int) -> dict:
+def _supervise(tmpfs: str, job_r: int) -> dict:
     """Build the jail and its runner (PID 1), wait for the job, collect under its clock, kill all."""
     uid, gid = os.getuid(), os.getgid()
     _check(_libc.unshare(JOB_NAMESPACES), "unshare the job's namespaces")
     for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
-    _seal_file_systems(tmpfs_bytes)
+    _seal_file_systems(tmpfs)
     handoff_r, handoff_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -183,14 +193,14 @@ def _supervise(tmpfs_bytes: int, job_r: int) -> dict:
     }
 
 
-def _seal_file_systems(tmpfs_bytes: int) -> None:
-    """Everything the worker could write becomes read-only; the job writes only to fresh tmpfs."""
+def _seal_file_systems(tmpfs: str) -> None:
+    """Everything the worker could write becomes read-only; the job writes only to fresh tmpfs (`tmpfs` options)."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     for path in ("/", "/dev"):  # bubblewrap's root and /dev are tmpfs shared by all jobs
         # nosuid and nodev are locked on by bubblewrap: a remount must repeat them
         _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    for path in ("/tmp", "/dev/shm"):
-        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_bytes},mode=0700")
+    for path in SCRATCH:
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
     os.chdir("/tmp")
 
 
@@ -207,7 +217,7 @@ def _runner(handoff_r: int, out_w: int, err_w: int) -> None:
         os.dup2(fd, target)
     os.closerange(CHANNEL_FD + 2, os.sysconf("SC_OPEN_MAX"))
     job = json.loads(_read_all(CHANNEL_FD + 1))
-    harness.run_job(job, CHANNEL_FD, close_in_child=(CHANNEL_FD,))
+    harness.run_job(job, CHANNEL_FD, close_in_child=(CHANNEL_FD,), scratch=SCRATCH)
     os._exit(0)
 
 
@@ -264,7 +274,3 @@ def _collect(out_r: int, err_r: int, budget_s: float, cap: int) -> tuple[bytes, 
     for fd in bufs:
         os.close(fd)
     return bytes(bufs[out_r]), bytes(bufs[err_r]), ended
-
-
-if __name__ == "__main__":
-    serve()

@@ -134,3 +134,13 @@ def test_a_sandbox_that_cannot_start_is_a_sandbox_error_not_a_zero(monkeypatch):
     with code_tests(timeout_s=1.0, allow_weaker=True, workers=1) as scorer:
         (result,) = scorer(["print(1)"], [SUM])
     assert (result.reward, result.reason) == (0.0, "sandbox_error")
+
+
+def test_a_detail_from_inside_is_one_short_printable_line(sandbox):
+    # cursor up, erase the line, a bidi override and a bell, then a fake verdict and a flood
+    line = "\x1b[1A\x1b[2K\u202e\x07PASSED all tests" + "x" * 2000
+    program = f"import os, sys\nsys.stderr.write({line!r} + '\\x1b[0m\\n')\nsys.stderr.flush()\nos._exit(5)\n"
+    (result,) = sandbox([program], [SUM])
+    assert (result.reward, result.reason) == (0.0, "crash")
+    assert result.detail.isprintable() and len(result.detail) <= 200, result.detail
+    assert result.detail.startswith("\\x1b[1A\\x1b[2K\\u202e\\x07PASSED all tests")
