@@ -117,6 +117,14 @@ def viz(
 
 
 @app.command()
+def sandbox() -> None:
+    """Say which layers of the code sandbox protect this machine, and what each fallback leaves out."""
+    from areal.rewards import sandbox_report
+
+    Console().print(sandbox_report(), highlight=False, soft_wrap=True)
+
+
+@app.command()
 def plot(
     runs: list[Path] = typer.Argument(..., metavar="RUN_DIR...", help="One or more run directories to overlay."),
     out: Path = typer.Option(Path("areal-plot.png"), "-o", "--out", metavar="FILE", help="PNG to write."),
@@ -139,6 +147,8 @@ def export(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="The run directory."),
     out_dir: Path = typer.Argument(..., metavar="OUT_DIR", help="Where to write the Hugging Face model."),
     step: int | None = typer.Option(None, "--step", metavar="N", help="Checkpoint step (default: the newest)."),
+    model: str | None = typer.Option(None, "--model", metavar="NAME",
+                                     help="The trainer node whose model to export (default: the only one)."),
 ) -> None:
     """Write a checkpoint as a Hugging Face model directory (transformers and vLLM load it).
 
@@ -150,7 +160,7 @@ def export(
     """
     from areal.runtime.export import export_checkpoint
 
-    Console().print(f"wrote {export_checkpoint(run_dir, step, out_dir)}")
+    Console().print(f"wrote {export_checkpoint(run_dir, step, out_dir, model)}")
 
 
 def main() -> None:

@@ -83,6 +83,8 @@ class EvalConfig(_Section):
     # tasks x samples stays under the controller's 1e6 held-out sample ids a round
     tasks: int = Field(256, ge=1, le=10_000, description="held-out tasks scored per evaluation (the first N)")
     samples: int = Field(2, ge=1, le=64, description="samples per held-out task; pass@1 is their mean")
+    reward: str | None = Field(None, description="'node.port' of the reward the run reports (step metrics, pass@1); "
+                               "default: the only port named 'reward'")
 
 
 class CheckpointConfig(_Section):

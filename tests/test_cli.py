@@ -67,5 +67,13 @@ def test_viz_plan_fits_an_80_column_terminal_without_cutting_anything():
     lines = done.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80 and "…" not in done.stdout
     for fact in ("rollout  stream", "nodes: proximal (compute-logprob), actor (ppo-update)",
-                 "receives on: ipc://RUN_DIR/sockets/actor-0", "weights: actor ⇢ rollout via RUN_DIR/weights"):
+                 "actor  train, gathers 16 groups, joins 2 inputs", "from score: group_advantage.advantage",
+                 "ipc://RUN_DIR/sockets/rollout-actor-0", "weights: actor ⇢ rollout via RUN_DIR/weights"):
         assert fact in done.stdout
+
+
+def test_sandbox_command_says_which_layers_protect_this_machine():
+    done = areal("sandbox")
+    assert done.returncode == 0, done.stderr
+    for layer in ("code sandbox:", "verdict:", "seccomp:", "memory:", "cpu:", "rlimits per process:"):
+        assert layer in done.stdout

@@ -127,25 +127,27 @@ class Graph:
         return (candidates[0], port) if len(candidates) == 1 else None
 
     def control_edges(self) -> list[ControlEdge]:
-        """ppo-update -> every generate / compute-logprob node of the same model."""
-        trainers = [n.name for n in self.nodes.values() if n.kind == "ppo-update"]
+        """trainer -> every node that uses its model's weights (generate, compute-logprob, a map naming it)."""
         found = []
         for n in self.nodes.values():
-            if n.kind in ("generate", "compute-logprob"):
-                model = self.model_of(n, trainers)
-                if model is not None:
-                    found.append(ControlEdge(model, n.name))
+            model = self.model_of(n)
+            if model is not None and model != n.name:
+                found.append(ControlEdge(model, n.name))
         return found
 
+    def trainers(self) -> list[str]:
+        return [n.name for n in self.nodes.values() if n.role == "trainer"]
+
     def model_of(self, n: Node, trainers: list[str] | None = None) -> str | None:
-        """The ppo-update node whose weights `n` uses: `model=` when given, else the only trainer."""
-        trainers = trainers if trainers is not None else [
-            m.name for m in self.nodes.values() if m.kind == "ppo-update"
-        ]
+        """The trainer node whose weights `n` uses: `model=` when given, else for a generate or an unfrozen
+        compute-logprob node the only trainer; None for a frozen model and for nodes that hold none."""
+        trainers = trainers if trainers is not None else self.trainers()
         named = n.spec.params.get("model")
         if named:
             return named if named in trainers else None
-        return trainers[0] if len(trainers) == 1 else None
+        if n.kind in ("generate", "compute-logprob") and not n.spec.params.get("frozen"):
+            return trainers[0] if len(trainers) == 1 else None
+        return None
 
     def to_networkx(self) -> nx.DiGraph:
         g = nx.DiGraph()

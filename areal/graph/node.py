@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from areal.graph.batch import Batch, Field
 from areal.graph.ports import Int, PortType
+from areal.graph.roles import ROLES, role_of
 
 KINDS = ("source", "generate", "reward", "compute-logprob", "ppo-update", "custom")
 
@@ -30,9 +31,6 @@ REQUIRED_PORTS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     ),
 }
 
-# A node may return this key, mapping row index -> reason, to mark samples failed: the runtime
-# removes them from the batch and reports them with their sample_id (never a silent 0.0).
-FAILED = "__failed__"
 
 # Fields the runtime attaches to every sample: any node may read them without a producer.
 IMPLICIT_INPUTS: dict[str, PortType] = {"sample_id": Int["S"], "group_id": Int["S"]}
@@ -85,7 +83,8 @@ class NodeSpec:
     `factory(**params)` returns the callable a worker runs per batch (a function, or an object
     with `setup`/`__call__`). `params` must be plain values so that the plan can print them.
     `preflight()`, when given, checks this machine can run the node (a sandbox, a GPU); `areal
-    run` calls it once before any worker starts, so a missing capability fails in seconds.
+    run` calls it once before any worker starts, so a missing capability fails in seconds, and
+    prints what it returns (how the node is protected or placed), once.
 
     `setting_paths` are the keyword arguments that set a RunConfig field for this node (`lr` ->
     `trainer.lr`) and `settings` the ones the recipe gave; `graph/settings.py` resolves them.
@@ -100,14 +99,19 @@ class NodeSpec:
     factory: Callable[..., Any]
     params: Mapping[str, Any] = field(default_factory=dict)
     doc: str = ""
-    preflight: Callable[[], None] | None = None
+    preflight: Callable[[], str | None] | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     setting_paths: Mapping[str, str] = field(default_factory=dict)
     settings_scope: str = "node"
+    role: str = ""  # map, filter, stream or trainer (graph/roles.py); "" takes the kind's
+    implementation: Any = None  # the class or function a custom node was declared from (checked against its role)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"node {self.name!r}: unknown kind {self.kind!r} (known: {', '.join(KINDS)})")
+        if self.role and self.role not in ROLES:
+            raise ValueError(f"node {self.name!r}: unknown role {self.role!r} (known: {', '.join(ROLES[1:])})")
+        object.__setattr__(self, "role", role_of(self.kind, self.role or None))
         for ports in (self.inputs, self.outputs):
             for port, ptype in ports.items():
                 if not isinstance(ptype, PortType):
@@ -137,6 +141,10 @@ class Node:
         return self.spec.kind
 
     @property
+    def role(self) -> str:
+        return self.spec.role
+
+    @property
     def inputs(self) -> Mapping[str, PortType]:
         return self.spec.inputs
 
@@ -156,11 +164,13 @@ def node(
     *,
     kind: str = "custom",
     name: str | None = None,
+    role: str | None = None,
 ) -> Callable[[Any], NodeSpec]:
     """Declare a custom node from a function `f(batch) -> dict` or a stateful class.
 
     A class is instantiated once per worker (with no arguments), then `setup(context)` if it
-    has one, then called per batch.
+    has one, then called per batch. `role` (map, filter, stream, trainer; graph/roles.py) says
+    how the runtime drives it; by default its kind's (a custom node maps).
     """
 
     def wrap(target: Any) -> NodeSpec:
@@ -172,7 +182,8 @@ def node(
             factory = returns(target)
         else:
             raise TypeError(f"@node decorates a function or a class, not {type(target).__name__}")
-        return NodeSpec(kind, label, dict(inputs), dict(outputs), factory, {}, doc.split("\n")[0])
+        return NodeSpec(kind, label, dict(inputs), dict(outputs), factory, {}, doc.split("\n")[0], role=role or "",
+                        implementation=target)
 
     return wrap
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 
 from areal.graph.node import REQUIRED_PORTS, Location, Node
+from areal.graph.roles import missing_methods
 
 if TYPE_CHECKING:
     from areal.graph.graph import Graph
@@ -36,7 +37,28 @@ def problems(graph: Graph, duplicates: list[tuple[str, Location | None]]) -> lis
             found += _input(graph, n, port)
     found += _cycles(graph)
     found += _models(graph)
+    found += _roles(graph)
     return found
+
+
+def _roles(graph: Graph) -> list[str]:
+    """A custom node has the methods its role needs; one sampled policy per run."""
+    out = []
+    trainers = {n.name for n in graph.nodes.values() if n.role == "trainer"}
+    for n in graph.nodes.values():
+        target = n.spec.implementation
+        if target is None:
+            continue  # a built-in kind: its implementation is areal's own
+        follows = n.spec.params.get("model") in trainers and n.role in ("map", "filter")
+        missing = missing_methods(n.role, target, follows_weights=follows)
+        if missing:
+            out.append(f"{n.describe()}: a {n.role} node needs {', '.join(m + '()' for m in missing)} "
+                       f"(graph/roles.py); {getattr(target, '__name__', target)} has none")
+    policies = sorted({graph.model_of(n) or "?" for n in graph.nodes.values() if n.role == "stream"})
+    if len(policies) > 1:
+        out.append(f"graph '{graph.name}': generators sample {len(policies)} policies ({', '.join(policies)}); "
+                   "the runtime samples one policy model per run")
+    return out
 
 
 def _required_ports(n: Node) -> list[str]:
@@ -108,10 +130,10 @@ def _cycles(graph: Graph) -> list[str]:
 
 
 def _models(graph: Graph) -> list[str]:
-    trainers = [n.name for n in graph.nodes.values() if n.kind == "ppo-update"]
+    trainers = [n.name for n in graph.nodes.values() if n.role == "trainer"]
     out = []
     for n in graph.nodes.values():
-        if n.kind not in ("generate", "compute-logprob"):
+        if n.kind not in ("generate", "compute-logprob") or n.spec.params.get("frozen"):
             continue
         named = n.spec.params.get("model")
         if named and named not in trainers:
@@ -119,7 +141,7 @@ def _models(graph: Graph) -> list[str]:
             out.append(f"{n.describe()}: model='{named}' is no ppo-update node (ppo-update nodes: {have})")
         elif not named and len(trainers) > 1:
             out.append(
-                f"{n.describe()}: {len(trainers)} ppo-update nodes ({', '.join(trainers)}); "
+                f"{n.describe()}: {len(trainers)} trainer nodes ({', '.join(trainers)}); "
                 "say which model this node uses with model='...'"
             )
     return out

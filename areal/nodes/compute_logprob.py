@@ -9,19 +9,31 @@ from __future__ import annotations
 
 from typing import Any
 
+from areal.errors import ConfigError
 from areal.graph.node import NodeSpec
 from areal.nodes import ports
 
 
-def compute_logprob(name: str, *, model: str | None = None) -> NodeSpec:
+def compute_logprob(name: str, *, model: str | None = None, frozen: bool | str = False,
+                    output: str = "prox_logp") -> NodeSpec:
+    """log-probs of each output token under a model.
+
+    `model` names the trainer whose current weights to use (default: the only one): the node then
+    runs in that trainer's process, just before its update (π_prox). `frozen=True` uses the run's
+    starting model as it is, never updated (a KL reference), or `frozen="/path/to/checkpoint"`
+    another one; it is loaded once, in a pool of its own. `output` names the port (`ref_logp`).
+    """
+    if frozen and model:
+        raise ConfigError(f"compute_logprob({name!r}): model={model!r} follows a trainer's weights, frozen= "
+                          "keeps a model fixed; give one of them")
     return NodeSpec(
         "compute-logprob",
         name,
         inputs={"prompt_ids": ports.PROMPT_IDS, "output_ids": ports.OUTPUT_IDS, "behav_logp": ports.BEHAV_LOGP},
-        outputs={"prox_logp": ports.PROX_LOGP},
+        outputs={output: ports.PROX_LOGP},
         factory=_factory,
-        params={"model": model},
-        doc="log π_prox of each output token under the trainer's current weights",
+        params={"model": model, "frozen": frozen, "output": output},
+        doc="log-probs of each output token under " + ("a frozen model" if frozen else "the trainer's current weights"),
     )
 
 

@@ -60,8 +60,7 @@ class GenerateNode:
         self.stops = list(config.generation.stop)
         self.engine_name = config.generation.engine
         # the run's newest published weights (a restarted generator), else the checkpoint's (a resumed one)
-        weights = first_file(context.run_dir / "weights" / f"v{context.version:06d}.safetensors",
-                             context.resume_dir / "policy.safetensors" if context.resume_dir else None)
+        weights = first_file(context.published_weights(context.version), context.resumed_policy())
         self.engine = generation_engine(config, checkpoint, self.tokenizer, weights=weights, version=context.version,
                                         decode=self._decode)
         self.group: Any = None  # the weights group, when this process is the member

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from areal.graph.batch import Batch
-from areal.graph.node import FAILED
+from areal.graph.roles import FAILED
 
 MACHINERY_FAILURES = ("sandbox_error", "check_failed")  # the checker broke, not the program
 

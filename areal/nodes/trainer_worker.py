@@ -37,10 +37,11 @@ class TrainerNode:
         self.engine = train_engine(config, model)  # trainer.engine: torch, or FSDP (which shards the model)
         self.version = context.version
         if context.resume_dir is not None:
-            saved = self.engine.load(context.resume_dir / "trainer")
+            folder = context.resume_dir / f"trainer-{context.node}"
+            saved = self.engine.load(folder)
             if saved != self.version:
-                raise ValueError(f"{context.resume_dir / 'trainer'} holds policy version {saved}, but the run "
-                                 f"resumes at version {self.version}: the checkpoint is inconsistent")
+                raise ValueError(f"{folder} holds version {saved} of '{context.node}', but the run resumes at "
+                                 f"version {self.version}: the checkpoint is inconsistent")
         TRAINERS[context.node] = self
 
     def __call__(self, batch: Batch) -> dict[str, float]:
@@ -113,19 +114,32 @@ class TrainerNode:
 
 
 class ProximalNode:
-    """log π_prox with the colocated trainer's current weights (one forward pass over the batch)."""
+    """log-probs of the output tokens under a model: the colocated trainer's current weights (π_prox, one
+    forward pass over the batch before its update), or a frozen model loaded once (a KL reference)."""
 
-    def __init__(self, model: str | None = None) -> None:
-        self.model_name = model
+    def __init__(self, model: str | None = None, frozen: bool | str = False, output: str = "prox_logp") -> None:
+        self.model_name, self.frozen, self.output = model, frozen, output
+        self.engine: Any = None
 
     def setup(self, context: Any) -> None:
+        if self.frozen:
+            from areal.engines.torch_train import TorchTrainEngine
+
+            config = context.config
+            spec = config.model if self.frozen is True else str(self.frozen)
+            model, _ = load_run_policy(config.model_copy(update={"model": spec}))
+            self.engine = TorchTrainEngine(model, temperature=config.generation.temperature)
+            return
         self.trainer_name = self.model_name or context.pool.name
 
     def __call__(self, batch: Batch) -> dict[str, Any]:
-        trainer = TRAINERS[self.trainer_name]
-        if trainer.objective != "decoupled":  # the trainer's own objective, however it was set
-            return {"prox_logp": batch["behav_logp"]}  # unused by the update: no forward pass needed
+        engine = self.engine
+        if engine is None:
+            trainer = TRAINERS[self.trainer_name]
+            if trainer.objective != "decoupled":  # the trainer's own objective, however it was set
+                return {self.output: batch["behav_logp"]}  # unused by the update: no forward pass needed
+            engine = trainer.engine
         sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])
-        logps = trainer.engine.sequence_logprobs(sequences)
-        return {"prox_logp": Ragged.from_rows([lp[p - 1 :] for lp, p in zip(logps, prompt_lens)],
+        logps = engine.sequence_logprobs(sequences)
+        return {self.output: Ragged.from_rows([lp[p - 1 :] for lp, p in zip(logps, prompt_lens)],
                                               dtype=torch.float32)}

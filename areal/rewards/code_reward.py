@@ -123,9 +123,11 @@ class CodeTests:
             self._layers = detect_layers()
         return self._layers
 
-    def preflight(self) -> None:
-        """Refuse now, in one message, if this machine cannot give the isolation asked for."""
+    def preflight(self) -> str:
+        """Refuse now, in one message, if this machine cannot give the isolation asked for; else say which
+        layers protect the host (what `areal run` prints once at start)."""
         self.layers.require(self.allow_weaker)
+        return self.layers.describe()
 
     def _start(self) -> ThreadPoolExecutor:
         with self._lock:

@@ -1,9 +1,11 @@
-"""Where every sample is: started, trained, failed (with reason), or still in flight.
+"""Where every sample is: started, trained, failed (with reason), filtered (with reason), or still in flight.
 
-The invariant checked at every trainer step: each sample of a closed batch (groups below
-version·B) was trained or failed, exactly once. A duplicate trained id is counted and dropped.
-A generation that is over-long (it hit max_new_tokens) or empty is noted by its generator: it
-still trains (it earns its reward like any other), and the notes are counted once per sample id.
+The invariant, checked at every trainer step: each sample of a group the trainers consumed was
+trained, failed or filtered, exactly once; so started = trained + failed + filtered + in flight.
+With several trainers each trains every sample, and "trained" counts the samples the policy's
+trainer (the one whose model generated them) trained; every trainer's own duplicates are dropped
+and counted. A generation that is over-long (it hit max_new_tokens) or empty is noted by its
+generator: it still trains, and the notes are counted once per sample id.
 """
 
 from __future__ import annotations
@@ -16,60 +18,83 @@ from areal.errors import RunError
 
 @dataclass
 class Accounting:
-    batch_size: int  # groups per step
     group_size: int  # samples per group
+    counted: str = ""  # the trainer whose trained samples are counted (the sampled policy's)
     started_groups: int = 0
     trained: set[int] = field(default_factory=set)
     failed: dict[int, str] = field(default_factory=dict)
+    filtered: dict[int, str] = field(default_factory=dict)
     duplicates: int = 0
     reissued: int = 0
     fail_reasons: Counter[str] = field(default_factory=Counter)
     noted: dict[int, str] = field(default_factory=dict)  # sample id -> "over_long" or "empty"
+    consumed: set[int] = field(default_factory=set)  # groups every trainer has taken (the step's, empty ones too)
 
     @property
     def started(self) -> int:
         return self.started_groups * self.group_size
 
-    def on_trained(self, sample_ids: list[int]) -> None:
+    def samples_of(self, group: int) -> range:
+        return range(group * self.group_size, (group + 1) * self.group_size)
+
+    def on_trained(self, trainer: str, sample_ids: list[int]) -> None:
+        if self.counted and trainer != self.counted:
+            return
         for sid in sample_ids:
             if sid in self.trained:
                 self.duplicates += 1
             self.trained.add(sid)
             self.failed.pop(sid, None)  # a re-issued copy succeeded where an earlier attempt failed
+            self.filtered.pop(sid, None)
 
-    def on_failed(self, sample_ids: list[int], reasons: list[str]) -> None:
+    def on_failed(self, sample_ids: list[int], reasons: list[str]) -> list[int]:
+        """Record failures; return the groups none of whose samples can still reach a trainer (their slot frees)."""
         for sid, reason in zip(sample_ids, reasons):
-            if sid not in self.failed and sid not in self.trained:
+            if sid not in self.failed and sid not in self.trained and sid not in self.filtered:
                 self.failed[sid] = reason
                 self.fail_reasons[reason.split(":")[0]] += 1
+        return self._lost_groups(sample_ids)
+
+    def on_filtered(self, sample_ids: list[int], reasons: list[str]) -> list[int]:
+        """Record a filter's drops; return the groups it dropped whole (their staleness slot frees)."""
+        for sid, reason in zip(sample_ids, reasons):
+            if sid not in self.failed and sid not in self.trained:
+                self.filtered.setdefault(sid, reason)
+        return self._lost_groups(sample_ids)
+
+    def _lost_groups(self, sample_ids: list[int]) -> list[int]:
+        groups = sorted({sid // self.group_size for sid in sample_ids if sid >= 0})
+        gone = self.failed.keys() | self.filtered.keys()
+        return [g for g in groups if all(s in gone for s in self.samples_of(g))]
 
     def on_noted(self, sample_ids: list[int], reasons: list[str]) -> None:
         for sid, reason in zip(sample_ids, reasons):
             self.noted.setdefault(sid, reason)  # a regenerated sample is the same sample
 
-    def in_flight(self, version: int) -> int:
-        closed = version * self.batch_size * self.group_size
-        open_failed = sum(1 for sid in self.failed if sid >= closed)
-        return self.started - closed - open_failed
+    def on_consumed(self, groups: list[int]) -> None:
+        self.consumed.update(groups)
 
-    def check(self, version: int) -> None:
-        """Every sample of groups below version·B is trained or failed, none both."""
-        closed = version * self.batch_size * self.group_size
-        trained = sum(1 for sid in self.trained if sid < closed)
-        failed = sum(1 for sid in self.failed if sid < closed)
-        both = len(self.trained & self.failed.keys())
-        if trained + failed != closed or both:
+    def in_flight(self) -> int:
+        return self.started - len(self.trained) - len(self.failed) - len(self.filtered)
+
+    def check(self, version: int, groups: list[int]) -> None:
+        """Every sample of the groups a step consumed is trained, failed or filtered; none is two of them."""
+        unresolved = [s for g in groups for s in self.samples_of(g)
+                      if s not in self.trained and s not in self.failed and s not in self.filtered]
+        both = len(self.trained & self.failed.keys()) + len(self.trained & self.filtered.keys())
+        if unresolved or both:
             raise RunError(
-                f"accounting broken at version {version}: {closed} samples in closed batches, "
-                f"{trained} trained + {failed} failed ({both} both)"
+                f"accounting broken at version {version}: {len(unresolved)} samples of consumed groups neither "
+                f"trained, failed nor filtered (first: {unresolved[:5]}); {both} counted twice"
             )
 
-    def summary(self, version: int) -> dict[str, int]:
+    def summary(self) -> dict[str, int]:
         return {
             "started": self.started,
             "trained": len(self.trained),
             "failed": len(self.failed),
-            "in_flight": self.in_flight(version),
+            "filtered": len(self.filtered),
+            "in_flight": self.in_flight(),
             "duplicates_dropped": self.duplicates,
             "reissued": self.reissued,
             "over_long": sum(1 for r in self.noted.values() if r == "over_long"),

@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = "controller.json"
-POLICY = "policy.safetensors"
+
+
+def policy_name(model: str) -> str:
+    """A model's weights in a checkpoint (what `areal export` writes out and a resumed generator loads)."""
+    return f"policy-{model}.safetensors"
 
 
 def checkpoints_dir(run_dir: Path | str) -> Path:
@@ -32,24 +36,28 @@ def final_dir(run_dir: Path | str, version: int) -> Path:
     return checkpoints_dir(run_dir) / f"step-{version:06d}"
 
 
-def staging_dir(run_dir: Path | str, version: int) -> Path:
-    """A fresh folder name to write version `version`'s checkpoint into (unique: two writers never share one)."""
-    return checkpoints_dir(run_dir) / f".step-{version:06d}.{uuid.uuid4().hex[:8]}.partial"
+def staging_dir(run_dir: Path | str, version: int, tag: str | None = None) -> Path:
+    """The folder to write version `version`'s checkpoint into. Every trainer writes its part of an interval
+    checkpoint into the same one (`tag="interval"`); any other request gets a fresh one, so a request for a
+    version that is being checkpointed already never writes into its folder."""
+    return checkpoints_dir(run_dir) / f".step-{version:06d}.{tag or uuid.uuid4().hex[:8]}.partial"
 
 
-def seal(staged: Path, version: int, state: dict[str, Any], policy: Path | None) -> Path | None:
-    """Add the policy and the manifest to a staged checkpoint, then rename it into place.
+def seal(staged: Path, version: int, state: dict[str, Any], policies: dict[str, Path]) -> Path | None:
+    """Add each model's published weights and the manifest to a staged checkpoint, then rename it into place.
 
-    Returns the final folder, or None when version `version` is already checkpointed (the staged
-    copy is removed: a finished checkpoint is never rewritten in place).
+    `policies`: model -> its published weights file of this version (copied as `policy-MODEL.safetensors`,
+    what generators load after a resume). Returns the final folder, or None when version `version` is
+    already checkpointed (the staged copy is removed: a finished checkpoint is never rewritten in place).
     """
     final = final_dir(staged.parent.parent, version)
     if final.exists():
         shutil.rmtree(staged, ignore_errors=True)
         return None
     staged.mkdir(parents=True, exist_ok=True)
-    if policy is not None and policy.exists():  # the published weights of this version, for generators after a resume
-        shutil.copyfile(policy, staged / POLICY)
+    for model, published in policies.items():
+        if published.exists():
+            shutil.copyfile(published, staged / policy_name(model))
     files = {str(p.relative_to(staged)): p.stat().st_size for p in sorted(staged.rglob("*")) if p.is_file()}
     for name in files:
         _fsync(staged / name)

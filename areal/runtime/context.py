@@ -26,6 +26,14 @@ class WorkerContext:
     def run_dir(self) -> Path:
         return Path(self.plan.run_dir)
 
+    def published_weights(self, version: int) -> Path:
+        """Where the trainer of the model this pool follows publishes version `version` (transport.weights=files)."""
+        return self.run_dir / "weights" / self.pool.model / f"v{version:06d}.safetensors"
+
+    def resumed_policy(self) -> Path | None:
+        """The followed model's weights in the checkpoint this run resumes from (None for a fresh run)."""
+        return self.resume_dir / f"policy-{self.pool.model}.safetensors" if self.resume_dir else None
+
     @property
     def worker_id(self) -> str:
         return f"{self.pool.name}[{self.replica}]"

@@ -1,9 +1,11 @@
-"""The controller: starts the workers, feeds the source through the staleness gate, listens.
+"""The controller: starts the workers, feeds the source through the staleness gate, and answers events.
 
-It owns the run's truth: the current policy version, where every sample is (accounting), the
-metrics stream, evaluation rounds and shutdown. It never runs a node's code except the source's
-iterator. On Ctrl-C, SIGTERM or a worker's error it stops every worker, asks the trainer for a
-final checkpoint when the run is healthy, and kills whatever is left by pid.
+This module is the event loop. What it decides with lives next to it: admission (the source
+and the gate), versions (one per trained model, and what followers hold), evaluation (held-out
+rounds), faults (what a dead worker gets), checkpoint (sealing what the trainers wrote),
+accounting (where every sample is). Workers' messages are typed (messages.py) and dispatched
+by class through `HANDLERS`. On Ctrl-C, SIGTERM or a worker's error it stops every worker, asks
+the trainers for a final checkpoint when the run is healthy, and kills whatever is left by pid.
 """
 
 from __future__ import annotations
@@ -12,34 +14,37 @@ import logging
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from areal.config import RunConfig
-from areal.errors import ConfigError, RunError
+from areal.errors import ConfigError, RunError, WireError
 from areal.graph.batch import Batch
 from areal.graph.graph import Graph
 from areal.graph.meta import GroupMeta
+from areal.runtime import messages as msg
 from areal.runtime.accounting import Accounting
-from areal.runtime.channels import BatchSender, is_dynamic, private_folder
+from areal.runtime.admission import Admission
+from areal.runtime.channels import is_dynamic, private_folder
 from areal.runtime.checkpoint import final_dir, prune, seal, staging_dir
-from areal.runtime.codec import FrameTooLarge, encode
 from areal.runtime.control import ControlServer, Pulse
+from areal.runtime.evaluation import HeldOut
+from areal.runtime.faults import Restarts
 from areal.runtime.metrics import MetricsWriter
+from areal.runtime.outbox import Outbox
 from areal.runtime.placement import WorkerHandle, launcher_for, worker_spec
 from areal.runtime.plan import Plan
 from areal.runtime.security import RunKey
-from areal.runtime.staleness import StalenessGate
+from areal.runtime.versions import Versions
 
 log = logging.getLogger("areal.controller")
 
 READY_TIMEOUT_S = 600.0  # a worker may build the warm-start model on first use
 STOP_TIMEOUT_S = 60.0
-EVAL_ROUND_IDS = 1_000_000  # held-out sample ids of round r: -(r * EVAL_ROUND_IDS + i) - 1 (config caps i)
+LOST_GROUPS_BATCHES = 10  # this many steps' worth of groups lost in a row, and nothing trained: the run stops
 
 
 @dataclass
@@ -62,10 +67,10 @@ class WorkerProcess:
 class RunState:
     """What the progress view and the summary read."""
 
-    version: int = 0
+    version: int = 0  # the slowest trainer's
     steps: int = 0
     started_at: float = field(default_factory=time.monotonic)
-    last_step: dict[str, Any] = field(default_factory=dict)
+    last_step: dict[str, Any] = field(default_factory=dict)  # the policy trainer's newest step record
     evals: list[dict[str, Any]] = field(default_factory=list)
     staleness: Counter[int] = field(default_factory=Counter)
     trained_tokens: int = 0
@@ -76,81 +81,76 @@ class RunState:
 class Controller:
     def __init__(self, plan: Plan, graph: Graph, config: RunConfig, *, saved: dict[str, Any] | None = None,
                  resume_dir: Path | None = None, on_event: Callable[[Controller], None] | None = None) -> None:
-        """`saved` is a checkpoint's controller.json when resuming: version, source cursor, accounting."""
+        """`saved` is a checkpoint's controller.json when resuming: versions, source cursor, accounting."""
         self.plan = plan
         self.graph = graph
         self.config = config
         self.run_dir = Path(plan.run_dir)
         self.resume_dir = resume_dir
         self.on_event = on_event or (lambda _: None)
-        source_pool = plan.pools[0]
-        self.source_node = graph.nodes[source_pool.nodes[0]]
-        self.tasks = _configured(self.source_node.spec.instantiate(), config)
-        start_version = int(saved["version"]) if saved else 0
+        self.source_node = graph.nodes[plan.pools[0].nodes[0]]
         if saved and config.sampling_lag:
             raise ConfigError("mode=lagged: a run cannot resume (the checkpoint holds the newest policy, not the "
                               "lagged ones the generators sample from); start it again")
+        start_version = int(saved["version"]) if saved else 0
+        next_groups = {str(k): int(v) for k, v in (saved or {}).get("next_group", {}).items()}
+        start_group = min(next_groups.values(), default=start_version * config.batch_size)
+        tasks = _configured(self.source_node.spec.instantiate(), config)
         if saved and saved.get("source"):
-            self.tasks.restore(saved["source"])
-        heldout = _configured(graph.heldout.get(self.source_node.name), config)
-        # the same held-out tasks every round, so pass@1 is comparable across versions
-        self.heldout = _first_tasks(heldout, config.eval.tasks) if heldout is not None else None
-        self.group_size = config.group_size
-        self.state = RunState(version=start_version, steps=config.steps)
-        started = start_version * config.batch_size  # after a resume: i·B, never the old count
-        self.gate = StalenessGate(config.batch_size, config.admission_staleness, started=started)
-        self.accounting = Accounting(config.batch_size, config.group_size, started_groups=started)
+            tasks.restore(saved["source"])
+        self.admission = Admission(self.source_node, tasks, plan, config.batch_size, config.admission_staleness,
+                                   config.group_size, start_group=start_group,
+                                   freed=start_group - start_version * config.batch_size)
+        self.versions = Versions(plan, start_version, config.sampling_lag)
+        self.trainers = [p.name for p in plan.trainer_pools()]
+        self.next_group = {t: next_groups.get(t, start_group) for t in self.trainers}
+        self.accounting = Accounting(config.group_size, counted=plan.policy or next(iter(self.trainers), ""),
+                                     started_groups=start_group)
         if saved:
             self.accounting.trained = set(saved.get("trained_ids", []))
             self.accounting.failed = {int(k): v for k, v in saved.get("failed", {}).items()}
+            self.accounting.filtered = {int(k): v for k, v in saved.get("filtered", {}).items()}
             self.accounting.noted = {int(k): v for k, v in saved.get("noted", {}).items()}
-        self.source_snapshots: dict[int, dict[str, Any]] = {}
+        heldout = _configured(graph.heldout.get(self.source_node.name), config)
+        # the same held-out tasks every round, so pass@1 is comparable across versions
+        self.heldout = (HeldOut(_first_tasks(heldout, config.eval.tasks), config.eval.samples,
+                                first_round=int(saved.get("eval_round", 0)) if saved else 0)
+                        if heldout is not None else None)
+        self.state = RunState(version=start_version, steps=config.steps)
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl",
                                      keep_lines=int(saved.get("metrics_lines", 0)) if saved else None)
         self._trained_before = len(self.accounting.trained)  # a resumed run's rates count only its own work
+        self.restarts = Restarts(config.faults, plan)
         self.workers: dict[str, WorkerProcess] = {}
-        self._task_iter: Iterator[dict[str, Any]] | None = None
-        self._eval_round = int(saved.get("eval_round", 0)) if saved else 0
-        self._eval_pending: dict[int, dict[str, Any]] = {}
-        self._stopping = False
         self.bad_tasks: list[str] = []
-        self.skipped_tasks = 0
-        self._issued: dict[int, tuple[Batch, GroupMeta]] = {}  # admitted, not yet trained: for re-issue
-        self._eval_sent: dict[int, tuple[Batch, GroupMeta]] = {}
-        self.oversized_tasks = 0  # task records too large to ever send, skipped
-        self._warned_zero_advantage = False
-        self._restarts: dict[str, list[float]] = {}
+        self._stopping = False
         self._plan_path = self.run_dir / "plan.json"
-        self._latest_path: str | None = None  # newest published weights file
-        # lagged mode: generators hold the policy this many versions behind; 0 once training is over
-        self._sampling_lag = config.sampling_lag
-        self._told_version: int | None = None  # the policy version generators were last sent
-        # Ray: workers bind where they land and say where (areal.runtime.channels.is_dynamic)
-        self._dynamic = any(is_dynamic(p.endpoints) for p in plan.pools)
-        self._listening: dict[str, str] = {}  # worker id -> the data endpoint it bound
+        self._sealing: dict[str, dict[str, int]] = {}  # staging folder -> trainer -> its next group
+        self._node_metrics: dict[str, list[float]] = {}  # METRICS numbers since the last step
+        self._warned_zero_advantage = False
+        self._lost_in_a_row = 0  # groups freed since a trainer last trained a sample
+        self._dynamic = any(is_dynamic(c.endpoints) for c in plan.channels)  # Ray: workers bind where they land
+        self._listening: dict[tuple[str, str], str] = {}  # (worker id, input channel's source) -> endpoint bound
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def run(self) -> RunState:
         private_folder(self.run_dir / "sockets")
         (self.run_dir / "logs").mkdir(exist_ok=True)
-        plan_path = self.run_dir / "plan.json"
-        plan_path.write_text(self.plan.to_json())
+        self._plan_path.write_text(self.plan.to_json())
         (self.run_dir / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         key = None
         if self.plan.secured:  # TCP: the workers read the key the controller makes for this run
             key = RunKey.create()
             key.write(self.run_dir)
         self.control = ControlServer(self.plan.control_endpoint, key)
-        first = self.plan.pools[1]
-        self.source_out = BatchSender(None if self._dynamic else first.endpoints[0], bind=False, key=key,
-                                      **self.plan.sender_limits())
-        for endpoint in () if self._dynamic else first.endpoints[1:]:
-            self.source_out.socket.connect(endpoint)
+        self.source_out = {c.dst: Outbox(c, self.plan, key) for c in self.plan.outputs_of(self.source_node.name)}
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         error: BaseException | None = None
         try:
-            self._spawn_all(plan_path)
+            for pool in self.plan.pools[1:]:
+                for replica in range(pool.replicas):
+                    self._spawn(pool.name, replica)
             self._await_ready()
             self.state.startup_s = time.monotonic() - self.state.started_at
             self.state.started_at = time.monotonic()  # throughput counts from here: startup is reported apart
@@ -162,7 +162,8 @@ class Controller:
             self._shutdown(healthy=error is None or isinstance(error, KeyboardInterrupt))
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            self.source_out.close()
+            for outbox in self.source_out.values():
+                outbox.close()
             self.control.close()
             self.metrics.close()
             _remove_socket_files(self.plan)
@@ -173,18 +174,14 @@ class Controller:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    def _spawn_all(self, plan_path: Path) -> None:
-        for pool in self.plan.pools[1:]:
-            for replica in range(pool.replicas):
-                self._spawn(plan_path, pool.name, replica)
-
-    def _spawn(self, plan_path: Path, pool: str, replica: int) -> None:
+    def _spawn(self, pool: str, replica: int) -> None:
         worker_id = f"{pool}[{replica}]"
         log_path = self.run_dir / "logs" / f"{pool}-{replica}.log"
-        version = self._sampled_version() if self._receives_weights(pool) else self.state.version
-        spec = worker_spec(self.plan, plan_path, pool, replica, version, self.resume_dir, log_path)
+        spec = self.plan.pool(pool)
+        version = self.versions.current[pool] if spec.role == "train" else self.versions.sampled(spec.model or None)
+        launch = worker_spec(self.plan, self._plan_path, pool, replica, version, self.resume_dir, log_path)
         try:
-            process = launcher_for(self.config.cluster).start(spec)
+            process = launcher_for(self.config.cluster).start(launch)
         except OSError as err:  # its log cannot be opened: a run directory made read-only, a full disk
             raise RunError(f"cannot start {worker_id}: {err.strerror} ({err.filename or log_path}); a run needs "
                            f"its directory {self.run_dir} writable to the end") from None
@@ -211,22 +208,26 @@ class Controller:
                 log.info("max_minutes reached at version %d", self.state.version)
                 break
         if self.heldout is not None and self.state.version > 0:
-            self._sampling_lag = 0  # training is over: the last held-out round judges the trained policy
-            self._update_generators()
+            self.versions.lag = 0  # training is over: the last held-out round judges the trained policy
+            self._tell_followers(self.plan.policy)
             self._start_eval()
-            self._drain_evals(timeout_s=300)
+            deadline = time.monotonic() + 300
+            while self.heldout.pending and time.monotonic() < deadline:
+                self._listen(100)
+                self._check_processes()
 
     def _shutdown(self, healthy: bool) -> None:
         self._stopping = True
         self.state.status = "stopping"
         self.on_event(self)
-        # the exit checkpoint, unless this version has one already (a finished checkpoint is never rewritten)
+        # the exit checkpoint: when every trainer is at one version that has none yet (none is rewritten)
+        versions = set(self.versions.current.values())
         checkpoint = None
-        if healthy and self.state.version > 0 and not final_dir(self.run_dir, self.state.version).exists():
-            checkpoint = staging_dir(self.run_dir, self.state.version)
-        trainer_pool = next((p.name for p in self.plan.pools if p.role == "train"), None)
+        if healthy and len(versions) == 1 and (v := versions.pop()) > 0 and not final_dir(self.run_dir, v).exists():
+            checkpoint = staging_dir(self.run_dir, v)
         for w in self.workers.values():
-            fields = {"checkpoint": str(checkpoint)} if checkpoint and w.pool == trainer_pool else {}
+            trainer = self.plan.pool(w.pool).role == "train"
+            fields = {"checkpoint": str(checkpoint)} if checkpoint and trainer else {}
             self.control.send(w.worker_id, "stop", **fields)
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while any(w.process.poll() is None for w in self.workers.values()) and time.monotonic() < deadline:
@@ -238,125 +239,58 @@ class Controller:
             if w.process.poll() is None:
                 log.warning("killing %s (pid %d): it did not stop within %.0f s", w.worker_id, w.process.pid,
                             STOP_TIMEOUT_S)
-            _kill_group(w.process)
+            w.process.kill()
         self.state.status = "stopped"
 
     # -- the source -----------------------------------------------------------------------
 
     def _admit(self) -> None:
-        while not self._stopping and self.gate.allows(self.state.version):
-            group = self.gate.started
-            if group % self.config.batch_size == 0:
-                self.source_snapshots[group // self.config.batch_size] = self._source_state()
-            task = self._next_task()
-            self._report_bad_tasks()
-            # admitted_at: the generator must hold this version's weights before it samples the group
-            meta = GroupMeta(group=group, samples=self.group_size, admitted_at=self._sampled_version())
-            batch = self._task_batch([task], [group])
-            try:
-                encode(batch, meta.to_wire(), max_frame_bytes=self.plan.max_frame_bytes,
-                       max_header_bytes=self.plan.max_header_bytes)
-            except FrameTooLarge as err:  # a record that could never be sent: skipped like a malformed one
-                self._skip_task(task, str(err))
-                continue
-            self.gate.try_start(self.state.version)
+        if self._stopping:
+            return
+        for batch, meta in self.admission.admit(self.versions.slowest, self.versions.sampled()):
             self.accounting.started_groups += 1
-            self._issued[group] = (batch, meta)
             self._send_source(batch, meta)
-
-    def _next_task(self) -> dict[str, Any]:
-        if self._task_iter is None:
-            self._task_iter = iter(self.tasks)
-        try:
-            return next(self._task_iter)
-        except StopIteration:
-            self._task_iter = iter(self.tasks)  # a finite source replays: a new epoch
-            try:
-                return next(self._task_iter)
-            except StopIteration:
-                raise RunError(f"{self.source_node.describe()}: the task source is empty") from None
-
-    def _report_bad_tasks(self) -> None:
-        """Malformed task records the source skipped: each is logged and written to the metrics."""
-        problems = getattr(self.tasks, "problems", [])
-        for problem in problems[len(self.bad_tasks):]:
+        for problem in self.admission.new_problems():
             log.warning("skipped a task record: %s", problem)
             self.metrics.write({"kind": "bad_task", "problem": problem, "wall_s": self._elapsed()})
             self.bad_tasks.append(problem)
-        self.skipped_tasks = int(getattr(self.tasks, "skipped", len(self.bad_tasks)))
 
-    def _source_state(self) -> dict[str, Any]:
-        return self.tasks.state() if hasattr(self.tasks, "state") else {}
-
-    def _task_batch(self, tasks: list[dict[str, Any]], groups: list[int]) -> Batch:
-        fields: dict[str, Any] = {}
-        for port in self.source_node.outputs:
-            if port in ("sample_id", "group_id"):
-                continue
-            try:
-                fields[port] = [task[port] for task in tasks]
-            except KeyError:
-                raise RunError(f"{self.source_node.describe()}: a task has no field '{port}' "
-                               f"(it has: {', '.join(tasks[0])})") from None
-        ids = torch.tensor(groups, dtype=torch.int64)
-        fields["group_id"] = ids
-        fields["sample_id"] = ids.clone()
-        return Batch(fields)
-
-    def _skip_task(self, task: dict[str, Any], why: str) -> None:
-        name = f"task {task['task_id']!r}" if "task_id" in task else "a task"
-        problem = f"{self.source_node.describe()}: skipped {name}: {why}"
-        log.warning("%s", problem)
-        self.metrics.write({"kind": "bad_task", "problem": problem, "wall_s": self._elapsed()})
-        self.bad_tasks.append(problem)
-        self.oversized_tasks += 1
+    @property
+    def skipped_tasks(self) -> int:
+        return self.admission.skipped
 
     def _send_source(self, batch: Batch, meta: GroupMeta) -> None:
-        while True:
-            try:
-                self.source_out.send(batch, meta.to_wire(), timeout_ms=200)
-                return
-            except TimeoutError:
-                self._listen(0)
-                self._check_processes()
+        for outbox in self.source_out.values():
+            while True:
+                try:
+                    outbox.send(batch, meta, timeout_ms=200)
+                    break
+                except TimeoutError:
+                    self._listen(0)
+                    self._check_processes()
+
+    def _reissue(self, only: set[int] | None = None) -> None:
+        """Send again every started group no trainer holds (or those in `only`): a crash may have lost it.
+        Trainers drop the copies they have; held-out rounds in flight go again too, unless `only` is given."""
+        held = set().union(*(w.holding for w in self.workers.values()))
+        for batch, meta in self.admission.reissue(held, only):
+            self.accounting.reissued += 1
+            self._send_source(batch, meta)
+        for batch, meta in (self.heldout.in_flight() if self.heldout is not None and only is None else []):
+            self._send_source(batch, meta)
 
     # -- evaluation -----------------------------------------------------------------------
 
     def _start_eval(self) -> None:
-        tasks = self.heldout or []
-        round_id = self._eval_round
-        self._eval_round += 1
-        # negative ids keep held-out samples apart from training samples
-        # each held-out task repeated `eval.samples` times, every copy its own one-sample group
-        tasks = [task for task in tasks for _ in range(self.config.eval.samples)]
-        groups = [-(round_id * EVAL_ROUND_IDS + i) - 1 for i in range(len(tasks))]
-        version = self._sampled_version()  # the policy the generators sample with, not the trainer's in lagged mode
-        self._eval_pending[round_id] = {"version": version, "n": len(tasks), "rewards": {},
-                                        "failed": set(), "started": time.monotonic()}
-        meta = GroupMeta(group=groups[0], samples=1, admitted_at=version, eval=True, round=round_id,
-                         task_ids=tuple(str(t.get("task_id", i)) for i, t in enumerate(tasks)))
-        batch = self._task_batch(tasks, groups)
-        self._eval_sent[round_id] = (batch, meta)
+        assert self.heldout is not None
+        # the policy the generators sample with (in lagged mode, not the trainer's newest)
+        batch, meta = self.heldout.start(self.versions.sampled(), self.admission.task_batch)
         self._send_source(batch, meta)
 
-    def _drain_evals(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self._eval_pending and time.monotonic() < deadline:
-            self._listen(100)
-            self._check_processes()
-
-    def _eval_done(self, round_id: int) -> None:
-        pending = self._eval_pending.pop(round_id)
-        self._eval_sent.pop(round_id, None)
-        rewards = list(pending["rewards"].values())
-        passed = sum(1 for r in rewards if r >= 1.0 - 1e-9)
-        record = {"kind": "eval", "round": round_id, "version": pending["version"],
-                  "tasks": pending["n"] // self.config.eval.samples, "samples": pending["n"],
-                  "pass@1": passed / max(pending["n"], 1), "reward_mean": sum(rewards) / max(pending["n"], 1),
-                  "failed": len(pending["failed"]), "wall_s": self._elapsed()}
+    def _eval_done(self, record: dict[str, Any]) -> None:
+        record["wall_s"] = self._elapsed()
         self.state.evals.append(record)
         self.metrics.write(record)
-        self.on_event(self)
 
     # -- events ---------------------------------------------------------------------------
 
@@ -366,7 +300,7 @@ class Controller:
             self._handle(*got)
             got = self.control.recv(0)
 
-    def _handle(self, sender: str, message: dict[str, Any]) -> None:
+    def _handle(self, sender: str, raw: dict[str, Any]) -> None:
         if sender.endswith(Pulse.SUFFIX):  # alive, from the worker's pulse thread: nothing else to read
             pulsing = self.workers.get(sender.removesuffix(Pulse.SUFFIX))
             if pulsing is not None:
@@ -377,193 +311,218 @@ class Controller:
             log.warning("control message from unknown worker %r ignored", sender)
             return
         worker.last_seen = time.monotonic()
-        kind = message["type"]
-        if kind == "ready":
-            worker.ready = True
-            if self._dynamic:
-                self._wire(worker, message.get("endpoint"))
-            if self._receives_weights(worker.pool):
-                # a (re)started generator must not sample before it holds the policy it is to sample with
-                version = self._sampled_version()
-                self.control.send(worker.worker_id, "weights", version=version, path=self._weights_path(version))
-        elif kind in ("heartbeat", "stopped"):
-            worker.busy = float(message.get("busy", worker.busy))
-            worker.holding = {int(g) for g in message.get("holding", [])}
-            worker.counts = {k: int(v) for k, v in message.items() if k in ("batches", "samples", "tokens")}
-        elif kind == "version":
-            self._on_version(message)
-        elif kind == "failed":
-            self._on_failed(message)
-        elif kind == "eval":
-            self._on_eval(message)
-        elif kind == "checkpoint":
-            self._on_checkpoint(message)
-        elif kind == "duplicate":
-            self.accounting.duplicates += 1
-        elif kind == "rejected":
-            self._on_rejected(sender, message)
-        elif kind == "noted":  # an over-long or empty generation: counted, and it trains on
-            self.accounting.on_noted([int(s) for s in message["sample_ids"]], [str(r) for r in message["reasons"]])
-        elif kind == "error":
-            where = f"node '{message['node']}'" if message.get("node") else f"worker {sender}"
-            text = str(message.get("message", ""))
-            prefix = "" if text.startswith(("node '", "recipe")) or ": node '" in text else f"{where}: "
-            worker.last_error = f"{prefix}{text}"
-            worker.fatal = bool(message.get("fatal"))
-            log.error("%s reported: %s", sender, worker.last_error)
-
+        try:
+            message = msg.parse(raw, sender)
+        except WireError as err:
+            log.warning("%s", err)
+            return
+        HANDLERS[type(message)](self, worker, message)
         self.on_event(self)
 
-    def _on_version(self, message: dict[str, Any]) -> None:
-        version = int(message["version"])
-        self.state.version = version
-        self.accounting.on_trained([int(s) for s in message.get("sample_ids", [])])
-        for group in [g for g in self._issued if g < version * self.config.batch_size]:
-            del self._issued[group]
-        self.accounting.check(version)
-        hist = {int(k): int(v) for k, v in message.get("staleness", {}).items()}
+    def _on_ready(self, worker: WorkerProcess, m: msg.Ready) -> None:
+        worker.ready = True
+        if self._dynamic:
+            self._wire(worker, m.endpoints)
+        model = self.plan.pool(worker.pool).model
+        if worker.pool in self._followers_of(model):
+            # a (re)started follower must not run before it holds the version it is to hold
+            version = self.versions.sampled(model)
+            self.control.send(worker.worker_id, "weights", model=model, version=version,
+                              path=self.versions.path(model, version))
+
+    def _on_heartbeat(self, worker: WorkerProcess, m: msg.Heartbeat | msg.Stopped) -> None:
+        worker.busy = getattr(m, "busy", worker.busy)
+        worker.holding = set(getattr(m, "holding", worker.holding))
+        worker.counts = {"batches": m.batches, "samples": m.samples, "tokens": m.tokens}
+
+    def _on_version(self, worker: WorkerProcess, m: msg.VersionPublished) -> None:
+        self.versions.record(m.model, m.version, m.path)
+        self.state.version = self.versions.slowest
+        if m.sample_ids:
+            self._lost_in_a_row = 0
+        self.accounting.on_trained(m.model, m.sample_ids)
+        self.next_group[m.model] = m.next_group
+        frontier = min(self.next_group.values())
+        self.admission.consumed(frontier)
+        for w in self.workers.values():
+            if self.plan.pool(w.pool).role == "map":
+                self.control.send(w.worker_id, "frontier", group=frontier)
+        if m.model == self.accounting.counted:
+            self.accounting.on_consumed(m.groups)
+            self.accounting.check(m.version, m.groups)
+            self._step_record(m)
+        if m.path or m.broadcast:
+            self._tell_followers(m.model, broadcast=m.broadcast)
+        every = self.config.eval.interval_steps
+        if (self.heldout is not None and every and m.model == (self.plan.policy or m.model)
+                and m.version % every == 0 and m.version < self.state.steps):
+            self._start_eval()
+
+    def _step_record(self, m: msg.VersionPublished) -> None:
+        hist = {int(k): int(v) for k, v in m.staleness.items()}
         self.state.staleness.update(hist)
-        self.state.trained_tokens += int(message.get("tokens", 0))
-        rewards = message.get("rewards", [])
+        self.state.trained_tokens += m.tokens
         elapsed = self._elapsed()
+        node_metrics = {k: sum(v) / len(v) for k, v in self._node_metrics.items() if v}
+        self._node_metrics.clear()
         record = {
-            "kind": "step", "version": version, "wall_s": elapsed,
-            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
-            "solved": sum(1 for r in rewards if r >= 1.0 - 1e-9) / len(rewards) if rewards else None,
-            "samples": len(rewards), "trained_samples": len(self.accounting.trained),
+            "kind": "step", "version": m.version, "wall_s": elapsed,
+            **({"model": m.model} if len(self.trainers) > 1 else {}),
+            **{f"{t}_version": v for t, v in self.versions.current.items() if len(self.trainers) > 1},
+            "reward_mean": sum(m.rewards) / len(m.rewards) if m.rewards else None,
+            "solved": sum(1 for r in m.rewards if r >= 1.0 - 1e-9) / len(m.rewards) if m.rewards else None,
+            "samples": len(m.sample_ids), "trained_samples": len(self.accounting.trained),
             "samples_per_s": (len(self.accounting.trained) - self._trained_before) / elapsed,
             "generated_tokens_per_s": self._generated_tokens() / elapsed,
             "trained_tokens_per_s": self.state.trained_tokens / elapsed,
             "staleness": {str(k): v for k, v in sorted(hist.items())},
             "busy": {w.worker_id: round(w.busy, 3) for w in self.workers.values()},
-            **self.accounting.summary(version),
-            **{k: v for k, v in message.get("stats", {}).items() if isinstance(v, (int, float))},
+            **self.accounting.summary(),
+            **node_metrics,
+            **{k: v for k, v in m.stats.items() if isinstance(v, (int, float))},
         }
         self.state.last_step = record
         self.metrics.write(record)
         if record.get("zero_advantage") == 1.0 and not self._warned_zero_advantage:
             self._warned_zero_advantage = True
-            warning = (f"every advantage of step {version} is 0: the update cannot move the policy (group_size="
-                       f"{self.group_size} with a group-normalised advantage, or every group's rewards equal?)")
+            warning = (f"every advantage of step {m.version} is 0: the update cannot move the policy (group_size="
+                       f"{self.config.group_size} with a group-normalised advantage, or every group's rewards "
+                       "equal?)")
             log.warning("%s", warning)
-            self.metrics.write({"kind": "warning", "version": version, "warning": warning, "wall_s": elapsed})
-        if message.get("path") or message.get("broadcast"):
-            self._latest_path = message.get("path")
-            self._update_generators(broadcast=bool(message.get("broadcast")))
-        every = self.config.eval.interval_steps
-        if self.heldout is not None and every and version % every == 0 and version < self.state.steps:
-            self._start_eval()
+            self.metrics.write({"kind": "warning", "version": m.version, "warning": warning, "wall_s": elapsed})
 
-    def _wire(self, worker: WorkerProcess, endpoint: str | None) -> None:
-        """Dynamic endpoints: point the pool before `worker` at the endpoint it bound (instead of the one
-        of the process it replaces), and `worker` at every endpoint the pool after it has bound."""
-        pools = list(self.plan.pools)
-        at = [p.name for p in pools].index(worker.pool)
-        if endpoint is not None:  # a trainer rank > 0 binds nothing
-            old = self._listening.get(worker.worker_id)
-            self._listening[worker.worker_id] = endpoint
-            before = pools[at - 1]
-            if before.role == "source":
-                if old is not None:
-                    self.source_out.disconnect(old)
-                self.source_out.connect(endpoint)
-            for w in self.workers.values():
-                if w.pool == before.name and w.ready:
-                    self.control.send(w.worker_id, "peers", connect=[endpoint], disconnect=[old] if old else [])
-        if at + 1 < len(pools):
-            after = [self._listening[w] for w in pools[at + 1].worker_ids() if w in self._listening]
-            self.control.send(worker.worker_id, "peers", connect=after)
+    def _followers_of(self, model: str) -> list[str]:
+        return self.plan.followers(model) if model else []
 
-    def _receives_weights(self, pool: str) -> bool:
-        return any(dst == pool for _, dst in self.plan.weights_route)
+    def _tell_followers(self, model: str, broadcast: bool = False) -> None:
+        """Send every follower of `model` the weights it should now hold, once per version.
 
-    def _sampled_version(self) -> int:
-        """The policy version generators sample with: the trainer's, or η behind it in lagged mode."""
-        return max(0, self.state.version - self._sampling_lag)
-
-    def _weights_path(self, version: int) -> str | None:
-        if version == self.state.version:
-            return self._latest_path
-        older = Path(self.plan.weights_dir) / f"v{version:06d}.safetensors"  # the trainer keeps 3 + lag of them
-        return str(older) if older.exists() else None  # none for v0: generators start from the checkpoint
-
-    def _update_generators(self, broadcast: bool = False) -> None:
-        """Send every generator the weights it should now sample with, once per version.
-
-        broadcast: the trainer is waiting in the weights group's broadcast of this version, and
-        each generator must take its part.
-        """
-        version = self._sampled_version()
-        if version == self._told_version:
+        broadcast: the trainer waits in the weights group's broadcast of this version, and each generator
+        must take its part."""
+        news = self.versions.news(model) if model else None
+        if news is None:
             return
-        self._told_version = version
-        path = self._weights_path(version)
+        version, path = news
         for w in self.workers.values():
-            if self._receives_weights(w.pool):
-                self.control.send(w.worker_id, "weights", version=version, path=path, broadcast=broadcast)
+            if w.pool in self._followers_of(model):
+                self.control.send(w.worker_id, "weights", model=model, version=version, path=path,
+                                  broadcast=broadcast)
 
-    def _on_failed(self, message: dict[str, Any]) -> None:
-        ids = [int(s) for s in message.get("sample_ids", [])]
-        node = str(message.get("node"))
-        reasons = [f"{node}: {r}" for r in message.get("reasons", [])]
-        if ids and self.config.faults.nodes.get(node, self.config.faults.policy) == "fail-fast":
-            raise RunError(f"node '{node}': sample {ids[0]} failed at version {self.state.version}: "
-                           f"{reasons[0].partition(': ')[2]} (faults.policy=fail-fast stops at the first failure)")
-        if message.get("eval"):
-            for sid in ids:
-                round_id = (-sid - 1) // EVAL_ROUND_IDS
-                if round_id in self._eval_pending:
-                    self._eval_pending[round_id]["failed"].add(sid)
-                    self._maybe_eval_done(round_id)
+    def _on_failed(self, worker: WorkerProcess, m: msg.SamplesFailed) -> None:
+        reasons = [f"{m.node}: {r}" for r in m.reasons]
+        if m.sample_ids and self.config.faults.nodes.get(m.node, self.config.faults.policy) == "fail-fast":
+            raise RunError(f"node '{m.node}': sample {m.sample_ids[0]} failed at version {self.state.version}: "
+                           f"{m.reasons[0]} (faults.policy=fail-fast stops at the first failure)")
+        if m.eval:
+            for record in self.heldout.failed(m.sample_ids) if self.heldout is not None else []:
+                self._eval_done(record)
             return
-        self.accounting.on_failed(ids, reasons)
-        for sid, reason in zip(ids, reasons):
+        if not self.plan.pool(worker.pool).reaches_trainer:  # a side branch: the samples still train
+            for sid, reason in zip(m.sample_ids, reasons):
+                self.metrics.write({"kind": "branch_failed", "sample_id": sid, "reason": reason,
+                                    "wall_s": self._elapsed()})
+            return
+        self._free(self.accounting.on_failed(m.sample_ids, reasons), f"{reasons[0]}" if reasons else "failed")
+        for sid, reason in zip(m.sample_ids, reasons):
             log.warning("sample %d failed: %s", sid, reason)
             self.metrics.write({"kind": "failed", "sample_id": sid, "reason": reason, "wall_s": self._elapsed()})
 
-    def _on_rejected(self, sender: str, message: dict[str, Any]) -> None:
+    def _on_filtered(self, worker: WorkerProcess, m: msg.SamplesFiltered) -> None:
+        self._free(self.accounting.on_filtered(m.sample_ids, [f"{m.node}: {r}" for r in m.reasons]),
+                   f"filtered by '{m.node}': {m.reasons[0] if m.reasons else ''}")
+
+    def _free(self, groups: list[int], why: str) -> None:
+        """Groups that will never be trained give their slots to new ones; a run that only loses groups stops."""
+        self.admission.free(groups)
+        self._lost_in_a_row += len(groups)
+        limit = LOST_GROUPS_BATCHES * self.config.batch_size
+        if self._lost_in_a_row > limit:
+            raise RunError(f"no sample of the last {self._lost_in_a_row} groups reached a trainer since version "
+                           f"{self.state.version} (the last: {why}); the run cannot make progress")
+
+    def _on_noted(self, worker: WorkerProcess, m: msg.SamplesNoted) -> None:
+        self.accounting.on_noted(m.sample_ids, m.reasons)
+
+    def _on_eval(self, worker: WorkerProcess, m: msg.HeldOutScored) -> None:
+        record = self.heldout.scored(m.round, m.sample_ids, m.rewards) if self.heldout is not None else None
+        if record is not None:
+            self._eval_done(record)
+
+    def _on_checkpoint(self, worker: WorkerProcess, m: msg.CheckpointWritten) -> None:
+        """A trainer wrote its part into a staging folder; once every trainer has, add ours and seal it."""
+        parts = self._sealing.setdefault(m.path, {})
+        parts[m.model] = m.next_group
+        if set(parts) != set(self.trainers):
+            return
+        del self._sealing[m.path]
+        start = min(parts.values())
+        state = {
+            "source": self.admission.cursor_at(start),
+            "next_group": parts,
+            "accounting": self.accounting.summary(),
+            "trained_ids": sorted(self.accounting.trained),
+            "failed": {str(k): v for k, v in self.accounting.failed.items() if k < start * self.config.group_size},
+            "filtered": {str(k): v for k, v in self.accounting.filtered.items()
+                         if k < start * self.config.group_size},
+            "noted": {str(k): v for k, v in self.accounting.noted.items() if k < start * self.config.group_size},
+            "metrics_lines": self.metrics.lines,
+            "eval_round": self.heldout.next_round if self.heldout is not None else 0,
+        }
+        policies = {t: Path(self.plan.weights_dir) / t / f"v{m.version:06d}.safetensors" for t in self.trainers}
+        if seal(Path(m.path), m.version, state, policies) is not None:
+            prune(self.run_dir, self.config.checkpoint.keep)
+
+    def _on_duplicate(self, worker: WorkerProcess, m: msg.DuplicateDropped) -> None:
+        self.accounting.duplicates += 1
+
+    def _on_rejected(self, worker: WorkerProcess, m: msg.BatchRefused) -> None:
         """A worker refused a malformed batch: logged with the reason; groups of ours it named are sent again.
 
         A refused group never reaches the trainer, which waits for every group of its batch, so failing its
         samples would stall the run: re-issuing (as after a crash) keeps every sample's count exact.
         """
-        reason = f"refused by {sender}: {message.get('reason', '')}"
+        reason = f"refused by {worker.worker_id}: {m.reason}"
         log.warning("%s", reason)
-        groups = sorted({int(g) for g in message.get("groups", [])} & self._issued.keys())
-        self.metrics.write({"kind": "rejected", "worker": sender, "reason": reason, "groups": groups,
+        groups = sorted(set(m.groups) & self.admission.issued.keys())
+        self.metrics.write({"kind": "rejected", "worker": worker.worker_id, "reason": reason, "groups": groups,
                             "wall_s": self._elapsed()})
         self._reissue(only=set(groups))
 
-    def _on_eval(self, message: dict[str, Any]) -> None:
-        round_id = int(message["round"])
-        pending = self._eval_pending.get(round_id)
-        if pending is None:
-            return
-        for sid, reward in zip(message.get("sample_ids", []), message.get("rewards", [])):
-            pending["rewards"][int(sid)] = float(reward)
-        self._maybe_eval_done(round_id)
+    def _on_metrics(self, worker: WorkerProcess, m: msg.NodeMetrics) -> None:
+        for name, value in m.values.items():
+            self._node_metrics.setdefault(name, []).append(value)
 
-    def _maybe_eval_done(self, round_id: int) -> None:
-        pending = self._eval_pending[round_id]
-        if len(pending["rewards"].keys() | pending["failed"]) >= pending["n"]:
-            self._eval_done(round_id)
+    def _on_error(self, worker: WorkerProcess, m: msg.WorkerError) -> None:
+        where = f"node '{m.node}'" if m.node else f"worker {worker.worker_id}"
+        prefix = "" if m.message.startswith(("node '", "recipe")) or ": node '" in m.message else f"{where}: "
+        worker.last_error = f"{prefix}{m.message}"
+        worker.fatal = m.fatal
+        log.error("%s reported: %s", worker.worker_id, worker.last_error)
 
-    def _on_checkpoint(self, message: dict[str, Any]) -> None:
-        """The trainer wrote its part into a staging folder: add ours, seal it (checkpoint.py), prune old ones."""
-        version = int(message["version"])
-        closed = version * self.config.batch_size * self.group_size
-        state = {
-            "source": self.source_snapshots.get(version, self._source_state()),
-            "accounting": self.accounting.summary(version),
-            "trained_ids": sorted(s for s in self.accounting.trained),
-            "failed": {str(k): v for k, v in self.accounting.failed.items() if k < closed},
-            "noted": {str(k): v for k, v in self.accounting.noted.items() if k < closed},
-            "metrics_lines": self.metrics.lines,
-            "eval_round": self._eval_round,
-        }
-        policy = Path(self.plan.weights_dir) / f"v{version:06d}.safetensors"
-        if seal(Path(message["path"]), version, state, policy) is not None:
-            prune(self.run_dir, self.config.checkpoint.keep)
+    def _wire(self, worker: WorkerProcess, endpoints: dict[str, str]) -> None:
+        """Dynamic endpoints (Ray): point each sender of `worker`'s inputs at the endpoint it bound (instead of
+        the one of the process it replaces), and `worker` at every endpoint its outputs' receivers have bound."""
+        for src, endpoint in endpoints.items():
+            old = self._listening.get((worker.worker_id, src))
+            self._listening[(worker.worker_id, src)] = endpoint
+            if src == self.source_node.name:
+                outbox = self.source_out[worker.pool]
+                if old is not None:
+                    outbox.disconnect(worker.replica, old)
+                outbox.connect(worker.replica, endpoint)
+                continue
+            for w in self.workers.values():
+                if w.pool == src and w.ready:
+                    self.control.send(w.worker_id, "peers", channel=worker.pool, replica=worker.replica,
+                                      connect=endpoint, disconnect=old)
+        for channel in self.plan.outputs_of(worker.pool):
+            for receiver in self.workers.values():
+                bound = self._listening.get((receiver.worker_id, worker.pool))
+                if receiver.pool == channel.dst and bound is not None:
+                    self.control.send(worker.worker_id, "peers", channel=channel.dst, replica=receiver.replica,
+                                      connect=bound, disconnect=None)
+
+    # -- faults ---------------------------------------------------------------------------
 
     def _check_processes(self) -> None:
         now = time.monotonic()
@@ -571,7 +530,7 @@ class Controller:
             code = w.process.poll()
             if code is None and w.ready and now - w.last_seen > self.config.faults.dead_after_s:
                 why = f"was silent for {now - w.last_seen:.0f} s (no heartbeat)"
-                _kill_group(w.process)
+                w.process.kill()
             elif code is not None and not self._stopping:
                 self._listen(200)  # its last words (an "error" event) may still be in flight
                 why = f"exited with code {code}"
@@ -581,45 +540,16 @@ class Controller:
 
     def _on_worker_death(self, w: WorkerProcess, why: str) -> None:
         """Restart the worker and re-issue what it may have held, or stop the run naming the node."""
-        nodes = self.plan.pool(w.pool).nodes
-        policy = next((self.config.faults.nodes[n] for n in nodes if n in self.config.faults.nodes),
-                      self.config.faults.policy)
-        window = self.config.faults.window_s
-        recent = [t for t in self._restarts.get(w.pool, []) if time.monotonic() - t < window]
+        stop = self.restarts.verdict(w.pool, w.worker_id, why, w.last_error, w.ready, w.fatal, self.run_dir,
+                                     w.log_path, _tail(w.log_path))
+        if stop is not None:
+            raise RunError(stop)
         cause = f"worker {w.worker_id} {why}" + (f": {w.last_error}" if w.last_error else "")
-        where = f"\n  (log: {w.log_path})\n{_tail(w.log_path)}"
-        if w.last_error and (policy == "fail-fast" or not w.ready or w.fatal):
-            # a node that failed while setting up fails the same way on every restart: stop now
-            when = "" if w.ready else ", while setting up"
-            raise RunError(f"{w.last_error}\n  (worker {w.worker_id}{when}; log: {w.log_path})")
-        if self.plan.weights_rendezvous and self._receives_weights(w.pool):
-            raise RunError(f"{cause}{where}\n  with transport.weights=broadcast a generator cannot rejoin the "
-                           f"weights group: continue with `areal run --resume {self.run_dir}`, or run with "
-                           f"transport.weights=files, where a generator restarts alone")
-        if policy == "fail-fast" or self.plan.pool(w.pool).role == "train":
-            raise RunError(f"{cause}{where}" + ("" if policy == "fail-fast" else
-                           "\n  the trainer holds the optimizer state: "
-                           f"continue with `areal run --resume {self.run_dir}`"))
-        if len(recent) >= self.config.faults.max_restarts:
-            raise RunError(f"node '{nodes[0]}' keeps failing: {len(recent) + 1} failures within {window:.0f} s, "
-                           f"last: {cause}{where}")
-        self._restarts[w.pool] = [*recent, time.monotonic()]
-        log.warning("%s; restarting it (%d/%d in %.0f s)", cause, len(recent) + 1,
-                    self.config.faults.max_restarts, window)
+        log.warning("%s; restarting it (%d/%d in %.0f s)", cause, self.restarts.count(w.pool),
+                    self.config.faults.max_restarts, self.config.faults.window_s)
         self.metrics.write({"kind": "restart", "worker": w.worker_id, "why": cause, "wall_s": self._elapsed()})
-        self._spawn(self._plan_path, w.pool, w.replica)
+        self._spawn(w.pool, w.replica)
         self._reissue()
-
-    def _reissue(self, only: set[int] | None = None) -> None:
-        """Send again every admitted group (or those in `only`) the trainer has not gathered; it drops the copies
-        it has. Held-out rounds in flight are sent again too, unless `only` names training groups."""
-        held = set().union(*(w.holding for w in self.workers.values()))
-        for group, (batch, meta) in sorted(self._issued.items()):
-            if group not in held and (only is None or group in only):
-                self.accounting.reissued += 1
-                self._send_source(batch, meta)
-        for batch, meta in list(self._eval_sent.values()) if only is None else []:
-            self._send_source(batch, meta)
 
     def _generated_tokens(self) -> int:
         return sum(w.counts.get("tokens", 0) for w in self.workers.values())
@@ -628,19 +558,31 @@ class Controller:
         return max(time.monotonic() - self.state.started_at, 1e-9)
 
 
+HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], None]] = {
+    msg.Ready: Controller._on_ready,
+    msg.Heartbeat: Controller._on_heartbeat,
+    msg.Stopped: Controller._on_heartbeat,
+    msg.VersionPublished: Controller._on_version,
+    msg.SamplesFailed: Controller._on_failed,
+    msg.SamplesFiltered: Controller._on_filtered,
+    msg.SamplesNoted: Controller._on_noted,
+    msg.HeldOutScored: Controller._on_eval,
+    msg.CheckpointWritten: Controller._on_checkpoint,
+    msg.DuplicateDropped: Controller._on_duplicate,
+    msg.BatchRefused: Controller._on_rejected,
+    msg.NodeMetrics: Controller._on_metrics,
+    msg.WorkerError: Controller._on_error,
+}
+
+
 def _configured(source: Any, config: RunConfig) -> Any:
     """Sources that depend on the config (`code_tasks`) resolve here; others are used as they are."""
     return source.configure(config) if hasattr(source, "configure") else source
 
 
-def _kill_group(process: WorkerHandle) -> None:
-    """Kill the worker and what it started: its session locally, its actor on Ray."""
-    process.kill()
-
-
 def _remove_socket_files(plan: Plan) -> None:
     """Every ipc socket file of the run: a worker killed by a signal never removes the one it bound."""
-    for endpoint in (plan.control_endpoint, *(e for p in plan.pools for e in p.endpoints)):
+    for endpoint in plan.bound_endpoints():
         if endpoint.startswith("ipc://"):
             Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
 
@@ -663,9 +605,8 @@ def _first_tasks(source: Any, n: int) -> list[dict[str, Any]]:
     repeated: list[str] = []
     iterator = iter(source)
     first_epoch = getattr(source, "epoch", None)
-    while len(tasks) < n:
-        task = next(iterator, None)
-        if task is None or (first_epoch is not None and source.epoch != first_epoch):
+    for task in islice(iterator, n):
+        if first_epoch is not None and source.epoch != first_epoch:
             break
         key = str(task.get("task_id", len(tasks)))
         if key in seen:
@@ -678,3 +619,4 @@ def _first_tasks(source: Any, n: int) -> list[dict[str, Any]]:
         log.warning("held-out tasks repeat task_id %s (%s): each is scored, but the ids no longer name one task",
                     ", ".join(map(repr, repeated[:5])), source)
     return tasks
+

@@ -1,6 +1,6 @@
 """`areal export`: a run's checkpoint as a Hugging Face model directory.
 
-The checkpoint keeps the policy's weights (policy.safetensors); exporting puts them into the
+The checkpoint keeps each trained model's weights (policy-MODEL.safetensors); exporting puts them into the
 run's model architecture and writes it with `save_pretrained` (safetensors) plus the tokenizer,
 so `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` and vLLM load it directly.
 """
@@ -14,10 +14,23 @@ from safetensors.torch import load_file
 
 from areal.config import validate_config
 from areal.errors import ConfigError
-from areal.runtime.checkpoint import find_checkpoints
+from areal.runtime.checkpoint import find_checkpoints, policy_name
 
 
-def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path) -> Path:
+def _policy_file(folder: Path, model: str | None) -> Path:
+    """The weights of `model` in a checkpoint; without a name, the only model it holds."""
+    held = sorted(p.name.removeprefix("policy-").removesuffix(".safetensors")
+                  for p in folder.glob("policy-*.safetensors"))
+    if model is None and len(held) == 1:
+        model = held[0]
+    if model is None or model not in held:
+        which = f"no model '{model}'" if model else f"{len(held)} models"
+        raise ConfigError(f"{folder}: {which} to export (it holds: {', '.join(held) or 'none'}); "
+                          "name one with --model")
+    return folder / policy_name(model)
+
+
+def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path, model: str | None = None) -> Path:
     from areal.models.loading import load_policy
 
     config_path = run_dir / "config.json"
@@ -36,9 +49,7 @@ def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path) -> Path:
     if step not in checkpoints:
         raise ConfigError(f"{run_dir}: no intact checkpoint at step {step} (intact ones: {sorted(checkpoints)})"
                           f"{passed_over}")
-    weights = checkpoints[step] / "policy.safetensors"
-    if not weights.is_file():
-        raise ConfigError(f"{checkpoints[step]}: has no policy.safetensors (a run without a model node?)")
+    weights = _policy_file(checkpoints[step], model)
     model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=config.seed)
     model.load_state_dict(load_file(str(weights)))
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -73,7 +73,10 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
     if resume is not None:
         refuse_changes(resume.run_dir, recipe.config)
     _check_engines(recipe)
-    _preflight(recipe)
+    for report in _preflight(recipe):
+        log.info("%s", report)
+        if console is not None:
+            console.print(report, highlight=False, soft_wrap=True)
     checkpoint, saved = (resume.checkpoint, resume.saved) if resume is not None else (None, None)
     folder = Path(run_dir or recipe.config.run_dir or _default_run_dir(recipe))
     folder.mkdir(parents=True, exist_ok=True)
@@ -99,14 +102,19 @@ def _check_engines(recipe: Recipe) -> None:
         require_engines(recipe.node_config(n.name), generation=n.kind == "generate", training=n.kind == "ppo-update")
 
 
-def _preflight(recipe: Recipe) -> None:
-    """Each node's own check that this machine can run it (the code reward's sandbox), before any worker."""
+def _preflight(recipe: Recipe) -> list[str]:
+    """Each node's own check that this machine can run it (the code reward's sandbox), before any worker;
+    what the checks report, each once (the sandbox's layers)."""
+    reports: list[str] = []
     for n in recipe.graph.nodes.values():
         if n.spec.preflight is not None:
             try:
-                n.spec.preflight()
+                report = n.spec.preflight()
             except ArealError as err:
                 raise RunError(f"{n.describe()}: {err}") from None
+            if report and report not in reports:
+                reports.append(report)
+    return reports
 
 
 def _builtin_policy_nodes(recipe: Recipe) -> list[Node]:

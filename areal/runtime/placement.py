@@ -77,7 +77,7 @@ def worker_spec(plan: Plan, plan_path: Path, pool: str, replica: int, version: i
         pool=pool, replica=replica, replicas=spec.replicas,
         args=args + ((str(resume_dir),) if resume_dir else ()), log_path=log_path,
         cpus=spec.threads, gpus=spec.gpus, run_dir=plan.run_dir, one_node=bool(spec.rendezvous),
-        endpoints=(plan.control_endpoint, *(e for p in plan.pools for e in p.endpoints)),
+        endpoints=tuple(plan.bound_endpoints()),
     )
 
 

@@ -1,21 +1,38 @@
-"""The compiled plan: which process runs which nodes, and how they are wired.
+"""The compiled plan: which process runs which nodes, and which channels join them.
 
-A `Plan` is plain data (frozen dataclasses of strings and ints), printable as a table and
-serialisable to JSON, so `plan.json` in the run directory is enough to read or repeat a run.
-Pools form a pipeline in data order; each replica of a pool binds one PULL endpoint and every
-replica of the pool before it connects a PUSH to all of them (ZeroMQ load-balances). A trainer
-pool's replicas are the ranks of one data-parallel trainer: rank 0 alone binds an endpoint.
+A `Plan` is plain data (frozen dataclasses of strings and ints), printable and serialisable to
+JSON, so `plan.json` in the run directory is enough to read or repeat a run. It is the graph
+as it runs: one pool per group of colocated nodes (a linear chain, or a trainer with its
+proximal pass), and one `Channel` per pair of pools that a data edge crosses, carrying exactly
+the fields the receiving pool's nodes read from the sending pool. A pool with several input
+channels joins them by group; branches that do not depend on each other are separate pools and
+run at the same time. Fields are named by their producer (`score.reward`), so two nodes may
+produce ports of the same name and each consumer gets the one it asked for.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from rich.table import Table
 from rich.tree import Tree
 
-WIDE_TABLE_COLUMNS = 140  # narrower terminals get `Plan.tree`: the table's 9 columns would each be cut
+WIDE_TABLE_COLUMNS = 140  # narrower terminals get `Plan.tree`: the table's columns would each be cut
+IMPLICIT = ("sample_id", "group_id")  # every batch carries them, on every channel
+
+
+@dataclass(frozen=True)
+class Channel:
+    """Data from every replica of pool `src` to pool `dst`: the fields `dst` reads from `src`."""
+
+    src: str
+    dst: str
+    fields: tuple[str, ...]  # qualified ("rollout.output_ids"); sample_id and group_id travel too
+    endpoints: tuple[str, ...]  # one per receiving replica (a trainer: its rank 0 only)
+    # "balance": ZeroMQ deals batches to any replica; "by_group": the group picks the replica, so that
+    # every input of a joining pool brings a group to the same one
+    routing: str = "balance"
 
 
 @dataclass(frozen=True)
@@ -23,15 +40,15 @@ class PoolSpec:
     name: str
     nodes: tuple[str, ...]  # run in this order inside one process, batch by batch
     kinds: tuple[str, ...]
-    role: str  # "source" (the controller), "stream" (generate first), "train" (has ppo-update), "map"
+    role: str  # "source" (in the controller), "stream" (a generate node first), "train" (a trainer), "map"
     replicas: int
     threads: int
-    endpoints: tuple[str, ...] = ()  # one PULL endpoint per replica (none for the source)
+    level: str = "sample"  # "group": one row per prompt (before generation); "sample": one per sample
     gather_groups: int = 1  # groups gathered before the pool's nodes run (B for a trainer)
-    # a trainer of several ranks: only rank 0 has an endpoint (it passes each step on, areal/runtime/ranks.py);
-    # the ranks' torch.distributed rendezvous, host:port
-    rendezvous: str = ""
+    rendezvous: str = ""  # a trainer of several ranks: their torch.distributed rendezvous, host:port
     gpus: int = 0  # per replica: what Ray reserves for it (and makes the only GPUs it sees)
+    model: str = ""  # a trainer pool: the model it trains; another pool: the model whose weights it follows
+    reaches_trainer: bool = True  # false for a side branch no trainer reads from (its failures are not the step's)
 
     def worker_ids(self) -> list[str]:
         return [f"{self.name}[{r}]" for r in range(self.replicas)]
@@ -43,16 +60,49 @@ class Plan:
     recipe: str
     overrides: tuple[str, ...]
     run_dir: str
-    pools: tuple[PoolSpec, ...]
+    pools: tuple[PoolSpec, ...]  # the source first, then in data order
+    channels: tuple[Channel, ...]
+    bindings: tuple[tuple[str, str, str], ...]  # (node, input port, qualified field it reads)
     control_endpoint: str
-    weights_route: tuple[tuple[str, str], ...]  # (trainer pool, pool that receives its weights)
+    weights_routes: tuple[tuple[str, str], ...]  # (trainer pool, pool that follows its model's weights)
     weights_dir: str
     high_water_mark: int
     max_frame_bytes: int
     max_header_bytes: int
-    colocated: tuple[tuple[str, ...], ...] = field(default=())
+    policy: str = ""  # the trainer whose model the generators sample ("" without generation)
+    reward_field: str = ""  # the qualified field reported as the run's reward (step metrics, held-out pass@1)
     weights_rendezvous: str = ""  # transport.weights=broadcast: host:port of the weights group's store
     secured: bool = False  # TCP sockets: every one is armed with the run's CURVE key (security.py)
+    colocated: tuple[tuple[str, ...], ...] = field(default=())
+
+    # -- reading the plan ---------------------------------------------------------------
+
+    def pool(self, name: str) -> PoolSpec:
+        return next(p for p in self.pools if p.name == name)
+
+    def pool_of(self, node: str) -> PoolSpec:
+        return next(p for p in self.pools if node in p.nodes)
+
+    def inputs_of(self, pool: str) -> list[Channel]:
+        return [c for c in self.channels if c.dst == pool]
+
+    def outputs_of(self, pool: str) -> list[Channel]:
+        return [c for c in self.channels if c.src == pool]
+
+    def trainer_pools(self) -> list[PoolSpec]:
+        return [p for p in self.pools if p.role == "train"]
+
+    def followers(self, trainer_pool: str) -> list[str]:
+        """Pools that take this trainer's new weights (its generators and the maps that follow its model)."""
+        return [dst for src, dst in self.weights_routes if src == trainer_pool]
+
+    def binding(self, node: str) -> dict[str, str]:
+        """Input port -> the qualified field node `node` reads on it."""
+        return {port: qualified for n, port, qualified in self.bindings if n == node}
+
+    def bound_endpoints(self) -> list[str]:
+        """Every data endpoint some worker binds, and the controller's."""
+        return [self.control_endpoint, *(e for c in self.channels for e in c.endpoints)]
 
     def sender_limits(self) -> dict[str, int]:
         """What every PUSH end of the run is built with: the queue depth and the receivers' frame limits."""
@@ -60,20 +110,17 @@ class Plan:
                 "max_header_bytes": self.max_header_bytes}
 
     def weights_members(self) -> dict[str, int]:
-        """Worker id -> member of the weights group: 0 the trainer's rank 0, then each generator replica."""
-        members = {f"{self.weights_route[0][0]}[0]": 0} if self.weights_route else {}
-        for pool in dict.fromkeys(dst for _, dst in self.weights_route):
-            for worker in self.pool(pool).worker_ids():
-                members[worker] = len(members)
+        """Worker id -> member of the weights group: 0 the policy trainer's rank 0, then each generator replica."""
+        if not self.policy:
+            return {}
+        members = {f"{self.policy}[0]": 0}
+        for pool in self.followers(self.policy):
+            if self.pool(pool).role == "stream":
+                for worker in self.pool(pool).worker_ids():
+                    members[worker] = len(members)
         return members
 
-    def pool(self, name: str) -> PoolSpec:
-        return next(p for p in self.pools if p.name == name)
-
-    def next_pool(self, name: str) -> PoolSpec | None:
-        names = [p.name for p in self.pools]
-        i = names.index(name)
-        return self.pools[i + 1] if i + 1 < len(self.pools) else None
+    # -- JSON -------------------------------------------------------------------------------
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -81,16 +128,14 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> Plan:
         raw = json.loads(text)
-        pools = tuple(
-            PoolSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in p.items()}) for p in raw.pop("pools")
-        )
-        return cls(
-            pools=pools,
-            overrides=tuple(raw.pop("overrides")),
-            weights_route=tuple(tuple(r) for r in raw.pop("weights_route")),
-            colocated=tuple(tuple(c) for c in raw.pop("colocated")),
-            **raw,
-        )
+        raw["pools"] = tuple(PoolSpec(**_tuples(p)) for p in raw["pools"])
+        raw["channels"] = tuple(Channel(**_tuples(c)) for c in raw["channels"])
+        for name in ("overrides", "bindings", "weights_routes", "colocated"):
+            raw[name] = tuple(tuple(x) if isinstance(x, list) else x for x in raw[name])
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+    # -- showing it --------------------------------------------------------------------------
 
     def render(self, width: int, lands_on: dict[str, list[str]] | None = None) -> Table | Tree:
         """The table where a terminal is wide enough for its columns, else one stacked entry per pool."""
@@ -100,48 +145,65 @@ class Plan:
         """The plan as a tree: each pool, then one line per fact (fits 80 columns; long endpoints wrap)."""
         root = Tree(f"plan of graph '{self.graph}'  (run dir {self.run_dir})")
         for p in self.pools:
-            nxt = self.next_pool(p.name)
-            gathers = f", gathers {p.gather_groups} groups" if p.gather_groups > 1 else ""
-            where = "in the controller" if p.role == "source" else f"{p.replicas} x {p.threads} thread(s), {p.gpus} GPU"
-            pool = root.add(f"[bold]{p.name}[/]  {p.role}{gathers}; {where}")
+            pool = root.add(f"[bold]{p.name}[/]  {self._role(p)}")
             pool.add("nodes: " + ", ".join(f"{n} ({k})" for n, k in zip(p.nodes, p.kinds)))
-            if p.endpoints:
-                pool.add("receives on: " + ", ".join(p.endpoints))
-            pool.add(f"sends to: {nxt.name} (PUSH, hwm {self.high_water_mark})" if nxt else "sends to: —")
+            pool.add(self._where(p))
+            for c in self.inputs_of(p.name):
+                pool.add(f"from {c.src}: {_fields(c)}").add(f"on {', '.join(c.endpoints)}")
             if lands_on is not None and p.role != "source":
                 pool.add("lands on: " + "; ".join(_landing(lands_on.get(p.name, []), p.gpus).splitlines()))
         root.add(f"control: {self.control_endpoint}")
-        root.add(f"weights: {self._route()}")
+        root.add(f"weights: {self._routes()}")
         return root
-
-    def _route(self) -> str:
-        route = ", ".join(f"{a} ⇢ {b}" for a, b in self.weights_route) or "none"
-        way = (f"over a process group ({self.weights_rendezvous})" if self.weights_rendezvous
-               else f"via {self.weights_dir}")
-        return f"{route} {way}"
 
     def table(self, lands_on: dict[str, list[str]] | None = None) -> Table:
         """`lands_on`: pool -> the machine of each replica (Ray's placement), shown when given."""
         t = Table(title=f"plan of graph '{self.graph}'  (run dir {self.run_dir})", show_lines=True)
-        for col in ("pool", "nodes", "role", "replicas", "threads", "gpus", "receives on", "sends to"):
+        for col in ("pool", "nodes", "role", "replicas", "threads", "gpus", "receives", "sends to"):
             t.add_column(col)
         if lands_on is not None:
             t.add_column("lands on")
         for p in self.pools:
-            nxt = self.next_pool(p.name)
             t.add_row(
                 p.name,
                 "\n".join(f"{n} ({k})" for n, k in zip(p.nodes, p.kinds)),
-                p.role + (f", gathers {p.gather_groups} groups" if p.gather_groups > 1 else ""),
+                self._role(p),
                 str(p.replicas),
                 str(p.threads),
                 str(p.gpus),
-                "\n".join(p.endpoints) or "—",
-                f"{nxt.name} (PUSH, hwm {self.high_water_mark})" if nxt else "—",
+                "\n".join(f"{c.src}: {_fields(c)}\n  on {', '.join(c.endpoints)}" for c in self.inputs_of(p.name))
+                or "—",
+                "\n".join(f"{c.dst} ({c.routing}, hwm {self.high_water_mark})" for c in self.outputs_of(p.name))
+                or "—",
                 *([] if lands_on is None else [_landing(lands_on.get(p.name, ["controller"]), p.gpus)]),
             )
-        t.caption = f"control: {self.control_endpoint}   weights: {self._route()}"
+        t.caption = f"control: {self.control_endpoint}   weights: {self._routes()}"
         return t
+
+    def _role(self, p: PoolSpec) -> str:
+        joins = len(self.inputs_of(p.name))
+        extra = [f"gathers {p.gather_groups} groups" if p.gather_groups > 1 else "",
+                 f"joins {joins} inputs" if joins > 1 else "", f"{p.level}-level" if p.level == "group" else ""]
+        return ", ".join([p.role, *[e for e in extra if e]])
+
+    def _where(self, p: PoolSpec) -> str:
+        if p.role == "source":
+            return "runs in the controller"
+        return f"runs {p.replicas} replica(s) x {p.threads} thread(s), {p.gpus} GPU each"
+
+    def _routes(self) -> str:
+        route = ", ".join(f"{a} ⇢ {b}" for a, b in self.weights_routes) or "none"
+        way = (f"over a process group ({self.weights_rendezvous})" if self.weights_rendezvous
+               else f"via {self.weights_dir}")
+        return f"{route} {way}"
+
+
+def _tuples(raw: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+
+
+def _fields(c: Channel) -> str:
+    return ", ".join(c.fields) or "(ids only)"
 
 
 def _landing(nodes: list[str], gpus: int) -> str:

@@ -30,9 +30,9 @@ def live_table(controller: Controller) -> Table:
         t.add_row("held-out pass@1", f"{last_eval['pass@1']:.3f} at version {last_eval['version']}"
                   f" (first {s.evals[0]['pass@1']:.3f})")
     t.add_row("staleness (lag: samples)", ", ".join(f"{k}: {v}" for k, v in sorted(s.staleness.items())) or "—")
-    acc = controller.accounting.summary(s.version)
+    acc = controller.accounting.summary()
     t.add_row("samples", f"started {acc['started']} · trained {acc['trained']} · failed {acc['failed']}"
-              f" · in flight {acc['in_flight']}")
+              f" · filtered {acc['filtered']} · in flight {acc['in_flight']}")
     busy = " · ".join(f"{w.worker_id}{_on(w.process.node)} {w.busy:.0%}" for w in controller.workers.values())
     t.add_row("busy", busy or "—")
     return t
@@ -53,7 +53,7 @@ def summary_table(controller: Controller) -> Table:
     if s.evals:
         t.add_row("held-out pass@1", " → ".join(f"{e['pass@1']:.3f}@v{e['version']}" for e in s.evals))
     t.add_row("staleness histogram", ", ".join(f"lag {k}: {v}" for k, v in sorted(s.staleness.items())) or "—")
-    acc = controller.accounting.summary(s.version)
+    acc = controller.accounting.summary()
     t.add_row("accounting", " · ".join(f"{k} {v}" for k, v in acc.items()))
     if controller.skipped_tasks:
         t.add_row("skipped task records", f"{controller.skipped_tasks} — first: {controller.bad_tasks[0]}")

@@ -1,20 +1,25 @@
-"""One worker process: receive a batch, run its pool's nodes in order, send it downstream.
+"""One worker process: one replica of one pool. It receives groups on its input channels, runs its nodes,
+and sends each group on to every pool that reads from it.
 
     python -m areal.runtime.worker PLAN_JSON POOL REPLICA [VERSION [RESUME_DIR]]
 
 A worker rebuilds its nodes by loading the recipe named in the plan (no code crosses a socket),
-then runs one loop chosen by its pool's role:
-- map: one batch in, the nodes run, one batch out;
+then runs the loop of its pool's role:
+- map: a group in (joined from every input channel), the nodes run, the group out on every output;
 - stream: a generate node is stepped one decode step at a time, taking prompts and new weights
   between steps, and each finished group goes through the rest of the pool's nodes;
-- train: groups are gathered until batch k (groups [kB, (k+1)B)) is complete, then the
-  proximal pass and the update run and version k+1 is published. A trainer of several ranks
-  (trainer.ranks) does this in rank 0, which orders the others to do the same (runtime/ranks.py).
-A node that raises stops the worker with an "error" event naming it; the controller stops the run.
+- train: groups are taken in admission order, skipping those left empty (every sample failed or
+  filtered), until B are gathered; then the proximal pass and the update run and the trainer's
+  model gets its next version. A trainer of several ranks does this in rank 0, which orders the
+  others to do the same (runtime/ranks.py).
+Every group a pool finishes is sent on every output channel, empty if nothing is left of it, so
+joins downstream always complete. A node that raises stops the worker with an "error" event
+naming it; the controller decides what happens next.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -31,14 +36,17 @@ from areal.config import RunConfig
 from areal.errors import RunError, WireError
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
-from areal.graph.node import FAILED, Node
+from areal.graph.node import Node
 from areal.graph.recipe import load_recipe
-from areal.runtime.channels import BatchReceiver, BatchSender, bind_address, is_dynamic
-from areal.runtime.checkpoint import staging_dir
+from areal.runtime.chain import Chain, NodeFailure, guard
+from areal.runtime.channels import BatchReceiver, bind_address
+from areal.runtime.checkpoint import MANIFEST, staging_dir
 from areal.runtime.codec import FrameTooLarge
 from areal.runtime.context import WorkerContext
 from areal.runtime.control import ControlClient, Pulse
-from areal.runtime.outputs import NodeContractError, checked_outputs
+from areal.runtime.join import Join, expand
+from areal.runtime.outbox import Outbox
+from areal.runtime.outputs import NodeContractError
 from areal.runtime.plan import Plan
 from areal.runtime.ranks import RankOrders, rank_environment
 from areal.runtime.security import RunKey
@@ -47,14 +55,7 @@ from areal.runtime.staleness import staleness_histogram
 log = logging.getLogger("areal.worker")
 
 SEND_RETRY_MS = 500
-
-
-class NodeFailure(Exception):
-    """A node's own code raised: the message names the node, the cause keeps the traceback."""
-
-    def __init__(self, node: str, err: BaseException) -> None:
-        self.node = node
-        super().__init__(f"node '{node}' raised {type(err).__name__}: {err}")
+JOIN_CAPACITY_BATCHES = 4  # a join holds at most this many steps' worth of groups from an input that is ahead
 
 
 class Worker:
@@ -81,63 +82,61 @@ class Worker:
             if hasattr(impl, "setup"):
                 context = WorkerContext(recipe.node_config(n.name), plan, self.pool, replica, n.name, version,
                                         resume_dir, self.control)
-                _guard(n.name, impl.setup, context)
+                guard(n.name, impl.setup, context)
             self.impls.append(impl)
+        self.chain = Chain(self.nodes, self.impls, plan, self.control.send)
+        # map nodes that follow a trained model's weights (a critic's value pass): model -> their impls
+        self.followers = {m: [impl for n, impl in zip(self.nodes, self.impls) if recipe.graph.model_of(n) == m]
+                          for m in {recipe.graph.model_of(n) for n in self.nodes} - {None, self.pool.name}}
         self.orders = RankOrders() if self.pool.rendezvous else None
         self.follower = self.orders is not None and replica > 0  # gets its steps from rank 0, not a socket
-        # transport.weights=broadcast: every trainer rank gathers the weights, rank 0 broadcasts them
-        self.broadcasting = self.pool.role == "train" and bool(plan.weights_rendezvous)
+        # transport.weights=broadcast: the policy trainer's ranks gather the weights, rank 0 broadcasts them
+        self.broadcasting = self.pool.role == "train" and bool(plan.weights_rendezvous) and pool_name == plan.policy
         self.weights_group: Any = None
         if self.broadcasting:
             self._join_weights_group()
-        upstream = plan.pools[[p.name for p in plan.pools].index(pool_name) - 1].name
         self.poller = zmq.Poller()
-        self.inbox: BatchReceiver | None = None
-        if not self.follower:
-            endpoint = bind_address(self.pool.endpoints[replica])
-            self.inbox = BatchReceiver(endpoint, bind=True, hwm=plan.high_water_mark, name=f"'{upstream}'",
-                                       max_frame_bytes=plan.max_frame_bytes, max_header_bytes=plan.max_header_bytes,
-                                       allow_remote=self.config.transport.host != "127.0.0.1",  # asked for
-                                       key=self.key)
-            self.poller.register(self.inbox.socket, zmq.POLLIN)
-        downstream = plan.next_pool(pool_name)
-        self.outbox: BatchSender | None = None
-        if downstream is not None and is_dynamic(downstream.endpoints):
-            # the controller says where the next pool listens
-            self.outbox = BatchSender(None, bind=False, key=self.key, **plan.sender_limits())
-        elif downstream is not None:
-            self.outbox = BatchSender(downstream.endpoints[0], bind=False, key=self.key, **plan.sender_limits())
-            for endpoint in downstream.endpoints[1:]:
-                self.outbox.socket.connect(endpoint)
+        self.inboxes: dict[str, BatchReceiver] = {}
+        allow_remote = self.config.transport.host != "127.0.0.1"  # asked for
+        for channel in plan.inputs_of(pool_name) if not self.follower else []:
+            inbox = BatchReceiver(bind_address(channel.endpoints[replica]), bind=True, hwm=plan.high_water_mark,
+                                  name=f"'{channel.src}'", max_frame_bytes=plan.max_frame_bytes,
+                                  max_header_bytes=plan.max_header_bytes, allow_remote=allow_remote, key=self.key)
+            self.inboxes[channel.src] = inbox
+            self.poller.register(inbox.socket, zmq.POLLIN)
+        levels = {p.name: p.level for p in plan.pools}
+        capacity = JOIN_CAPACITY_BATCHES * self.config.batch_size * (self.config.staleness + 1)
+        self.join = Join(list(self.inboxes), levels, capacity) if len(self.inboxes) > 1 else None
+        self.outboxes = {c.dst: Outbox(c, plan, self.key) for c in plan.outputs_of(pool_name)}
         self.poller.register(self.control.socket, zmq.POLLIN)
         self.stopping = False
-        self.busy_s = 0.0
         self.counts: dict[str, int] = {"batches": 0, "samples": 0, "tokens": 0}
         self._last_beat = time.monotonic()
-        self._latest_weights: dict[str, Any] | None = None
+        self._busy_at_beat = 0.0
+        self._latest_weights: dict[str, dict[str, Any]] = {}  # model -> the newest "weights" message
         self.holding: set[int] = set()  # trainer: groups gathered for coming steps (not re-issued after a crash)
+        self.next_group = _resumed_next_group(resume_dir, pool_name)  # trainer: the oldest group not consumed
 
     def _join_weights_group(self) -> None:
         """Trainer: form the weights group with the generators and send them the weights it starts from."""
         from areal.engines.weight_group import WeightGroup, group_device
 
-        weights = _guard(self.nodes[-1].name, self.impls[-1].policy_weights)
+        weights = guard(self.nodes[-1].name, self.impls[-1].policy_weights)
         if not self.follower:
             members = self.plan.weights_members()
             self.weights_group = WeightGroup(self.plan.weights_rendezvous, 0, len(members),
                                              device=group_device(self.config.generation.engine))
             self.weights_group.send(weights)
 
-    # -- loop pieces ------------------------------------------------------------------
+    # -- the shell around the loops -----------------------------------------------------
 
     def run(self) -> None:
-        self.control.send("ready", pid=os.getpid(), endpoint=self.inbox.endpoint if self.inbox else None)
+        endpoints = {src: inbox.endpoint for src, inbox in self.inboxes.items()}
+        self.control.send("ready", pid=os.getpid(), endpoints=endpoints)
         pulse = Pulse(self.plan.control_endpoint, self.worker_id, self.config.faults.heartbeat_s, self.key)
         loop = {"map": self._map_loop, "stream": self._stream_loop, "train": self._train_loop}[self.pool.role]
-        if self.follower:
-            loop = self._follow_loop
         try:
-            loop()
+            (self._follow_loop if self.follower else loop)()
         finally:
             pulse.stop()
         self.control.send("stopped", **self.counts)
@@ -147,122 +146,136 @@ class Worker:
         self._commands()
         now = time.monotonic()
         if now - self._last_beat >= self.config.faults.heartbeat_s:
-            self.control.send("heartbeat", busy=self.busy_s / max(now - self._last_beat, 1e-9),
-                              holding=sorted(self.holding), **self.counts)
-            self._last_beat, self.busy_s = now, 0.0
+            busy = (self.chain.busy_s - self._busy_at_beat) / max(now - self._last_beat, 1e-9)
+            self.control.send("heartbeat", busy=busy, holding=sorted(self.holding), **self.counts)
+            self._last_beat, self._busy_at_beat = now, self.chain.busy_s
 
     def _commands(self) -> None:
         while (message := self.control.recv(0)) is not None:
-            if message["type"] == "stop":
+            kind = message["type"]
+            if kind == "stop":
                 self.stopping = True
-                self._on_stop(message)
-            elif message["type"] == "peers" and self.outbox is not None:  # Ray: where the next pool listens
-                for endpoint in message.get("disconnect", []):
-                    self.outbox.disconnect(endpoint)
-                for endpoint in message.get("connect", []):
-                    self.outbox.connect(endpoint)
-            elif message["type"] == "weights":
+                if self.pool.role == "train" and message.get("checkpoint"):
+                    self._checkpoint(Path(message["checkpoint"]))
+            elif kind == "peers":  # Ray: where a replica of the next pool listens now
+                outbox = self.outboxes[message["channel"]]
+                if message.get("disconnect"):
+                    outbox.disconnect(int(message["replica"]), message["disconnect"])
+                outbox.connect(int(message["replica"]), message["connect"])
+            elif kind == "frontier" and self.join is not None:
+                self.join.forget_below(int(message["group"]))
+            elif kind == "weights":
                 if message.get("broadcast"):
                     # a collective: the trainer waits in it until every generator has taken its part
-                    _guard(self.nodes[0].name, self.impls[0].receive_weights, int(message["version"]))
+                    guard(self.nodes[0].name, self.impls[0].receive_weights, int(message["version"]))
                     message = {**message, "path": None}  # loaded already: the loop only notes the version
-                self._latest_weights = message  # with files, only the newest matters
-
-    def _on_stop(self, message: Mapping[str, Any]) -> None:
-        """Trainer: write the final checkpoint when the controller asks for it."""
-        if self.pool.role == "train" and message.get("checkpoint"):
-            self._checkpoint(Path(message["checkpoint"]))
+                self._latest_weights[str(message.get("model", ""))] = message  # with files, only the newest matters
 
     def _drain(self) -> list[tuple[Batch, GroupMeta]]:
-        """The batches that arrived; one whose meta is malformed is refused and reported, never run."""
+        """The groups whose every input has come (joined when the pool has several); a batch whose meta is
+        malformed is refused and reported, never run. An input that is far ahead of the others waits."""
         got = []
-        while self.inbox is not None and (item := self.inbox.recv(timeout_ms=0)) is not None:
-            batch, raw = item
-            try:
-                got.append((batch, GroupMeta.from_wire(raw, self.inbox.name)))
-            except WireError as err:
-                self.inbox.rejected += 1
-                groups = batch["group_id"].tolist() if isinstance(batch.get("group_id"), torch.Tensor) else []
-                self.control.send("rejected", groups=[int(g) for g in groups], reason=str(err))
+        for src, inbox in self.inboxes.items():
+            while not (self.join is not None and self.join.ahead(src)):
+                item = inbox.recv(timeout_ms=0)
+                if item is None:
+                    break
+                batch, raw = item
+                try:
+                    meta = GroupMeta.from_wire(raw, inbox.name)
+                except WireError as err:
+                    inbox.rejected += 1
+                    groups = batch["group_id"].tolist() if isinstance(batch.get("group_id"), torch.Tensor) else []
+                    self.control.send("rejected", groups=[int(g) for g in groups], reason=str(err))
+                    continue
+                joined = (batch, meta) if self.join is None else self.join.add(src, batch, meta)
+                if joined is not None:
+                    got.append(joined)
         return got
 
     def _send(self, batch: Batch, meta: GroupMeta) -> None:
-        """Send downstream; a batch that could never cross the wire fails its samples, with the reason."""
-        if self.outbox is None:
-            return
-        while True:
-            try:
-                self.outbox.send(batch, meta.to_wire(), timeout_ms=SEND_RETRY_MS)
-                return
-            except FrameTooLarge as err:
-                # its samples fail with the reason; the group still travels (empty), so the batch it closes
-                # closes: the trainer waits for every group of a step
-                batch = self._fail_rows(self.nodes[-1], batch, dict.fromkeys(range(batch.size), str(err)), meta.eval)
-            except TimeoutError:
-                self._wait(0)  # back-pressure: keep answering the controller while downstream is full
-                if self.stopping:
-                    return
-
-    def _run_chain(self, nodes: list[Node], impls: list[Any], batch: Batch, held_out: bool) -> Batch:
-        for n, impl in zip(nodes, impls):
-            start = time.monotonic()
-            out = dict(_guard(n.name, impl, batch))
-            self.busy_s += time.monotonic() - start
-            failed = out.pop(FAILED, None) or {}
-            out, non_finite = checked_outputs(n, batch, out)
-            failed = {**non_finite, **failed}  # the node's own reason for a row wins
-            batch = batch.merge(out)
-            batch = self._fail_rows(n, batch, failed, held_out)
+        """Send a finished group on every output channel; one that could never cross the wire fails its samples,
+        with the reason, and travels on empty (joins downstream wait for every group)."""
         self.counts["batches"] += 1
         self.counts["samples"] += batch.size
-        return batch
+        try:
+            for outbox in self.outboxes.values():
+                outbox.check(batch, meta)
+        except FrameTooLarge as err:
+            batch = self.chain.fail(self.nodes[-1], batch, dict.fromkeys(range(batch.size), str(err)), meta.eval)
+        for outbox in self.outboxes.values():
+            while True:
+                try:
+                    outbox.send(batch, meta, timeout_ms=SEND_RETRY_MS)
+                    break
+                except TimeoutError:
+                    self._wait(0)  # back-pressure: keep answering the controller while downstream is full
+                    if self.stopping:
+                        return
 
-    def _fail_rows(self, n: Node, batch: Batch, failed: Mapping[int, Any], held_out: bool) -> Batch:
-        """Report the failed rows with their sample ids and reasons; the batch goes on without them."""
-        if not failed:
-            return batch
-        rows = sorted(failed)
-        self.control.send("failed", node=n.name, sample_ids=batch["sample_id"][rows].tolist(),
-                          reasons=[str(failed[r]) for r in rows], eval=held_out)
-        return batch.select([i for i in range(batch.size) if i not in failed])
+    def _apply_weights(self, model: str) -> dict[str, Any] | None:
+        """The newest weights message for `model`, if one came since last asked."""
+        return self._latest_weights.pop(model, None)
 
-    # -- the three loops --------------------------------------------------------------
+    def _follow_weights(self) -> None:
+        """Map nodes that follow a trained model take its newest weights between groups."""
+        for model, impls in self.followers.items():
+            message = self._apply_weights(model)
+            if message is not None and message.get("path"):
+                for impl in impls:
+                    impl.load_weights(message["path"], int(message["version"]))
+
+    # -- the three loops ------------------------------------------------------------------
 
     def _map_loop(self) -> None:
         while not self.stopping:
             self._wait(int(self.config.faults.heartbeat_s * 1000))
+            self._follow_weights()
             for batch, meta in self._drain():
-                self._send(self._run_chain(self.nodes, self.impls, batch, meta.eval), meta)
+                done, metrics = self.chain.run(batch, held_out=meta.eval)
+                self._report_metrics(metrics)
+                self._send(done, meta)
 
     def _stream_loop(self) -> None:
         gen, head = self.impls[0], self.nodes[0]
-        while self._latest_weights is None and not self.stopping:
+        model = self.pool.model
+        while model not in self._latest_weights and not self.stopping:
             self._wait(100)  # the controller answers "ready" with the newest version: sample nothing before it
         policy_version = self.version
         held: list[tuple[Batch, GroupMeta]] = []  # admitted at a version whose weights have not arrived
+        submitted: dict[int, Batch] = {}  # group key -> the input it came with (its fields go on with its samples)
         while not self.stopping:
             busy = gen.pending() > 0
             self._wait(0 if busy else (100 if held else int(self.config.faults.heartbeat_s * 1000)))
-            if self._latest_weights is not None:
-                weights, self._latest_weights = self._latest_weights, None
+            weights = self._apply_weights(model)
+            if weights is not None:
                 policy_version = int(weights["version"])
-                _guard(head.name, gen.load_weights, weights.get("path"), policy_version)
+                guard(head.name, gen.load_weights, weights.get("path"), policy_version)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
             held += self._drain()
             ready = [item for item in held if item[1].admitted_at <= policy_version]
             held = [item for item in held if item[1].admitted_at > policy_version]
             for batch, meta in ready:
-                _guard(head.name, gen.submit, batch, meta)
+                submitted.setdefault(meta.group, batch)
+                guard(head.name, gen.submit, self.chain.view(batch, self.plan.binding(head.name)), meta)
             if gen.pending() > 0:
                 start = time.monotonic()
-                finished = _guard(head.name, gen.step)
-                self.busy_s += time.monotonic() - start
-                for batch, meta in finished:
-                    _, non_finite = checked_outputs(head, batch, {k: batch[k] for k in head.outputs if k in batch})
-                    batch = self._fail_rows(head, batch, non_finite, meta.eval)
-                    if "output_ids" in batch:
-                        self.counts["tokens"] += int(batch["output_ids"].values.numel())
-                    self._send(self._run_chain(self.nodes[1:], self.impls[1:], batch, meta.eval), meta)
+                finished = guard(head.name, gen.step)
+                self.chain.busy_s += time.monotonic() - start
+                for out, meta in finished:
+                    self._generated(head, submitted.pop(meta.group), out, meta)
+
+    def _generated(self, head: Node, submitted: Batch, out: Batch, meta: GroupMeta) -> None:
+        """A finished group: the generator's outputs beside its input's fields, one row per sample; then the rest
+        of the pool's nodes."""
+        if "output_ids" in out:
+            self.counts["tokens"] += int(out["output_ids"].values.numel())
+        batch = Batch({**expand(submitted, out["group_id"]), "sample_id": out["sample_id"],
+                       "group_id": out["group_id"]})
+        batch, _ = self.chain.absorb(head, batch, out, dict(out), meta.eval)
+        batch, metrics = self.chain.run(batch, held_out=meta.eval, start=1)
+        self._report_metrics(metrics)
+        self._send(batch, meta)
 
     def _train_loop(self) -> None:
         per_step = self.pool.gather_groups
@@ -273,19 +286,17 @@ class Worker:
                 if meta.eval:
                     self._report_eval(batch, meta)
                     continue
-                group = meta.group
-                if group in waiting or group < self.version * per_step:
-                    self.control.send("duplicate", group=group)  # a re-issued group that already arrived
+                if meta.group in waiting or meta.group < self.next_group:
+                    self.control.send("duplicate", group=meta.group)  # a re-issued group that already arrived
                     continue
-                waiting[group] = batch
-                self.holding.add(group)
-            while self.version < self.config.steps and all(
-                g in waiting for g in range(self.version * per_step, (self.version + 1) * per_step)
-            ):
-                wanted = range(self.version * per_step, (self.version + 1) * per_step)
-                parts = [waiting.pop(g) for g in wanted]  # oldest first: group ids are admission order
-                self.holding.difference_update(wanted)
-                self._train(Batch.concat([p for p in parts if p.size]) if any(p.size for p in parts) else None)
+                waiting[meta.group] = batch
+                self.holding.add(meta.group)
+            while self.version < self.config.steps and (step := _next_step(waiting, self.next_group, per_step)):
+                parts = [waiting.pop(g) for g in step]  # oldest first: group ids are admission order
+                self.holding.difference_update(step)
+                self.next_group = step[-1] + 1
+                kept = [p for p in parts if p.size]
+                self._train(Batch.concat(kept) if kept else None, consumed=step)
                 if self.stopping:
                     break
         if self.orders is not None:
@@ -302,61 +313,75 @@ class Worker:
             if order == "checkpoint":
                 self._checkpoint(Path(fields["folder"]))
             else:
-                self._train(batch)
+                self._train(batch, consumed=list(fields.get("consumed", [])))
 
-    def _train(self, batch: Batch | None) -> None:
-        eta = self.config.effective_staleness
+    # -- the trainer's step -------------------------------------------------------------------
+
+    def _train(self, batch: Batch | None, consumed: list[int]) -> None:
         step = self.version
         stats: dict[str, Any] = {}
         hist: dict[int, int] = {}
         if batch is not None:
-            lags = staleness_histogram(step, [int(r.min()) if len(r) else step for r in batch["versions"].rows()])
-            hist = dict(lags)
-            if any(lag > eta for lag in lags):
-                raise RunError(f"staleness bound broken at version {step}: lags {hist} exceed η={eta}")
+            hist = self._check_staleness(batch, step)
         if self.orders is not None and not self.follower:
-            self.orders.send("train", batch)
+            self.orders.send("train", batch, consumed=consumed)
+        trainer = self.impls[-1]
         if batch is not None:
             start = time.monotonic()
-            batch = self._run_chain(self.nodes[:-1], self.impls[:-1], batch, held_out=False)
+            batch, metrics = self.chain.run(batch, held_out=False, stop=len(self.nodes) - 1)
             middle = time.monotonic()
+            stats |= metrics
         if batch is not None and batch.size:
-            stats = dict(_guard(self.nodes[-1].name, self.impls[-1], batch))
+            binding = self.plan.binding(self.nodes[-1].name)
+            stats |= dict(guard(self.nodes[-1].name, trainer, self.chain.view(batch, binding)))
             end = time.monotonic()
-            self.busy_s += end - middle
+            self.chain.busy_s += end - middle
             stats |= {"prox_s": middle - start, "update_s": end - middle}
-        else:  # every sample of the step failed: the version advances, the weights stay as they are
-            _guard(self.nodes[-1].name, self.impls[-1].empty_step)
+        else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
+            guard(self.nodes[-1].name, trainer.empty_step)
         self.version = step + 1
         path = self._publish()
-        weights = _guard(self.nodes[-1].name, self.impls[-1].policy_weights) if self.broadcasting else None
+        weights = guard(self.nodes[-1].name, trainer.policy_weights) if self.broadcasting else None
         if self.follower:
             return  # rank 0 reports the step and decides on checkpoints
+        reward = self.plan.reward_field
         self.control.send(
-            "version", version=self.version, path=path, broadcast=self.broadcasting, stats=stats,
-            staleness={str(k): v for k, v in hist.items()},
+            "version", model=self.pool.name, version=self.version, path=path, broadcast=self.broadcasting,
+            stats=stats, staleness={str(k): v for k, v in hist.items()}, groups=consumed,
+            next_group=self.next_group,
             sample_ids=batch["sample_id"].tolist() if batch is not None else [],
-            rewards=batch["reward"].tolist() if batch is not None and "reward" in batch else [],
-            tokens=int(batch["output_ids"].values.numel()) if batch is not None else 0,
+            rewards=batch[reward].tolist() if batch is not None and reward in batch else [],
+            tokens=_tokens(batch, self.plan.binding(self.nodes[-1].name)),
         )
         if weights is not None:
             self.weights_group.send(weights)  # the controller tells the generators to take their part
         every = self.config.checkpoint.interval_steps
         if every and self.version % every == 0:
-            self._checkpoint(staging_dir(self.plan.run_dir, self.version))
+            self._checkpoint(staging_dir(self.plan.run_dir, self.version, tag="interval"))
+
+    def _check_staleness(self, batch: Batch, step: int) -> dict[int, int]:
+        """The trainer of the sampled policy re-checks η on every sample it consumes."""
+        versions = self.plan.binding(self.nodes[-1].name).get("versions")
+        if self.pool.name != self.plan.policy or versions is None:
+            return {}
+        eta = self.config.effective_staleness
+        lags = staleness_histogram(step, [int(r.min()) if len(r) else step for r in batch[versions].rows()])
+        if any(lag > eta for lag in lags):
+            raise RunError(f"staleness bound broken at version {step}: lags {dict(lags)} exceed η={eta}")
+        return dict(lags)
 
     def _publish(self) -> str | None:
         trainer = self.impls[-1]
-        if not hasattr(trainer, "save_weights") or self.broadcasting:
+        if self.broadcasting:
             return None
         if self.follower:
-            _guard(self.nodes[-1].name, trainer.save_weights, None)  # its part of gathering the weights
+            guard(self.nodes[-1].name, trainer.save_weights, None)  # its part of gathering the weights
             return None
-        folder = Path(self.plan.weights_dir)
+        folder = Path(self.plan.weights_dir) / self.pool.name
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"v{self.version:06d}.safetensors"
         tmp = folder / f".v{self.version:06d}.tmp"
-        _guard(self.nodes[-1].name, trainer.save_weights, str(tmp))
+        guard(self.nodes[-1].name, trainer.save_weights, str(tmp))
         os.replace(tmp, final)  # readers never see a half-written file
         keep = 3 + self.config.sampling_lag  # lagged mode: generators sample from the one η versions old
         for old in folder.glob("v*.safetensors"):
@@ -366,32 +391,60 @@ class Worker:
         return str(final)
 
     def _checkpoint(self, folder: Path) -> None:
+        """Write this trainer's part of a checkpoint into its staging folder; the controller seals it."""
         trainer = self.impls[-1]
         if self.orders is not None and not self.follower:
             self.orders.send("checkpoint", folder=str(folder))
         if hasattr(trainer, "save_checkpoint"):
-            target = folder / "trainer"
+            target = folder / f"trainer-{self.pool.name}"
             target.mkdir(parents=True, exist_ok=True)
-            _guard(self.nodes[-1].name, trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
+            guard(self.nodes[-1].name, trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
         if self.broadcasting:  # no weights file to copy: the checkpoint's policy (export, resume) is written here
-            policy = None if self.follower else str(folder / "policy.safetensors")
-            _guard(self.nodes[-1].name, trainer.save_weights, policy)
+            policy = None if self.follower else str(folder / f"policy-{self.pool.name}.safetensors")
+            guard(self.nodes[-1].name, trainer.save_weights, policy)
         if not self.follower:
-            self.control.send("checkpoint", version=self.version, path=str(folder))
+            self.control.send("checkpoint", model=self.pool.name, version=self.version, path=str(folder),
+                              next_group=self.next_group)
 
     def _report_eval(self, batch: Batch, meta: GroupMeta) -> None:
-        rewards = batch["reward"].tolist() if "reward" in batch else []
+        if self.pool.name != self.plan.policy and self.plan.policy:
+            return  # the sampled policy's trainer reports held-out rounds; the others only see them pass
+        reward = self.plan.reward_field
+        rewards = batch[reward].tolist() if reward in batch else []
         self.control.send("eval", round=meta.round, task_ids=list(meta.task_ids),
                           rewards=rewards, sample_ids=batch["sample_id"].tolist())
 
+    def _report_metrics(self, metrics: Mapping[str, float]) -> None:
+        if metrics:
+            self.control.send("metrics", values=dict(metrics))
 
-def _guard(node: str, fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except (NodeFailure, RunError):
-        raise
-    except Exception as err:
-        raise NodeFailure(node, err) from err
+
+def _next_step(waiting: dict[int, Batch], next_group: int, per_step: int) -> list[int]:
+    """The groups of the next step: from `next_group` on, in admission order, up to the `per_step`-th non-empty
+    one; empty when one of them has not arrived yet. Empty groups in between are consumed with the step."""
+    step: list[int] = []
+    filled = 0
+    group = next_group
+    while filled < per_step:
+        if group not in waiting:
+            return []
+        step.append(group)
+        filled += bool(waiting[group].size)
+        group += 1
+    return step
+
+
+def _tokens(batch: Batch | None, binding: Mapping[str, str]) -> int:
+    field = binding.get("output_ids")
+    return int(batch[field].values.numel()) if batch is not None and field in batch else 0
+
+
+def _resumed_next_group(resume_dir: Path | None, pool: str) -> int:
+    """A resumed trainer's oldest unconsumed group, as its checkpoint recorded; 0 for a fresh run."""
+    if resume_dir is None:
+        return 0
+    state = json.loads((resume_dir / MANIFEST).read_text())
+    return int(state.get("next_group", {}).get(pool, 0))
 
 
 def run_key(plan: Plan) -> RunKey | None:

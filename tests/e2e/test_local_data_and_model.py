@@ -38,4 +38,5 @@ def test_recipe_runs_on_a_local_checkpoint_and_a_jsonl_file_with_a_bad_record(tm
     bad = [x["problem"] for x in lines if x["kind"] == "bad_task"]
     assert len(bad) == 1 and bad[0].startswith(f"{data}:4: ")
     assert "skipped task records" in done.stderr
-    assert (run / "checkpoints" / "step-000002" / "policy.safetensors").exists()
+    assert "code sandbox: " in done.stderr and "verdict: " in done.stderr  # the layers, said once at start
+    assert (run / "checkpoints" / "step-000002" / "policy-actor.safetensors").exists()

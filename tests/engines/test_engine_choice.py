@@ -119,10 +119,10 @@ def test_a_one_rank_fsdp_trainer_steps_saves_and_resumes_like_the_torch_trainer(
     for name, value in expected.items():
         torch.testing.assert_close(published[name], value, rtol=0, atol=1e-6, msg=name)
 
-    # each engine's checkpoint resumes on the other (the worker saves under <checkpoint>/trainer), and the
-    # next step still agrees with the trainer that never stopped
-    fsdp_node.save_checkpoint(str(tmp_path / "from-fsdp" / "trainer"))
-    torch_node.save_checkpoint(str(tmp_path / "from-torch" / "trainer"))
+    # each engine's checkpoint resumes on the other (the worker saves under <checkpoint>/trainer-NODE), and
+    # the next step still agrees with the trainer that never stopped
+    fsdp_node.save_checkpoint(str(tmp_path / "from-fsdp" / "trainer-actor-torch"))
+    torch_node.save_checkpoint(str(tmp_path / "from-torch" / "trainer-actor-fsdp"))
     torch_resumed = _trainer(checkpoint, "torch", tmp_path, resume_dir=tmp_path / "from-fsdp")
     fsdp_resumed = _trainer(checkpoint, "fsdp", tmp_path, resume_dir=tmp_path / "from-torch")
     assert (torch_resumed.engine.step, fsdp_resumed.engine.step) == (1, 1)

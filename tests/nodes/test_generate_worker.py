@@ -30,6 +30,7 @@ def test_a_group_reissued_while_still_in_flight_is_generated_once(tmp_path):
                        generation=GenerationConfig(max_new_tokens=3, stop=[]))
     reports: list[tuple[str, dict]] = []
     node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
+                               published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
                                report=lambda kind, **fields: reports.append((kind, fields))))
     group = Batch({"prompt": ["def f(x):\n"], "group_id": torch.tensor([5]), "sample_id": torch.tensor([5])})
     meta = GroupMeta(group=5, samples=2, admitted_at=0)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from areal.graph.batch import Batch
-from areal.graph.node import FAILED
+from areal.graph.roles import FAILED
 from areal.nodes.reward_worker import RewardNode
 from areal.rewards import math_reward
 

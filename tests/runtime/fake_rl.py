@@ -100,7 +100,7 @@ class FakeGenerate:
         return Batch(fields), meta
 
 
-@node(inputs={"group_id": Int["S"]}, outputs={"advantage": Float["S"], "reward": Float["S"]})
+@node(inputs={"group_id": Int["S"], "output_ids": Int["S", "T"]}, outputs={"advantage": Float["S"], "reward": Float["S"]})
 class advantage:  # noqa: N801 (named like the function nodes it stands beside)
     def setup(self, context):
         if "FAKE_SETUP_ERROR" in os.environ:

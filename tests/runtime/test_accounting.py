@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from areal.errors import RunError
 from areal.runtime.accounting import Accounting
 from areal.runtime.launch import build_controller
 from tests.local_model import make_checkpoint
@@ -13,10 +16,10 @@ TINY_RL = Path(__file__).with_name("tiny_rl.py")
 
 
 def test_a_regenerated_sample_is_noted_once():
-    accounting = Accounting(batch_size=1, group_size=2)
+    accounting = Accounting(group_size=2)
     accounting.on_noted([0, 1], ["over_long", "empty"])
     accounting.on_noted([1], ["empty"])
-    summary = accounting.summary(version=0)
+    summary = accounting.summary()
     assert (summary["over_long"], summary["empty"]) == (1, 1)
 
 
@@ -26,9 +29,27 @@ def test_one_token_generations_are_each_counted_over_long_or_empty_and_the_run_g
                                             "generation.max_new_tokens=1"], tmp_path / "run")
     state = controller.run()
     assert state.version == 2
-    summary = controller.accounting.summary(state.version)
+    summary = controller.accounting.summary()
     assert summary["trained"] == 2 * 2 * 3 and summary["over_long"] > 0
     assert summary["over_long"] + summary["empty"] == summary["trained"]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
              if '"step"' in line]
     assert (steps[-1]["over_long"], steps[-1]["empty"]) == (summary["over_long"], summary["empty"])
+
+
+def test_a_group_whose_every_sample_failed_or_was_filtered_frees_its_slot_once():
+    accounting = Accounting(group_size=2, counted="actor", started_groups=3)
+    assert accounting.on_failed([2], ["reward: nan"]) == []  # group 1 still has sample 3
+    assert accounting.on_filtered([3], ["dapo: all rewards equal"]) == [1]
+    accounting.on_trained("actor", [0, 1])
+    accounting.on_trained("critic", [4])  # another trainer's samples are not counted twice
+    accounting.check(version=1, groups=[0, 1])
+    summary = accounting.summary()
+    assert (summary["trained"], summary["failed"], summary["filtered"], summary["in_flight"]) == (2, 1, 1, 2)
+
+
+def test_a_consumed_group_with_a_sample_nowhere_breaks_the_check_naming_it():
+    accounting = Accounting(group_size=2, counted="actor", started_groups=1)
+    accounting.on_trained("actor", [0])
+    with pytest.raises(RunError, match=r"accounting broken at version 1: 1 samples of consumed groups .* \[1\]"):
+        accounting.check(version=1, groups=[0])

@@ -113,19 +113,24 @@ def test_a_run_in_a_directory_too_deep_for_socket_paths_runs_and_leaves_no_socke
     assert len(controller.plan.control_endpoint) <= 107 + len("ipc://")
     state = controller.run()
     assert state.version == 2
-    sockets = [Path(e.removeprefix("ipc://")) for p in controller.plan.pools for e in p.endpoints]
+    sockets = [Path(e.removeprefix("ipc://")) for c in controller.plan.channels for e in c.endpoints]
     assert sockets and not any(s.exists() for s in sockets)
     assert not Path(controller.plan.control_endpoint.removeprefix("ipc://")).exists()
     assert os.listdir(deep / "run" / "sockets") == []
 
 
-def test_a_node_that_would_run_after_the_update_is_refused_at_its_line(tmp_path):
+def test_a_node_that_reads_what_the_trainer_reads_runs_as_a_side_branch_and_the_run_trains_on(tmp_path):
+    # it used to be compiled after the update and killed the trainer; now, with a pool of its own, it is a branch
     recipe = tmp_path / "fake_rl.py"
-    text = RECIPE.read_text() + (
+    recipe.write_text(RECIPE.read_text() + (
         "\n\n@node(inputs={'advantage': Float['S']}, outputs={'watched': Float['S']})\n"
-        "def watch(batch):\n    return {'watched': batch['advantage']}\n\n\ng.add(watch)\n")
-    recipe.write_text(text)
-    line = len(text.splitlines())
-    with pytest.raises(Exception, match=rf"fake_rl\.py:{line}: node 'watch' \(custom\): would run after the trainer "
-                                        r"'actor'"):
-        build_controller(recipe, [], tmp_path / "run")
+        "def watch(batch):\n    return {'watched': batch['advantage'], '__metrics__': {'watched_mean': 0.5}}\n\n\n"
+        "g.add(watch, pool=1)\n"))
+    controller = build_controller(recipe, ["steps=3"], tmp_path / "run")
+    watch = controller.plan.pool_of("watch")
+    assert watch.name == "watch" and not watch.reaches_trainer and controller.plan.pool_of("actor").name == "actor"
+    state = controller.run()
+    assert state.version == 3 and controller.accounting.summary()["trained"] == 3 * 2 * 3
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if '"step"' in line]
+    assert any(s.get("watched_mean") == 0.5 for s in steps)  # its numbers reached the step's metrics

@@ -23,8 +23,8 @@ def test_exported_checkpoint_loads_with_transformers_and_gives_the_same_logits(t
     with torch.no_grad():
         for p in trained.parameters():
             p.add_(0.01 * torch.randn_like(p))  # stands for the trained policy
-    save_file({k: v.contiguous().clone() for k, v in trained.state_dict().items()}, str(staged / "policy.safetensors"))
-    seal(staged, 3, {}, policy=None)
+    save_file({k: v.contiguous().clone() for k, v in trained.state_dict().items()}, str(staged / "policy-actor.safetensors"))
+    seal(staged, 3, {}, policies={})
     out = export_checkpoint(run, None, tmp_path / "out")
     loaded = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
     ids = torch.randint(4, 90, (2, 12))
@@ -38,8 +38,8 @@ def test_exported_checkpoint_loads_with_transformers_and_gives_the_same_logits(t
 def _checkpoint(run, step: int) -> None:
     staged = staging_dir(run, step)
     staged.mkdir(parents=True)
-    (staged / "policy.safetensors").write_bytes(b"x" * 100)
-    seal(staged, step, {}, policy=None)
+    (staged / "policy-actor.safetensors").write_bytes(b"x" * 100)
+    seal(staged, step, {}, policies={})
 
 
 def test_export_of_a_missing_step_lists_the_intact_ones_and_names_a_cut_short_file(tmp_path):
@@ -48,12 +48,12 @@ def test_export_of_a_missing_step_lists_the_intact_ones_and_names_a_cut_short_fi
     (run / "config.json").write_text(RunConfig().model_dump_json())
     _checkpoint(run, 2)
     _checkpoint(run, 4)
-    (run / "checkpoints" / "step-000004" / "policy.safetensors").write_bytes(b"x" * 10)  # a write cut short
+    (run / "checkpoints" / "step-000004" / "policy-actor.safetensors").write_bytes(b"x" * 10)  # a write cut short
     with pytest.raises(ConfigError) as caught:
         export_checkpoint(run, 4, tmp_path / "out")
     assert str(caught.value) == (
         f"{run}: no intact checkpoint at step 4 (intact ones: [2])\n  skipped {run}/checkpoints/step-000004: "
-        "policy.safetensors is 10 B, the manifest says 100 B (a write was cut short)")
+        "policy-actor.safetensors is 10 B, the manifest says 100 B (a write was cut short)")
 
 
 def test_export_of_a_run_with_a_damaged_config_says_so(tmp_path):

@@ -51,7 +51,7 @@ def test_killed_worker_is_restarted_and_every_sample_is_trained_once(tmp_path, m
     assert state.version == STEPS
     ids = _trained_ids(Path(controller.plan.run_dir))
     assert sorted(ids) == list(range(STEPS * B * G))  # none lost, none twice
-    summary = controller.accounting.summary(state.version)
+    summary = controller.accounting.summary()
     assert summary["started"] == summary["trained"] + summary["failed"] + summary["in_flight"]
     restarts = [json.loads(line) for line in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text().splitlines()
                 if '"restart"' in line]

@@ -61,7 +61,7 @@ def test_worker_spec_carries_the_pools_threads_replicas_and_every_endpoint(tmp_p
     spec = worker_spec(plan, tmp_path / "plan.json", "rollout", 1, 3, None, tmp_path / "log")
     assert spec.args == (str(tmp_path / "plan.json"), "rollout", "1", "3")
     assert (spec.worker_id, spec.replicas, spec.cpus, spec.gpus) == ("rollout[1]", 2, 1, 0)
-    assert set(spec.endpoints) == {plan.control_endpoint, *(e for p in plan.pools for e in p.endpoints)}
+    assert set(spec.endpoints) == set(plan.bound_endpoints())
     assert all(e.startswith("tcp://127.0.0.1:") for e in spec.endpoints)
     resumed = worker_spec(plan, tmp_path / "plan.json", "actor", 0, 3, tmp_path / "ckpt", tmp_path / "log")
     assert resumed.args[-1] == str(tmp_path / "ckpt")
@@ -169,7 +169,7 @@ def test_a_ray_worker_killed_mid_run_binds_anew_and_its_neighbours_are_rewired(t
     def kill_advantage(controller) -> None:
         worker = controller.workers["advantage[0]"]
         if not killed and controller.state.version >= 2 and worker.ready and worker.process.poll() is None:
-            killed.append(controller._listening["advantage[0]"])
+            killed.append(controller._listening[("advantage[0]", "rollout")])
             os.kill(worker.process.pid, signal.SIGKILL)
 
     recipe = tmp_path / "fake_rl.py"
@@ -177,7 +177,7 @@ def test_a_ray_worker_killed_mid_run_binds_anew_and_its_neighbours_are_rewired(t
     controller = build_controller(recipe, ["cluster.backend=ray", "steps=6", "batch_size=2", "group_size=3"],
                                   tmp_path / "run", on_event=kill_advantage)
     state = controller.run()
-    assert killed and controller._listening["advantage[0]"] != killed[0]  # the new process bound its own port
+    assert killed and controller._listening[("advantage[0]", "rollout")] != killed[0]  # the new process bound its own port
     assert all(e.startswith("tcp://127.0.0.1:") for e in controller._listening.values())
     records = [json.loads(line) for line in (Path(controller.plan.run_dir) / "trained.jsonl").read_text().splitlines()]
     ids = [sid for r in records for sid in r["sample_ids"]]

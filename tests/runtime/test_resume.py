@@ -97,7 +97,7 @@ def test_sync_run_resumed_from_a_mid_run_checkpoint_ends_with_bitwise_the_same_w
     for step in (4, 6):
         shutil.rmtree(cut / "checkpoints" / f"step-{step:06d}")
     assert run_recipe(TINY_RL, resume=cut, live=False) == 0
-    final = [load_file(run / "checkpoints" / "step-000006" / "trainer" / "model" / "model.safetensors")
+    final = [load_file(run / "checkpoints" / "step-000006" / "trainer-actor" / "model" / "model.safetensors")
              for run in (whole, cut)]
     start = load_file(model / "model.safetensors")
     assert final[0].keys() == final[1].keys()

@@ -31,12 +31,12 @@ def _records(run: Path, kind: str) -> list[dict]:
 def test_a_checkpoint_cut_short_is_skipped_by_name_and_the_older_one_resumes_exactly_once(tmp_path, capsys):
     recipe, run = _run(tmp_path, "steps=4", "checkpoint.keep=3")
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000002", "step-000004"]  # no partials
-    policy = run / "checkpoints" / "step-000004" / "policy.safetensors"
+    policy = run / "checkpoints" / "step-000004" / "policy-actor.safetensors"
     policy.write_bytes(policy.read_bytes()[:-1])  # a kill -9 in the middle of a write, as it would have looked
     before = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()]
     assert run_recipe(recipe, overrides=["steps=6"], resume=run, live=False) == 0
     said = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
-    assert "skipped checkpoint" in said and "step-000004: policy.safetensors is" in said
+    assert "skipped checkpoint" in said and "step-000004: policy-actor.safetensors is" in said
     assert "resuming" in said and "from step-000002" in said
     after = [json.loads(line) for line in (run / "trained.jsonl").read_text().splitlines()][len(before):]
     kept = [r for r in before if r["version"] < 2]

@@ -44,7 +44,7 @@ def test_four_node_graph_trains_every_sample_exactly_once(tmp_path):
     assert state.version == 5
     assert [r["version"] for r in records] == [0, 1, 2, 3, 4]
     assert sorted(ids) == list(range(5 * 2 * 3)) and len(ids) == len(set(ids))
-    summary = controller.accounting.summary(state.version)
+    summary = controller.accounting.summary()
     assert summary["trained"] == 30 and summary["failed"] == 0
     assert summary["started"] == summary["trained"] + summary["in_flight"]
     _assert_no_process_left(controller)
@@ -121,7 +121,7 @@ def test_a_generators_own_group_size_is_what_runs(tmp_path):
     model = make_checkpoint(tmp_path / "ckpt")
     controller = build_controller(recipe, [f"model={model}", "steps=2"], tmp_path / "run")
     controller.run()
-    summary = controller.accounting.summary(2)
+    summary = controller.accounting.summary()
     assert (summary["started"], summary["trained"]) == (2 * 2 * 2, 2 * 2 * 2)  # steps x B x the generator's G
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [s["samples"] for s in steps if s["kind"] == "step"] == [4, 4]

@@ -80,7 +80,7 @@ def test_a_tcp_run_flooded_by_a_stranger_trains_every_sample_once_and_keeps_its_
     controller = build_controller(recipe, ["transport.kind=tcp", "steps=4", "batch_size=2", "group_size=2"],
                                   tmp_path / "run")
     plan = controller.plan
-    targets = [plan.control_endpoint, *(e for p in plan.pools for e in p.endpoints)]
+    targets = plan.bound_endpoints()
     stop = threading.Event()
     forged = {"type": "stop"}
     header = msgpack.packb({"v": 1, "meta": {"group": 0, "samples": 1}, "size": 0, "fields": []})

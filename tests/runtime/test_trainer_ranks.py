@@ -22,7 +22,7 @@ TOL = 1e-6  # float32; only the order of the gradient sums differs between one p
 
 
 def _weights(run: Path, step: int) -> dict[str, torch.Tensor]:
-    return load_file(run / "checkpoints" / f"step-{step:06d}" / "trainer" / "model" / "model.safetensors")
+    return load_file(run / "checkpoints" / f"step-{step:06d}" / "trainer-actor" / "model" / "model.safetensors")
 
 
 def _steps(run: Path) -> list[dict]:
@@ -56,7 +56,7 @@ def runs(tmp_path_factory):
 def test_two_trainer_ranks_train_as_one_process_does(runs):
     plan = Plan.from_json((runs["two"] / "plan.json").read_text())
     actor = plan.pool("actor")
-    assert actor.replicas == 2 and len(actor.endpoints) == 1 and actor.rendezvous  # rank 0 receives for both
+    assert actor.replicas == 2 and all(len(c.endpoints) == 1 for c in plan.inputs_of("actor")) and actor.rendezvous  # rank 0 receives for both
     assert (runs["two"] / "logs" / "actor-1.log").exists()
     assert _rewards(runs["one"]) == _rewards(runs["two"])  # the same samples were drawn, step by step
     one, two = _weights(runs["one"], 4), _weights(runs["two"], 4)
@@ -81,7 +81,7 @@ def test_weights_broadcast_to_the_generator_train_as_weights_through_files_do(ru
     assert all(abs(r["importance_weight_max"] - 1) < 1e-5 for r in _steps(run)), _steps(run)
     assert _max_diff(_weights(runs["one"], 4), _weights(run, 4)) < TOL
     assert not (run / "weights").exists()  # nothing went through the disk
-    policy = load_file(run / "checkpoints" / "step-000004" / "policy.safetensors")  # for export and resume
+    policy = load_file(run / "checkpoints" / "step-000004" / "policy-actor.safetensors")  # for export and resume
     assert _max_diff(policy, _weights(run, 4)) == 0
 
 

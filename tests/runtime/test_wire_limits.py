@@ -10,7 +10,7 @@ import msgpack
 import pytest
 import zmq
 
-from areal.errors import ConfigError
+from areal.errors import ConfigError, RunError
 from areal.runtime.launch import build_controller
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
@@ -38,24 +38,25 @@ def test_a_task_record_too_large_to_send_is_skipped_and_named_and_the_run_goes_o
     monkeypatch.setenv("FAKE_HUGE_PROMPT_AT", "1")
     controller = _controller(tmp_path, "transport.max_header_bytes=65536")
     state = controller.run()
-    assert state.version == 2 and controller.oversized_tasks == 1
+    assert state.version == 2 and controller.admission.oversized == 1
     skipped = [m["problem"] for m in _metrics(controller) if m["kind"] == "bad_task"]
     assert len(skipped) == 1 and "skipped a task: the batch's header is" in skipped[0]
-    assert "over transport.max_header_bytes=65536; its largest json field is 'prompt'" in skipped[0]
-    summary = controller.accounting.summary(2)
+    assert "over transport.max_header_bytes=65536; its largest json field is 'tasks.prompt'" in skipped[0]
+    summary = controller.accounting.summary()
     assert summary["trained"] == 8 and summary["failed"] == 0
 
 
-def test_generated_data_over_the_frame_limit_fails_its_samples_with_the_reason_instead_of_hanging(tmp_path,
-                                                                                                  monkeypatch):
+def test_generated_data_over_the_frame_limit_fails_its_samples_and_stops_the_run_instead_of_hanging(tmp_path,
+                                                                                                     monkeypatch):
     monkeypatch.setenv("FAKE_TOKENS", "5000")  # int64 output_ids of a group of 2: 80 kB, over 64 KiB
     controller = _controller(tmp_path, "transport.max_frame_bytes=65536", "staleness=0")
-    state = controller.run()
-    assert state.version == 2
+    with pytest.raises(RunError, match=r"no sample of the last \d+ groups reached a trainer since version 0 \(the "
+                                       r"last: .*B on the wire, over transport.max_frame_bytes=65536\)"):
+        controller.run()
     failed = [m for m in _metrics(controller) if m["kind"] == "failed"]
     assert {f["sample_id"] for f in failed} >= set(range(8))
     assert all("B on the wire, over transport.max_frame_bytes=65536" in f["reason"] for f in failed)
-    summary = controller.accounting.summary(2)
+    summary = controller.accounting.summary()
     assert summary["started"] == summary["trained"] + summary["failed"] + summary["in_flight"]
 
 
@@ -71,7 +72,7 @@ def test_a_frame_without_the_meta_a_worker_needs_is_refused_with_a_reason_and_th
             return
         push = zmq.Context.instance().socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 2000)
-        push.connect(controller.plan.pool("advantage").endpoints[0])
+        push.connect(controller.plan.inputs_of("advantage")[0].endpoints[0])
         push.send_multipart([header, (999_999).to_bytes(8, "little")])
         push.close()
         sent.append(True)
@@ -82,4 +83,4 @@ def test_a_frame_without_the_meta_a_worker_needs_is_refused_with_a_reason_and_th
     rejected = [m for m in _metrics(controller) if m["kind"] == "rejected"]
     assert len(rejected) == 1 and "the batch's meta has no 'group'" in rejected[0]["reason"]
     assert not [m for m in _metrics(controller) if m["kind"] == "restart"]
-    assert controller.accounting.summary(3)["trained"] == 12
+    assert controller.accounting.summary()["trained"] == 12

@@ -1,0 +1,99 @@
+"""A pool's nodes run one after another on a batch whose fields are named by their producers.
+
+Each node sees a view: its input ports bound to the fields the plan resolved for them
+(`score.reward` on port `reward`), plus `sample_id` and `group_id`, and nothing else; what it
+returns is checked against its ports (runtime/outputs.py) and added under its own name, so no
+node can overwrite another's field. Samples a node fails (its FAILED rows, or a NaN) or a filter
+drops (its DROPPED rows) leave the batch here and are reported with their ids and reasons; the
+numbers a node returns under METRICS are averaged into the step's metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from areal.errors import RunError
+from areal.graph.batch import Batch
+from areal.graph.node import Node
+from areal.graph.roles import DROPPED, FAILED, METRICS
+from areal.runtime.outputs import NodeContractError, checked_outputs
+from areal.runtime.plan import IMPLICIT, Plan
+
+Report = Callable[..., None]  # the worker's control.send
+
+
+class NodeFailure(Exception):
+    """A node's own code raised: the message names the node, the cause keeps the traceback."""
+
+    def __init__(self, node: str, err: BaseException) -> None:
+        self.node = node
+        super().__init__(f"node '{node}' raised {type(err).__name__}: {err}")
+
+
+def guard(node: str, fn: Any, *args: Any) -> Any:
+    """Call a node's code; anything it raises becomes a NodeFailure that names it."""
+    try:
+        return fn(*args)
+    except (NodeFailure, RunError):
+        raise
+    except Exception as err:
+        raise NodeFailure(node, err) from err
+
+
+class Chain:
+    def __init__(self, nodes: list[Node], impls: list[Any], plan: Plan, report: Report) -> None:
+        self.steps = [(n, impl, plan.binding(n.name)) for n, impl in zip(nodes, impls)]
+        self.report = report
+        self.busy_s = 0.0
+
+    def run(self, batch: Batch, held_out: bool, start: int = 0, stop: int | None = None) -> tuple[Batch, dict]:
+        """Run nodes [start, stop) on `batch`; the batch without the samples they failed or dropped, and their
+        METRICS (name -> value)."""
+        metrics: dict[str, float] = {}
+        for n, impl, binding in self.steps[start:stop]:
+            view = self.view(batch, binding)
+            began = time.monotonic()
+            out = dict(guard(n.name, impl, view))
+            self.busy_s += time.monotonic() - began
+            batch, found = self.absorb(n, batch, view, out, held_out)
+            metrics.update(found)
+        return batch, metrics
+
+    def view(self, batch: Batch, binding: Mapping[str, str]) -> Batch:
+        """What a node sees: its ports, bound to the fields it reads, and the ids."""
+        return Batch({**{port: batch[field] for port, field in binding.items()},
+                      **{name: batch[name] for name in IMPLICIT}})
+
+    def absorb(self, n: Node, batch: Batch, view: Batch, out: dict[str, Any], held_out: bool) -> tuple[Batch, dict]:
+        """Add a node's checked outputs to the batch under its name; take out the rows it failed or dropped."""
+        failed = out.pop(FAILED, None) or {}
+        dropped = out.pop(DROPPED, None) or {}
+        metrics = {str(k): float(v) for k, v in (out.pop(METRICS, None) or {}).items()}
+        if dropped and n.role != "filter":
+            raise NodeContractError(f"{n.describe()}: returned {DROPPED} rows, which only a node declared with "
+                                    "role='filter' may drop")
+        declared, non_finite = checked_outputs(n, view, {k: v for k, v in out.items() if k in n.outputs})
+        batch = batch.merge({f"{n.name}.{port}": value for port, value in declared.items()})
+        batch = self.fail(n, batch, {**non_finite, **failed}, held_out)
+        if held_out:
+            return batch, {}  # a held-out round passes filters untouched, and its numbers are not a step's
+        return self.drop(n, batch, dropped), metrics
+
+    def fail(self, n: Node, batch: Batch, failed: Mapping[int, Any], held_out: bool) -> Batch:
+        """Report the failed rows with their sample ids and reasons; the batch goes on without them."""
+        return self._remove("failed", n, batch, failed, eval=held_out)
+
+    def drop(self, n: Node, batch: Batch, dropped: Mapping[int, Any]) -> Batch:
+        return self._remove("filtered", n, batch, dropped)
+
+    def _remove(self, kind: str, n: Node, batch: Batch, rows: Mapping[int, Any], **extra: Any) -> Batch:
+        if not rows:
+            return batch
+        bad = sorted(int(r) for r in rows)
+        if bad[0] < 0 or bad[-1] >= batch.size:
+            raise NodeContractError(f"{n.describe()}: {kind} rows {bad} outside the batch of {batch.size}")
+        self.report(kind, node=n.name, sample_ids=batch["sample_id"][bad].tolist(),
+                    reasons=[str(rows[r]) for r in bad], **extra)
+        return batch.select([i for i in range(batch.size) if i not in rows])

@@ -1,0 +1,84 @@
+"""Held-out rounds: the same tasks every round, so pass@1 compares across versions.
+
+A round sends every held-out task `eval.samples` times, each copy its own one-sample group with a
+negative id (kept apart from training ids: round r, copy i has group -(r·ROUND_IDS + i) - 1), as
+one batch through the whole graph. Filters pass it untouched, trainers never train it, and the
+policy's trainer reports each sample's reward; the round ends when every sample is scored or failed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal.graph.batch import Batch
+from areal.graph.meta import GroupMeta
+
+ROUND_IDS = 1_000_000  # held-out sample ids of one round (the config caps tasks x samples below it)
+
+
+@dataclass
+class Round:
+    version: int
+    n: int
+    batch: Batch
+    meta: GroupMeta
+    rewards: dict[int, float] = field(default_factory=dict)
+    failed: set[int] = field(default_factory=set)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def done(self) -> bool:
+        return len(self.rewards.keys() | self.failed) >= self.n
+
+
+class HeldOut:
+    def __init__(self, tasks: list[dict[str, Any]], samples: int, first_round: int = 0) -> None:
+        self.tasks = [task for task in tasks for _ in range(samples)]
+        self.samples = samples
+        self.next_round = first_round
+        self.pending: dict[int, Round] = {}
+
+    def start(self, version: int, task_batch: Any) -> tuple[Batch, GroupMeta]:
+        """A new round at `version` (the policy the generators sample): its batch and meta, to send."""
+        round_id = self.next_round
+        self.next_round += 1
+        groups = [-(round_id * ROUND_IDS + i) - 1 for i in range(len(self.tasks))]
+        meta = GroupMeta(group=groups[0], samples=1, admitted_at=version, eval=True, round=round_id,
+                         task_ids=tuple(str(t.get("task_id", i)) for i, t in enumerate(self.tasks)))
+        batch = task_batch(self.tasks, groups)
+        self.pending[round_id] = Round(version, len(self.tasks), batch, meta)
+        return batch, meta
+
+    def scored(self, round_id: int, sample_ids: list[int], rewards: list[float]) -> dict[str, Any] | None:
+        pending = self.pending.get(round_id)
+        if pending is None:
+            return None
+        pending.rewards.update((int(s), float(r)) for s, r in zip(sample_ids, rewards))
+        return self._finish(round_id)
+
+    def failed(self, sample_ids: list[int]) -> list[dict[str, Any]]:
+        records = []
+        for sid in sample_ids:
+            round_id = (-sid - 1) // ROUND_IDS
+            if round_id in self.pending:
+                self.pending[round_id].failed.add(sid)
+                record = self._finish(round_id)
+                if record is not None:
+                    records.append(record)
+        return records
+
+    def _finish(self, round_id: int) -> dict[str, Any] | None:
+        pending = self.pending[round_id]
+        if not pending.done:
+            return None
+        del self.pending[round_id]
+        rewards = list(pending.rewards.values())
+        passed = sum(1 for r in rewards if r >= 1.0 - 1e-9)
+        return {"kind": "eval", "round": round_id, "version": pending.version, "tasks": pending.n // self.samples,
+                "samples": pending.n, "pass@1": passed / max(pending.n, 1),
+                "reward_mean": sum(rewards) / max(pending.n, 1), "failed": len(pending.failed)}
+
+    def in_flight(self) -> list[tuple[Batch, GroupMeta]]:
+        return [(r.batch, r.meta) for r in self.pending.values()]

@@ -1,0 +1,56 @@
+"""One policy version per trained model, and which version of it each follower should hold.
+
+A trainer owns its model's counter (it reports each new version); this module only records them.
+The slowest trainer's version drives admission (every trainer then trains batch k at a version
+k <= i + η for the i it had when the group started). Generators sample the policy: its newest
+version, or in lagged mode the one η versions older. Weights travel as files in
+`weights/MODEL/` or, for the policy with transport.weights=broadcast, over a process group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from areal.runtime.plan import Plan
+
+
+class Versions:
+    def __init__(self, plan: Plan, start: int, sampling_lag: int) -> None:
+        self.plan = plan
+        self.current = {p.name: start for p in plan.trainer_pools()}
+        self.latest_path: dict[str, str | None] = {}
+        self.lag = sampling_lag  # lagged mode: generators hold the policy this many versions behind; 0 at the end
+        self._told: dict[str, int] = {}
+
+    @property
+    def slowest(self) -> int:
+        return min(self.current.values(), default=0)
+
+    def record(self, model: str, version: int, path: str | None) -> None:
+        self.current[model] = version
+        self.latest_path[model] = path
+
+    def sampled(self, model: str | None = None) -> int:
+        """The version followers of `model` (default: the policy) are to hold: generators lag in lagged mode."""
+        model = model or self.plan.policy
+        if not model:
+            return self.slowest
+        version = self.current.get(model, 0)
+        return max(0, version - self.lag) if model == self.plan.policy else version
+
+    def path(self, model: str, version: int) -> str | None:
+        if version == self.current.get(model):
+            return self.latest_path.get(model)
+        older = Path(self.plan.weights_dir) / model / f"v{version:06d}.safetensors"  # the trainer keeps 3 + lag
+        return str(older) if older.exists() else None  # none for v0: followers start from the checkpoint
+
+    def news(self, model: str) -> tuple[int, str | None] | None:
+        """(version, path) to tell `model`'s followers, once per version; None when they know it already."""
+        version = self.sampled(model)
+        if self._told.get(model) == version:
+            return None
+        self._told[model] = version
+        return version, self.path(model, version)
+
+    def forget_told(self, model: str) -> None:
+        self._told.pop(model, None)

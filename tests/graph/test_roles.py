@@ -1,0 +1,54 @@
+"""A node's role is a Protocol: what a custom node lacks for its role is named at its recipe line."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal.errors import GraphError
+from areal.graph import Float, Graph, Int, Json, node
+from areal.graph.roles import missing_methods
+
+
+def _graph(*specs):
+    g = Graph("roles")
+    g.source("tasks", [], outputs={"prompt": Json["S"]})
+    for spec in specs:
+        g.add(spec)
+    return g
+
+
+def test_a_stream_node_without_step_is_named_with_what_it_lacks():
+    @node(inputs={"prompt": Json["S"]}, outputs={"score": Float["S"]}, role="stream")
+    class HalfAGenerator:
+        def submit(self, batch, meta): ...
+
+        def pending(self):
+            return 0
+
+    with pytest.raises(GraphError) as caught:
+        _graph(HalfAGenerator).validate()
+    (problem,) = caught.value.problems
+    assert "test_roles.py:" in problem and "node 'HalfAGenerator' (custom): a stream node needs step(), " \
+                                           "load_weights() (graph/roles.py)" in problem
+
+
+def test_a_function_is_a_map_or_a_filter_but_never_a_stream_or_a_trainer():
+    def f(batch):
+        return {}
+
+    assert missing_methods("map", f) == [] and missing_methods("filter", f) == []
+    assert missing_methods("trainer", f) == ["empty_step", "save_weights"]
+
+
+def test_declared_roles_and_kind_roles():
+    @node(inputs={"score": Float["S"], "group_id": Int["S"]}, outputs={}, role="filter")
+    def keep_some(batch):
+        return {}
+
+    @node(inputs={"prompt": Json["S"]}, outputs={"score": Float["S"]})
+    def score(batch):
+        return {}
+
+    assert (keep_some.role, score.role) == ("filter", "map")
+    with pytest.raises(ValueError, match="unknown role 'sink'"):
+        node(inputs={}, outputs={}, role="sink")(lambda b: {})
