@@ -256,7 +256,9 @@ class Worker:
             ready = [item for item in held if item[1].admitted_at <= policy_version]
             held = [item for item in held if item[1].admitted_at > policy_version]
             for batch, meta in ready:
-                submitted.setdefault(meta.group, batch)
+                if meta.group in submitted:
+                    continue  # re-issued after a crash downstream while still in flight here: that copy answers
+                submitted[meta.group] = batch
                 guard(head.name, gen.submit, self.chain.view(batch, self.plan.binding(head.name)), meta)
             if gen.pending() > 0:
                 start = time.monotonic()

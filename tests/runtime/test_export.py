@@ -23,7 +23,8 @@ def test_exported_checkpoint_loads_with_transformers_and_gives_the_same_logits(t
     with torch.no_grad():
         for p in trained.parameters():
             p.add_(0.01 * torch.randn_like(p))  # stands for the trained policy
-    save_file({k: v.contiguous().clone() for k, v in trained.state_dict().items()}, str(staged / "policy-actor.safetensors"))
+    weights = {k: v.contiguous().clone() for k, v in trained.state_dict().items()}
+    save_file(weights, str(staged / "policy-actor.safetensors"))
     seal(staged, 3, {}, policies={})
     out = export_checkpoint(run, None, tmp_path / "out")
     loaded = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()

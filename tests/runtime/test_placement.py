@@ -177,7 +177,8 @@ def test_a_ray_worker_killed_mid_run_binds_anew_and_its_neighbours_are_rewired(t
     controller = build_controller(recipe, ["cluster.backend=ray", "steps=6", "batch_size=2", "group_size=3"],
                                   tmp_path / "run", on_event=kill_advantage)
     state = controller.run()
-    assert killed and controller._listening[("advantage[0]", "rollout")] != killed[0]  # the new process bound its own port
+    # the new process bound its own port
+    assert killed and controller._listening[("advantage[0]", "rollout")] != killed[0]
     assert all(e.startswith("tcp://127.0.0.1:") for e in controller._listening.values())
     records = [json.loads(line) for line in (Path(controller.plan.run_dir) / "trained.jsonl").read_text().splitlines()]
     ids = [sid for r in records for sid in r["sample_ids"]]

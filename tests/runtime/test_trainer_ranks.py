@@ -56,7 +56,8 @@ def runs(tmp_path_factory):
 def test_two_trainer_ranks_train_as_one_process_does(runs):
     plan = Plan.from_json((runs["two"] / "plan.json").read_text())
     actor = plan.pool("actor")
-    assert actor.replicas == 2 and all(len(c.endpoints) == 1 for c in plan.inputs_of("actor")) and actor.rendezvous  # rank 0 receives for both
+    assert actor.replicas == 2 and actor.rendezvous
+    assert all(len(c.endpoints) == 1 for c in plan.inputs_of("actor"))  # rank 0 receives for both
     assert (runs["two"] / "logs" / "actor-1.log").exists()
     assert _rewards(runs["one"]) == _rewards(runs["two"])  # the same samples were drawn, step by step
     one, two = _weights(runs["one"], 4), _weights(runs["two"], 4)

@@ -1,0 +1,51 @@
+"""Branches, a join, explicit producers and a filter, with no model: the graph as declared is what runs.
+
+Two judges score every sample side by side, in pools of their own: judge_a gives 1.0, judge_b
+2.0, both on a port named `score`. `combine` joins the branches and names each producer with
+`take=`: its advantage is judge_a's score and its reward judge_b's, which the fake trainer
+records. With FAKE_FILTER=1 a filter drops every group whose number is a multiple of 3, whole.
+"""
+
+import os
+
+import torch
+
+from areal import Float, Graph, Int, RunConfig, node
+from areal.graph.roles import DROPPED
+from tests.runtime.fake_nodes import Counting, FakeGenerate, FakeTrainer, compute
+
+BRANCH_WORK = int(os.environ.get("FAKE_BRANCH_WORK", "0"))  # matmuls per batch in each judge
+
+
+@node(inputs={"output_ids": Int["S", "T"]}, outputs={"score": Float["S"]})
+def judge_a(batch):
+    compute(BRANCH_WORK)
+    return {"score": torch.full((batch.size,), 1.0)}
+
+
+@node(inputs={"output_ids": Int["S", "T"]}, outputs={"score": Float["S"]})
+def judge_b(batch):
+    compute(BRANCH_WORK)
+    return {"score": torch.full((batch.size,), 2.0)}
+
+
+@node(inputs={"score": Float["S"], "other": Float["S"]}, outputs={"advantage": Float["S"], "reward": Float["S"]})
+def combine(batch):
+    return {"advantage": batch["score"], "reward": batch["other"]}
+
+
+@node(inputs={"reward": Float["S"], "group_id": Int["S"]}, outputs={}, role="filter")
+def every_third_group(batch):
+    return {DROPPED: {row: "a multiple of 3" for row, g in enumerate(batch["group_id"].tolist()) if g % 3 == 0}}
+
+
+config = RunConfig(batch_size=2, group_size=3, staleness=1, steps=4)
+g = Graph("branched")
+g.source("tasks", Counting())
+g.add(FakeGenerate, name="rollout")
+g.add(judge_a, pool=1)
+g.add(judge_b, pool=1)
+g.add(combine, take={"score": "judge_a.score", "other": "judge_b.score"})
+if os.environ.get("FAKE_FILTER"):
+    g.add(every_third_group)
+g.add(FakeTrainer, name="actor")

@@ -1,0 +1,125 @@
+"""Small custom nodes shaped like RL, with no model, for the runtime's tests (fake_rl.py, branched_rl.py).
+
+The fake generate node emits one token per step per queued group, stamping each with the policy
+version it holds, and picks up new versions between steps like the real engine. The fake trainer
+appends what it trains (sample ids, the version it trains at, each sample's oldest token version,
+its advantages) to `trained.jsonl` in the run directory, so tests assert on recorded versions and
+values, not timings. Knobs come from environment variables so one file serves every test.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from areal import Batch, Float, Int, Int32, Json, Ragged, node
+
+TOKENS = int(os.environ.get("FAKE_TOKENS", "4"))
+STEP_WORK = int(os.environ.get("FAKE_STEP_WORK", "0"))  # matmuls per decode step: a slow generator
+TRAIN_WORK = int(os.environ.get("FAKE_TRAIN_WORK", "0"))  # matmuls per optimizer step
+HUGE_PROMPT_AT = int(os.environ.get("FAKE_HUGE_PROMPT_AT", "-1"))
+
+
+def compute(matmuls: int) -> None:
+    """Fixed work standing for a decode or optimizer step (work, not a timed wait)."""
+    x = torch.ones(128, 128)
+    for _ in range(matmuls):
+        x = torch.tanh(x @ x / 128)
+
+
+class Counting:
+    """An endless, resumable prompt stream."""
+
+    fields = ("prompt",)
+
+    def __init__(self):
+        self.i = 0
+
+    def __iter__(self):
+        while True:
+            self.i += 1
+            huge = self.i - 1 == HUGE_PROMPT_AT  # a record too large for any frame (FAKE_HUGE_PROMPT_AT)
+            yield {"prompt": "x" * 200_000 if huge else f"p{self.i - 1}"}
+
+    def state(self):
+        return {"i": self.i}
+
+    def restore(self, state):
+        self.i = state["i"]
+
+
+@node(
+    inputs={"prompt": Json["S"]},
+    outputs={"prompt_ids": Int["S", "T"], "output_ids": Int["S", "T"], "behav_logp": Float["S", "T"],
+             "versions": Int32["S", "T"]},
+    kind="generate",
+)
+class FakeGenerate:
+    def setup(self, context):
+        self.version = context.version
+        self.queue = []
+
+    def submit(self, batch, meta):
+        self.queue.append([batch, meta, []])
+
+    def pending(self):
+        return len(self.queue)
+
+    def load_weights(self, path, version):
+        if path is not None and int(Path(path).read_text()) != version:  # FakeTrainer writes its version
+            raise ValueError(f"sent {path} as version {version}")
+        self.version = version
+
+    def step(self):
+        compute(STEP_WORK)
+        done = []
+        for item in self.queue:
+            item[2].append(self.version)
+            if len(item[2]) == TOKENS:
+                done.append(item)
+        self.queue = [item for item in self.queue if item not in done]
+        return [self._expand(batch, meta, versions) for batch, meta, versions in done]
+
+    def _expand(self, batch, meta, versions):
+        k = meta.samples
+        rows = [(i, j) for i in range(batch.size) for j in range(k)]
+        group_ids = batch["group_id"]
+        fields = {
+            "prompt": [batch["prompt"][i] for i, _ in rows],
+            "group_id": torch.tensor([int(group_ids[i]) for i, _ in rows]),
+            "sample_id": torch.tensor([int(group_ids[i]) * k + j for i, j in rows]),
+            "prompt_ids": Ragged.from_rows([torch.tensor([1, 2]) for _ in rows]),
+            "output_ids": Ragged.from_rows([torch.arange(TOKENS) for _ in rows]),
+            "behav_logp": Ragged.from_rows([torch.zeros(TOKENS) for _ in rows]),
+            "versions": Ragged.from_rows([torch.tensor(versions, dtype=torch.int32) for _ in rows]),
+        }
+        return Batch(fields), meta
+
+
+@node(
+    inputs={"prompt_ids": Int["S", "T"], "output_ids": Int["S", "T"], "behav_logp": Float["S", "T"],
+            "versions": Int32["S", "T"], "advantage": Float["S"]},
+    outputs={},
+    kind="ppo-update",
+)
+class FakeTrainer:
+    def setup(self, context):
+        self.version = context.version
+        self.log = Path(context.run_dir) / "trained.jsonl"
+
+    def __call__(self, batch):
+        compute(TRAIN_WORK)
+        record = {"version": self.version, "sample_ids": batch["sample_id"].tolist(),
+                  "min_versions": [int(r.min()) for r in batch["versions"].rows()],
+                  "advantages": batch["advantage"].tolist()}
+        with self.log.open("a") as out:
+            out.write(json.dumps(record) + "\n")
+        self.version += 1
+        return {"loss": 0.0}
+
+    def empty_step(self):
+        self.version += 1
+
+    def save_weights(self, path):
+        Path(path).write_text(str(self.version))
