@@ -69,6 +69,10 @@ class GenerationConfig(_Section):
     engine: Literal["torch", "vllm"] = Field(
         "torch", description="torch: CPU or one GPU; vllm: vLLM on a CUDA GPU (pip install 'areal[gpu]')"
     )
+    chat_template: Literal["auto", "off"] = Field(
+        "auto", description="auto: a prompt becomes a user message in the tokenizer's chat template when it has "
+        "one (an instruct model); off: the prompt is tokenised as it is (a base model continuing text)"
+    )
 
 
 class DataConfig(_Section):

@@ -45,6 +45,7 @@ class GenerateNode:
 
     def setup(self, context: Any) -> None:
         from areal.engines import generation_engine, require_engines
+        from areal.models.chat import uses_chat
         from areal.models.loading import checkpoint_dir, load_tokenizer
 
         config = context.config
@@ -54,6 +55,7 @@ class GenerateNode:
         checkpoint = checkpoint_dir(config.model, seed=config.seed)
         self.tokenizer = load_tokenizer(checkpoint)
         self.stops = list(config.generation.stop)
+        self.chat = uses_chat(self.tokenizer, config.generation.chat_template)
         self.engine_name = config.generation.engine
         # the run's newest published weights (a restarted generator), else the checkpoint's (a resumed one)
         weights = first_file(context.run_dir / "weights" / f"v{context.version:06d}.safetensors",
@@ -100,7 +102,9 @@ class GenerateNode:
         if all(ids[0] in self._pending for ids in sample_ids):
             return  # re-issued after a crash downstream while still in flight here: that copy answers for it
         entry = _Pending(batch, meta, samples)
-        requests = [GenRequest(request_id=sid, prompt_ids=self.tokenizer.encode(prompt))
+        from areal.models.chat import encode_prompt
+
+        requests = [GenRequest(request_id=sid, prompt_ids=encode_prompt(self.tokenizer, prompt, self.chat))
                     for prompt, ids in zip(batch["prompt"], sample_ids) for sid in ids]
         self.engine.submit(requests)  # checks every request before queueing any: raise before any bookkeeping
         self._pending.update((r.request_id, entry) for r in requests)
