@@ -18,8 +18,11 @@ from areal.data.builtin import SPLITS, BuiltinTaskSource, split_of
 from areal.errors import ConfigError
 
 INSTALL = "pip install 'areal[eval]'"
-# reasoning-gym's own answer convention; the reward reads the last <answer>...</answer>
-INSTRUCTION = "\nPut your final answer inside <answer></answer> tags."
+# after each question. A 135 M model given reasoning-gym's own convention (TAGS) answered in prose
+# and never used the tags (0 of 32 chain_sum answers); asked for the answer alone it gave a bare
+# number far more often. The reward reads the last <answer> tag when there is one, else falls back.
+INSTRUCTION = "\nGive only the final answer."
+TAGS = "\nPut your final answer inside <answer></answer> tags."
 
 
 class ReasoningGymTasks(BuiltinTaskSource):

@@ -3,12 +3,14 @@
 The checkpoint keeps the policy's weights (policy.safetensors); exporting puts them into the
 run's model architecture and writes it with `save_pretrained` (safetensors) plus the tokenizer,
 so `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` and vLLM load it directly.
+`areal eval RUN_DIR` scores the same policy (`run_policy`) without writing it out.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from safetensors.torch import load_file
 
@@ -25,7 +27,8 @@ def complete_checkpoints(run_dir: Path) -> dict[int, Path]:
     return found
 
 
-def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path) -> Path:
+def run_policy(run_dir: Path, step: int | None) -> tuple[Any, Any, Path]:
+    """The run's model with the weights of checkpoint `step` (default: the newest), its tokenizer, and that folder."""
     from areal.models.loading import load_policy
 
     config_path = run_dir / "config.json"
@@ -43,6 +46,16 @@ def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path) -> Path:
         raise ConfigError(f"{checkpoints[step]}: has no policy.safetensors (a run without a model node?)")
     model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=config.seed)
     model.load_state_dict(load_file(str(weights)))
+    return model, tokenizer, checkpoints[step]
+
+
+def is_run_dir(path: Path) -> bool:
+    """A directory `areal run` wrote: its config.json beside a checkpoints folder."""
+    return (path / "config.json").is_file() and (path / "checkpoints").is_dir()
+
+
+def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path) -> Path:
+    model, tokenizer, _ = run_policy(run_dir, step)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
