@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from areal.config import GenerationConfig, RunConfig
@@ -40,3 +41,24 @@ def test_a_group_reissued_while_still_in_flight_is_generated_once(tmp_path):
     assert batch["sample_id"].tolist() == [10, 11]  # group 5 of size 2: ids 5·2 + k
     # 3 tokens cannot finish a program: both are noted as over-long (or empty), each once
     assert [sorted(fields["sample_ids"]) for _, fields in reports] == [[10, 11]]
+
+
+def test_prompts_go_through_the_chat_template_of_a_model_that_has_one_unless_it_is_off(tmp_path, monkeypatch):
+    pytest.importorskip("accelerate", reason="transformers loads GGUF files only with 'accelerate' (areal[eval])")
+    from tests.models.gguf_writer import tiny_llama, write_gguf
+
+    monkeypatch.setenv("AREAL_CACHE", str(tmp_path / "cache"))
+    model = str(write_gguf(tiny_llama(), tmp_path / "tiny.gguf"))
+    prompts = {}
+    for setting in ("auto", "off"):
+        node = GenerateNode()
+        config = RunConfig(model=model, group_size=1,
+                           generation=GenerationConfig(max_new_tokens=2, stop=[], chat_template=setting))
+        node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
+                                   report=lambda kind, **fields: None))
+        node.submit(Batch({"prompt": ["2+2?"], "group_id": torch.tensor([0]), "sample_id": torch.tensor([0])}), {})
+        done = []
+        while node.pending():
+            done += node.step()
+        prompts[setting] = node.tokenizer.decode(done[0][0]["prompt_ids"].rows()[0].tolist())
+    assert prompts == {"auto": "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n", "off": "2+2?"}
