@@ -173,6 +173,7 @@ def eval_(
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", metavar="N",
                                               help="Default: 512 for humaneval, 256 for reasoning-gym."),
     max_batch: int = typer.Option(16, "--max-batch", metavar="N", help="Sequences decoded together."),
+    threads: int = typer.Option(1, "--threads", metavar="N", help="torch threads (1 suits a busy CPU)."),
     chat_template: str = typer.Option("auto", "--chat-template", metavar="auto|off",
                                       help="auto: prompts become user messages when the tokenizer has a template."),
     step: int | None = typer.Option(None, "--step", metavar="N", help="A run directory's checkpoint (default newest)."),
@@ -198,7 +199,7 @@ def eval_(
     settings = EvalSettings(
         benchmark=benchmark, samples=samples, ks=tuple(sorted(set(k or {1, samples}))), temperature=temperature,
         top_p=top_p, max_new_tokens=max_new_tokens, max_batch=max_batch, seed=seed, chat_template=chat_template,
-        limit=limit, task=task, count=count, options=parse_options(option), step=step,
+        limit=limit, task=task, count=count, options=parse_options(option), step=step, threads=threads,
     )
     out = out or Path("evals") / f"{benchmark}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     console = Console()
