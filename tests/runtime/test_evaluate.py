@@ -115,3 +115,32 @@ def test_settings_are_checked_before_any_model_loads():
     assert parse_options(["max_terms=2", "name=x", "ratio=0.5"]) == {"max_terms": 2, "name": "x", "ratio": 0.5}
     with pytest.raises(ConfigError, match="--option max_terms: expected KEY=VALUE"):
         parse_options(["max_terms"])
+
+
+def test_a_run_directory_is_scored_with_its_checkpoints_weights_and_a_step_elsewhere_is_refused(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from areal.config import RunConfig
+    from areal.models.loading import load_policy
+    from areal.runtime.evaluate import load_for_eval
+
+    base = make_checkpoint(tmp_path / "base")
+    run = tmp_path / "run"
+    for step in (2, 4):
+        folder = run / "checkpoints" / f"step-{step:06d}"
+        folder.mkdir(parents=True)
+        trained, _ = load_policy(str(base))
+        with torch.no_grad():
+            for p in trained.parameters():
+                p.fill_(0.01 * step)
+        weights = {k: v.contiguous().clone() for k, v in trained.state_dict().items()}
+        save_file(weights, str(folder / "policy.safetensors"))
+        (folder / "controller.json").write_text(json.dumps({"version": step}))
+    (run / "config.json").write_text(RunConfig(model=str(base)).model_dump_json())
+    newest, _, where = load_for_eval(str(run), None)
+    older, _, _ = load_for_eval(str(run), 2)
+    assert where.endswith("step-000004") and next(newest.parameters()).flatten()[0].item() == pytest.approx(0.04)
+    assert next(older.parameters()).flatten()[0].item() == pytest.approx(0.02)
+    with pytest.raises(ConfigError, match=r"--step 3: .*base is not a run directory"):
+        load_for_eval(str(base), 3)
