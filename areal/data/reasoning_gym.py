@@ -6,8 +6,9 @@ and the reward (`areal/rewards/reasoning_gym.py`) rebuilds the same entry to cal
 `score_answer`. Nothing is downloaded; every question is generated here.
 
 Splits: one generated set is split 80/20 by a hash of each question's text (as the built-in tasks
-split by id), so a question never sits on both sides, even where a small task space repeats it.
-`split=None` keeps every generated task (what `areal eval` scores).
+split by id), so a question never sits on both sides, even where a small task space repeats it;
+a repeated question is kept once. `split=None` keeps every distinct generated task (what `areal
+eval` scores).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def reasoning_gym_tasks(
     instruction: str = INSTRUCTION,
     options: dict[str, Any] | None = None,
 ) -> ReasoningGymTasks:
-    """Tasks of reasoning-gym dataset `name` generated from `seed` (`size` before the split).
+    """Distinct tasks of reasoning-gym dataset `name` generated from `seed` (`size` before the split).
 
     `options` are the dataset's own config fields (e.g. chain_sum's `max_terms`); `instruction`
     follows each question.
@@ -49,11 +50,12 @@ def reasoning_gym_tasks(
     if split is not None and split not in SPLITS:
         raise ConfigError(f"reasoning_gym_tasks: unknown split {split!r}; use one of {', '.join(SPLITS)}, or None")
     dataset = create_dataset(name, size, seed, options)
-    tasks = []
+    tasks, seen = [], set()
     for index in range(size):
         entry = dataset[index]
-        if split is not None and split_of(entry["question"]) != split:
+        if entry["question"] in seen or (split is not None and split_of(entry["question"]) != split):
             continue
+        seen.add(entry["question"])
         ref = {"name": name, "options": options, "seed": seed, "size": size, "index": index}
         tasks.append({"task_id": f"{name}/{seed}/{index}", "prompt": entry["question"] + instruction,
                       "answer": str(entry["answer"]), "rg": ref})
