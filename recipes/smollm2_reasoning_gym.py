@@ -20,7 +20,8 @@ from areal.kernels.advantage import group_normalise
 from areal.nodes import compute_logprob, generate, ppo_update, reward
 from areal.rewards import reasoning_gym_score
 
-TASK = "basic_arithmetic"
+# "State the final answer to the following arithmetic problem: 47 + 8 =": measured 19 % at the start
+TASK = "chain_sum"
 OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 
 config = RunConfig(
@@ -28,10 +29,10 @@ config = RunConfig(
     batch_size=4,
     group_size=8,
     staleness=1,
-    steps=40,
+    steps=30,
     trainer=TrainerConfig(lr=1e-5, warmup_steps=2, microbatch_tokens=2048),
     generation=GenerationConfig(max_new_tokens=32, temperature=0.7, stop=[], max_batch=32),
-    eval=EvalConfig(interval_steps=20, tasks=100, samples=2),
+    eval=EvalConfig(interval_steps=15, tasks=100, samples=2),
 )
 
 
