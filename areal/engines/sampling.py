@@ -37,8 +37,12 @@ def sample_tokens(logits: Tensor, u: Tensor, *, temperature: float, top_p: float
 
     logits: [B, V]; u: [B] float64 in [0, 1). Returns tokens [B] int64 and their logprobs [B]
     float32 under softmax(logits / T). The CDF is float64 and the target u·total with u < 1 is
-    below the total, so the draw always lands on a token of positive probability.
+    below the total, so the draw always lands on a token of positive probability. T = 0 is greedy
+    decoding (for evaluation; `u` is unused and the logprob is under softmax(logits)).
     """
+    if temperature == 0:  # greedy: the argmax, with its logprob under softmax(logits)
+        tokens = logits.argmax(dim=-1)
+        return tokens, torch.log_softmax(logits.float(), dim=-1).gather(1, tokens[:, None]).squeeze(1)
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     probs, order = logp_all.exp(), None
     if top_p < 1.0:
@@ -53,8 +57,8 @@ def sample_tokens(logits: Tensor, u: Tensor, *, temperature: float, top_p: float
 
 def check_sampling(engine: str, temperature: float, top_p: float, stop_strings: object, decode: object) -> None:
     """The argument checks every generation engine shares, with messages that name the engine."""
-    if temperature <= 0:
-        raise ValueError(f"{engine}: temperature must be > 0, got {temperature}")
+    if temperature < 0:
+        raise ValueError(f"{engine}: temperature must be > 0, or 0 for greedy decoding, got {temperature}")
     if not 0 < top_p <= 1:
         raise ValueError(f"{engine}: top_p must be in (0, 1], got {top_p}")
     if stop_strings and decode is None:

@@ -1,8 +1,10 @@
 """Turn a model spec from the config into a (model, tokenizer) pair, never touching the hub.
 
-A spec is either a built-in name (`builtin:tiny-coder`, warm-started on first use and cached) or
-a local directory holding a Hugging Face checkpoint. Anything else is a `ConfigError` that says
-what exists and how to get out.
+A spec is a built-in name (`builtin:tiny-coder`, warm-started on first use and cached), a local
+directory holding a Hugging Face checkpoint, or a GGUF file (a .gguf path, a directory holding one,
+or `package:NAME` for one shipped inside an installed package), which `gguf.py` converts once into a
+cached checkpoint directory. Anything else is a `ConfigError` that
+says what exists and how to get out.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from transformers.utils import logging as hf_logging
 
 from areal.data.code_tasks import builtin_code_tasks
 from areal.errors import ConfigError
+from areal.models.gguf import converted_dir, gguf_file, is_converted
+from areal.models.gguf import default_cache_dir as gguf_cache_dir
 from areal.models.tiny import tiny_coder_config
 from areal.models.tokenizer import CharTokenizer
 from areal.models.warmstart import cache_key, default_cache_dir, warm_start
@@ -44,11 +48,19 @@ def checkpoint_dir(spec: str, *, seed: int = 0) -> Path:
     """
     if spec.startswith(BUILTIN_PREFIX):
         return _builtin_path(spec[len(BUILTIN_PREFIX) :], seed)
+    gguf = gguf_file(spec)
+    if gguf is not None:
+        if not is_converted(gguf):
+            Console(stderr=True).print(
+                f"[bold]areal[/]: converting {gguf.name} to a float32 Hugging Face checkpoint (once; under a "
+                f"minute for 135 M parameters), cached under {gguf_cache_dir()}"
+            )
+        return converted_dir(gguf)
     path = Path(spec).expanduser()
     if not path.is_dir() or not (path / "config.json").is_file():
         raise ConfigError(
-            f"model {spec!r}: no Hugging Face checkpoint there (a directory with config.json); "
-            f"give a local checkpoint path or a built-in: "
+            f"model {spec!r}: no Hugging Face checkpoint there (a directory with config.json) and no .gguf "
+            f"file; give a local checkpoint path, a .gguf file, package:NAME (a package holding one) or a built-in: "
             f"{', '.join(BUILTIN_PREFIX + b for b in BUILTINS)}."
         )
     return path

@@ -39,10 +39,15 @@ WARMUP_FRACTION = 0.1
 DONE_FILE = "warmstart.json"
 
 
+def cache_root() -> Path:
+    """$AREAL_CACHE, else ~/.cache/areal: where models areal builds or converts are kept."""
+    root = os.environ.get("AREAL_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "areal"
+
+
 def default_cache_dir() -> Path:
     """$AREAL_CACHE/warmstart, else ~/.cache/areal/warmstart."""
-    root = os.environ.get("AREAL_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "areal") / "warmstart"
+    return cache_root() / "warmstart"
 
 
 def cache_key(config: Qwen2Config, tasks: Sequence[Mapping[str, Any]], steps: int, seed: int) -> str:

@@ -48,6 +48,7 @@ class GenerateNode:
 
     def setup(self, context: Any) -> None:
         from areal.engines import generation_engine, require_engines
+        from areal.models.chat import uses_chat
         from areal.models.loading import checkpoint_dir, load_tokenizer
 
         config = context.config
@@ -58,6 +59,7 @@ class GenerateNode:
         _check_context(checkpoint, config.generation.max_new_tokens)  # before any cache is sized by it
         self.tokenizer = load_tokenizer(checkpoint)
         self.stops = list(config.generation.stop)
+        self.chat = uses_chat(self.tokenizer, config.generation.chat_template)
         self.engine_name = config.generation.engine
         # the run's newest published weights (a restarted generator), else the checkpoint's (a resumed one)
         weights = first_file(context.published_weights(context.version), context.resumed_policy())
@@ -106,7 +108,9 @@ class GenerateNode:
             # already): the copy in flight answers for it, and the engine would refuse the repeated ids
             return
         entry = _Pending(batch, meta, samples, [sid for ids in sample_ids for sid in ids])
-        requests = [GenRequest(request_id=sid, prompt_ids=self.tokenizer.encode(prompt))
+        from areal.models.chat import encode_prompt
+
+        requests = [GenRequest(request_id=sid, prompt_ids=encode_prompt(self.tokenizer, prompt, self.chat))
                     for prompt, ids in zip(batch["prompt"], sample_ids) for sid in ids]
         self.engine.submit(requests)  # checks every request before queueing any: raise before any bookkeeping
         self._pending.update((r.request_id, entry) for r in requests)

@@ -19,7 +19,7 @@ class WorkerContext:
     replica: int
     node: str  # the node being set up
     version: int  # the policy version the run is at (non-zero after a resume)
-    resume_dir: Path | None  # the checkpoint folder to restore from: trainer/ and policy.safetensors
+    resume_dir: Path | None  # the checkpoint folder to restore from: trainer-NODE/ and policy-MODEL.safetensors
     control: ControlClient
 
     @property

@@ -1,14 +1,16 @@
 """`areal export`: a run's checkpoint as a Hugging Face model directory.
 
-The checkpoint keeps each trained model's weights (policy-MODEL.safetensors); exporting puts them into the
-run's model architecture and writes it with `save_pretrained` (safetensors) plus the tokenizer,
-so `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` and vLLM load it directly.
+The checkpoint keeps each trained model's weights (policy-MODEL.safetensors); exporting puts them
+into the run's model architecture and writes it with `save_pretrained` (safetensors) plus the
+tokenizer, so `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` and vLLM load it
+directly. `areal eval RUN_DIR` scores the same policy (`run_policy`) without writing it out.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from safetensors.torch import load_file
 
@@ -30,7 +32,9 @@ def _policy_file(folder: Path, model: str | None) -> Path:
     return folder / policy_name(model)
 
 
-def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path, model: str | None = None) -> Path:
+def run_policy(run_dir: Path, step: int | None, model: str | None = None) -> tuple[Any, Any, Path]:
+    """The run's model with the weights of its intact checkpoint `step` (default: the newest), its tokenizer,
+    and that checkpoint's folder. `model` names the trainer when the run trained several."""
     from areal.models.loading import load_policy
 
     config_path = run_dir / "config.json"
@@ -50,9 +54,19 @@ def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path, model: str
         raise ConfigError(f"{run_dir}: no intact checkpoint at step {step} (intact ones: {sorted(checkpoints)})"
                           f"{passed_over}")
     weights = _policy_file(checkpoints[step], model)
-    model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=config.seed)
-    model.load_state_dict(load_file(str(weights)))
+    policy, tokenizer = load_policy(config.model, dtype=config.dtype, seed=config.seed)
+    policy.load_state_dict(load_file(str(weights)))
+    return policy, tokenizer, checkpoints[step]
+
+
+def is_run_dir(path: Path) -> bool:
+    """A directory `areal run` wrote: its config.json beside a checkpoints folder."""
+    return (path / "config.json").is_file() and (path / "checkpoints").is_dir()
+
+
+def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path, model: str | None = None) -> Path:
+    policy, tokenizer, _ = run_policy(run_dir, step, model)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
+    policy.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return out_dir

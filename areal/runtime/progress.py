@@ -1,9 +1,13 @@
-"""The live view of a run, and the summary table at its end (rich)."""
+"""The live view of a run, and the summary table at its end (rich); the same for `areal eval`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -66,3 +70,44 @@ def summary_table(controller: Controller) -> Table:
 def _on(node: str) -> str:
     """Where a worker runs, for workers Ray placed ("@10.0.0.7"); nothing for local processes."""
     return "" if node == "local" else f"@{node}"
+
+
+@contextmanager
+def eval_progress(console: Console, quiet: bool) -> Iterator[Callable[[str, int, int], None]]:
+    """A `report(phase, done, total)` callback that draws one bar per phase (generate, judge)."""
+    if quiet:
+        yield lambda phase, done, total: None
+        return
+    columns = (TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        bars: dict[str, Any] = {}
+
+        def report(phase: str, done: int, total: int) -> None:
+            if phase not in bars:
+                bars[phase] = progress.add_task(phase, total=total)
+            progress.update(bars[phase], completed=done, total=total)
+
+        yield report
+
+
+def eval_table(document: dict[str, Any]) -> Table:
+    """The summary of an `areal eval` document: pass@k, reward, failures, timings."""
+    s = document["summary"]
+    settings = document["settings"]
+    t = Table(title=f"areal eval · {document['benchmark']}", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    t.add_row("model", f"{document['model']}" + (f" ({document['checkpoint']})"
+                                                if document["checkpoint"] != document["model"] else ""))
+    sampling = "greedy" if settings["temperature"] == 0 else f"T={settings['temperature']}, top_p={settings['top_p']}"
+    t.add_row("tasks × samples", f"{s['tasks']} × {s['samples'] // max(s['tasks'], 1)} ({sampling}, "
+              f"chat template {'on' if settings['chat'] else 'off'}, ≤{settings['max_new_tokens']} new tokens)")
+    for k in settings["ks"]:
+        t.add_row(f"pass@{k}", f"{s[f'pass@{k}']:.4f}")
+    t.add_row("mean reward", f"{s['reward_mean']:.4f}")
+    t.add_row("failures", ", ".join(f"{k}: {v}" for k, v in s["failures"].items()) or "—")
+    t.add_row("generated", f"{s['generated_tokens']} tokens, {s['tokens_per_s']:.0f} tokens/s")
+    t.add_row("wall-clock", f"{s['wall_s']:.1f} s (load {s['load_s']:.1f}, generate {s['generate_s']:.1f}, "
+              f"judge {s['judge_s']:.1f})")
+    return t

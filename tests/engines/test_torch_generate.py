@@ -108,6 +108,21 @@ def test_tiny_top_p_is_greedy(make_model):
         assert r.output_ids.tolist() == argmax.tolist()
 
 
+def test_temperature_zero_is_greedy_whatever_the_seed_with_logprobs_at_temperature_one(make_model):
+    model = make_model(0)
+    runs = [TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0, temperature=0, max_batch=4, seed=s)
+            .generate(requests([(3, 10), (6, 10)])) for s in (0, 1)]
+    assert [r.output_ids.tolist() for r in runs[0]] == [r.output_ids.tolist() for r in runs[1]]
+    for r in runs[0]:
+        tokens = torch.cat([r.prompt_ids, r.output_ids])
+        with torch.no_grad():
+            argmax = model(tokens[None]).logits[0, len(r.prompt_ids) - 1 : -1].argmax(-1)
+        assert r.output_ids.tolist() == argmax.tolist()
+        torch.testing.assert_close(r.logprobs, forward_logprobs(model, r, 1.0), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="temperature must be > 0, or 0 for greedy decoding, got -1"):
+        TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0, temperature=-1)
+
+
 def test_eos_stop_sequences_and_stop_strings_end_at_their_first_occurrence(make_model):
     model = make_model(0)
     req = requests([(4, 30)])

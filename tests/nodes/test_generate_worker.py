@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from areal.config import GenerationConfig, RunConfig
@@ -77,3 +78,26 @@ def test_a_group_reissued_when_part_of_it_has_finished_is_not_submitted_again(tm
     node.submit(group, meta)  # the controller re-issues the group: the engine must not see 15 again
     done = node.step()
     assert len(done) == 1 and done[0][0]["sample_id"].tolist() == [14, 15] and node.pending() == 0
+
+
+def test_prompts_go_through_the_chat_template_of_a_model_that_has_one_unless_it_is_off(tmp_path, monkeypatch):
+    pytest.importorskip("accelerate", reason="transformers loads GGUF files only with 'accelerate' (areal[eval])")
+    from tests.models.gguf_writer import tiny_llama, write_gguf
+
+    monkeypatch.setenv("AREAL_CACHE", str(tmp_path / "cache"))
+    model = str(write_gguf(tiny_llama(), tmp_path / "tiny.gguf"))
+    prompts = {}
+    for setting in ("auto", "off"):
+        node = GenerateNode()
+        config = RunConfig(model=model, group_size=1,
+                           generation=GenerationConfig(max_new_tokens=2, stop=[], chat_template=setting))
+        node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
+                                   published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
+                                   report=lambda kind, **fields: None))
+        node.submit(Batch({"prompt": ["2+2?"], "group_id": torch.tensor([0]), "sample_id": torch.tensor([0])}),
+                    GroupMeta(group=0, samples=1, admitted_at=0))
+        done = []
+        while node.pending():
+            done += node.step()
+        prompts[setting] = node.tokenizer.decode(done[0][0]["prompt_ids"].rows()[0].tolist())
+    assert prompts == {"auto": "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n", "off": "2+2?"}

