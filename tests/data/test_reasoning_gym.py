@@ -7,6 +7,7 @@ import pytest
 from areal.errors import ConfigError
 from areal.rewards import ReasoningGymResult, extract_rg_answer, reasoning_gym_score
 
+pytestmark = pytest.mark.eval  # needs the eval extra: python -m pytest -m eval
 pytest.importorskip("reasoning_gym", reason="reasoning-gym tasks need the 'reasoning-gym' package (areal[eval])")
 
 from areal.data import reasoning_gym_tasks  # noqa: E402

