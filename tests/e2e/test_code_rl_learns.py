@@ -6,47 +6,21 @@ training set; version 0 is the warm-start policy. Seeded, so a rerun samples the
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from areal.data.code_tasks import builtin_code_tasks
+from tests.e2e.fixed_tasks import run_on_fixed_tasks
 
-ROOT = Path(__file__).resolve().parents[2]
 STALENESS = 2
 BATCH, GROUP, STEPS = 8, 8, 40
 
 
-def write_tasks(path: Path, n: int) -> None:
-    """n built-in training tasks as JSONL records of the code schema."""
-    records = [
-        {"task_id": t["task_id"], "prompt": t["prompt"], "fn_name": t["tests"]["fn_name"],
-         "inputs": t["tests"]["inputs"], "outputs": t["tests"]["outputs"]}
-        for t in builtin_code_tasks("train", seed=0, n=n).tasks
-    ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-
-
 @pytest.mark.slow  # ~2 min on 2 cores (plus the one-off warm start when it is not cached)
 def test_reward_on_a_fixed_training_set_rises_within_the_staleness_bound_and_nothing_is_lost(tmp_path):
-    tasks = tmp_path / "tasks.jsonl"
-    write_tasks(tasks, BATCH)
-    run = tmp_path / "run"
-    settings = [
-        f"data.path={tasks}", f"data.heldout_path={tasks}", "seed=0", f"steps={STEPS}",
-        f"batch_size={BATCH}", f"group_size={GROUP}", f"staleness={STALENESS}", "trainer.lr=1e-4",
-        "trainer.warmup_steps=0", f"eval.tasks={BATCH}", "eval.samples=16", f"eval.interval_steps={STEPS}",
+    lines = run_on_fixed_tasks(tmp_path, "code_rl.py", BATCH, [
+        "seed=0", f"steps={STEPS}", f"batch_size={BATCH}", f"group_size={GROUP}", f"staleness={STALENESS}",
+        "trainer.lr=1e-4", "trainer.warmup_steps=0", "eval.samples=16", f"eval.interval_steps={STEPS}",
         "checkpoint.interval_steps=0",
-    ]
-    cmd = [sys.executable, "-m", "areal.cli", "run", str(ROOT / "recipes" / "code_rl.py"), "--run-dir", str(run),
-           "-q", *(arg for s in settings for arg in ("--set", s))]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "1000"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    ])
     steps = [x for x in lines if x["kind"] == "step"]
     evals = [x for x in lines if x["kind"] == "eval"]
 

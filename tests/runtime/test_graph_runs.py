@@ -81,6 +81,19 @@ def test_a_worker_killed_in_one_branch_is_restarted_and_every_sample_trains_once
     assert sorted(ids) == list(range(6 * B * G))  # none lost, none twice
     assert [r["worker"] for r in _metrics(run, "restart")] == ["judge_b[0]"]
     assert {a for r in _trained(run) for a in r["advantages"]} == {1.0}
+    summary = controller.accounting.summary()
+    assert summary["started"] == summary["trained"] + summary["failed"] + summary["filtered"] + summary["in_flight"]
+
+
+def test_a_joining_pool_of_two_replicas_gets_every_group_from_both_branches_on_the_same_replica(tmp_path):
+    controller = _controller(tmp_path, "steps=4", 'placement={"combine": 2}')
+    assert {c.routing for c in controller.plan.inputs_of("combine")} == {"by_group"}
+    state = controller.run()
+    run = Path(controller.plan.run_dir)
+    ids = [s for r in _trained(run) for s in r["sample_ids"]]
+    assert state.version == 4 and sorted(ids) == list(range(4 * B * G))
+    batches = [controller.workers[f"combine[{r}]"].counts["batches"] for r in (0, 1)]
+    assert all(n > 0 for n in batches) and sum(batches) >= 4 * B  # both replicas joined groups
 
 
 def test_a_branched_run_resumes_from_its_checkpoint_training_each_sample_once(tmp_path):

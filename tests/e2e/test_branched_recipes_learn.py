@@ -1,0 +1,46 @@
+"""The branched recipes, run as a user runs them on a fixed training set: each learns, loses nothing and
+keeps η; the KL recipe reports its KL, the dynamic-sampling one filters and refills."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.fixed_tasks import run_on_fixed_tasks
+
+STALENESS = 2
+BATCH, GROUP, STEPS = 8, 8, 30
+SETTINGS = ["seed=0", f"steps={STEPS}", f"batch_size={BATCH}", f"group_size={GROUP}", f"staleness={STALENESS}",
+            "trainer.lr=1e-4", "trainer.warmup_steps=0", "eval.samples=16", f"eval.interval_steps={STEPS}",
+            "checkpoint.interval_steps=0"]
+
+
+def _check_learns_and_keeps_the_invariants(lines: list[dict]) -> dict:
+    steps = [x for x in lines if x["kind"] == "step"]
+    evals = [x for x in lines if x["kind"] == "eval"]
+    assert [e["version"] for e in evals] == [0, STEPS]
+    first, last = evals[0]["reward_mean"], evals[-1]["reward_mean"]
+    assert last >= first + 0.05, f"reward on the training set went {first:.3f} -> {last:.3f}"
+    assert [s["version"] for s in steps] == list(range(1, STEPS + 1))
+    assert max(int(lag) for s in steps for lag in s["staleness"]) <= STALENESS
+    end = steps[-1]
+    assert end["started"] == end["trained"] + end["failed"] + end["filtered"] + end["in_flight"]
+    assert end["duplicates_dropped"] == 0
+    return end
+
+
+@pytest.mark.slow  # ~3 min on 2 cores
+def test_the_kl_recipe_learns_with_the_reference_branch_beside_the_reward_and_reports_kl(tmp_path):
+    lines = run_on_fixed_tasks(tmp_path, "kl_rl.py", BATCH, SETTINGS)
+    end = _check_learns_and_keeps_the_invariants(lines)
+    assert end["trained"] == STEPS * BATCH * GROUP
+    kls = [s["kl"] for s in lines if s["kind"] == "step"]
+    assert all(k >= -1e-6 for k in kls[:3]) and kls[0] < 0.05  # it starts at the reference: KL ~ 0
+    assert max(kls) > kls[0]  # and the policy moves away from it
+
+
+@pytest.mark.slow  # ~3 min on 2 cores
+def test_the_dynamic_sampling_recipe_filters_groups_refills_them_and_learns(tmp_path):
+    lines = run_on_fixed_tasks(tmp_path, "dapo_rl.py", BATCH, SETTINGS)
+    end = _check_learns_and_keeps_the_invariants(lines)
+    assert end["filtered"] > 0 and end["filtered"] % GROUP == 0  # whole groups
+    assert end["trained"] == STEPS * BATCH * GROUP  # every step still B groups, all informative
