@@ -12,9 +12,9 @@ import torch
 
 from areal import Float, Graph, Int, RunConfig, node
 from areal.graph.roles import DROPPED
-from tests.runtime.fake_nodes import Counting, FakeGenerate, FakeTrainer, compute
+from tests.runtime.fake_nodes import Counting, FakeGenerate, FakeTrainer, compute, knob
 
-BRANCH_WORK = int(os.environ.get("FAKE_BRANCH_WORK", "0"))  # matmuls per batch in each judge
+BRANCH_WORK = knob("FAKE_BRANCH_WORK", 0)  # matmuls per batch in each judge
 
 
 @node(inputs={"output_ids": Int["S", "T"]}, outputs={"score": Float["S"]})

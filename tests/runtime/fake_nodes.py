@@ -15,10 +15,11 @@ import torch
 
 from areal import Batch, Float, Int, Int32, Json, Ragged, node
 
-TOKENS = int(os.environ.get("FAKE_TOKENS", "4"))
-STEP_WORK = int(os.environ.get("FAKE_STEP_WORK", "0"))  # matmuls per decode step: a slow generator
-TRAIN_WORK = int(os.environ.get("FAKE_TRAIN_WORK", "0"))  # matmuls per optimizer step
-HUGE_PROMPT_AT = int(os.environ.get("FAKE_HUGE_PROMPT_AT", "-1"))
+
+def knob(name: str, default: int) -> int:
+    """A test's setting, read when the node is built: this module is imported once per process, while each
+    test sets its own environment (the controller runs in the test's process)."""
+    return int(os.environ.get(name, str(default)))
 
 
 def compute(matmuls: int) -> None:
@@ -35,11 +36,12 @@ class Counting:
 
     def __init__(self):
         self.i = 0
+        self.huge_at = knob("FAKE_HUGE_PROMPT_AT", -1)  # a record too large for any frame
 
     def __iter__(self):
         while True:
             self.i += 1
-            huge = self.i - 1 == HUGE_PROMPT_AT  # a record too large for any frame (FAKE_HUGE_PROMPT_AT)
+            huge = self.i - 1 == self.huge_at
             yield {"prompt": "x" * 200_000 if huge else f"p{self.i - 1}"}
 
     def state(self):
@@ -59,6 +61,7 @@ class FakeGenerate:
     def setup(self, context):
         self.version = context.version
         self.queue = []
+        self.tokens, self.work = knob("FAKE_TOKENS", 4), knob("FAKE_STEP_WORK", 0)  # a slow generator: work a step
 
     def submit(self, batch, meta):
         self.queue.append([batch, meta, []])
@@ -72,11 +75,11 @@ class FakeGenerate:
         self.version = version
 
     def step(self):
-        compute(STEP_WORK)
+        compute(self.work)
         done = []
         for item in self.queue:
             item[2].append(self.version)
-            if len(item[2]) == TOKENS:
+            if len(item[2]) == self.tokens:
                 done.append(item)
         self.queue = [item for item in self.queue if item not in done]
         return [self._expand(batch, meta, versions) for batch, meta, versions in done]
@@ -90,8 +93,8 @@ class FakeGenerate:
             "group_id": torch.tensor([int(group_ids[i]) for i, _ in rows]),
             "sample_id": torch.tensor([int(group_ids[i]) * k + j for i, j in rows]),
             "prompt_ids": Ragged.from_rows([torch.tensor([1, 2]) for _ in rows]),
-            "output_ids": Ragged.from_rows([torch.arange(TOKENS) for _ in rows]),
-            "behav_logp": Ragged.from_rows([torch.zeros(TOKENS) for _ in rows]),
+            "output_ids": Ragged.from_rows([torch.arange(self.tokens) for _ in rows]),
+            "behav_logp": Ragged.from_rows([torch.zeros(self.tokens) for _ in rows]),
             "versions": Ragged.from_rows([torch.tensor(versions, dtype=torch.int32) for _ in rows]),
         }
         return Batch(fields), meta
@@ -107,9 +110,10 @@ class FakeTrainer:
     def setup(self, context):
         self.version = context.version
         self.log = Path(context.run_dir) / "trained.jsonl"
+        self.work = knob("FAKE_TRAIN_WORK", 0)  # matmuls per optimizer step
 
     def __call__(self, batch):
-        compute(TRAIN_WORK)
+        compute(self.work)
         record = {"version": self.version, "sample_ids": batch["sample_id"].tolist(),
                   "min_versions": [int(r.min()) for r in batch["versions"].rows()],
                   "advantages": batch["advantage"].tolist()}

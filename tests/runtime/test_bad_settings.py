@@ -91,7 +91,9 @@ def test_a_read_only_run_directory_stops_a_restart_with_the_path_named(tmp_path,
         worker = c.workers.get("rollout[0]")
         if not done and c.state.version >= 1 and worker is not None and worker.process.poll() is None:
             done.append(True)
-            logs.chmod(0o555)  # what a full disk or a remount does to a restart
+            for log in logs.iterdir():
+                log.chmod(0o444)
+            logs.chmod(0o555)  # what a read-only remount does to a restart
             worker.process.kill()
 
     if os.geteuid() == 0:
@@ -102,6 +104,8 @@ def test_a_read_only_run_directory_stops_a_restart_with_the_path_named(tmp_path,
             controller.run()
     finally:
         logs.chmod(0o755)
+        for log in logs.iterdir():
+            log.chmod(0o644)
 
 
 def test_a_run_in_a_directory_too_deep_for_socket_paths_runs_and_leaves_no_socket_file(tmp_path, monkeypatch):

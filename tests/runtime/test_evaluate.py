@@ -66,12 +66,13 @@ def test_reasoning_gym_on_a_gguf_uses_its_chat_template_and_reports_pass_at_k(tm
     ("args", "message"),
     [
         (["missing.gguf"], "model 'missing.gguf': no such GGUF file"),
-        pytest.param(["no-model-needed", "-b", "reasoning-gym", "--task", "chain_summ"],
-                     "reasoning-gym has no task 'chain_summ' (like it: chain_sum", marks=pytest.mark.eval),
+        (["no-model-needed", "-b", "reasoning-gym", "--task", "chain_summ"],
+         "reasoning-gym has no task 'chain_summ' (like it: chain_sum"),
         (["builtin:tiny-coder", "-b", "humaneval", "-n", "3"], "--samples 3 at --temperature 0: greedy decoding"),
         (["builtin:tiny-coder", "-b", "mmlu"], "--benchmark 'mmlu': unknown; use one of humaneval, reasoning-gym"),
     ],
 )
+@pytest.mark.eval  # each benchmark checks for its package first
 def test_bad_input_is_one_line_naming_the_field_and_exit_2(tmp_path, args, message):
     done = areal("eval", *args, "-q", cwd=tmp_path, cache=tmp_path / "cache")
     assert done.returncode == 2 and done.stderr.startswith(message), done.stderr
