@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from areal.config import RunConfig
 from areal.errors import RunError
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
@@ -135,3 +136,8 @@ class Admission:
         log.warning("%s", problem)
         self.oversized += 1
         self.problems.append(problem)
+
+
+def configured(source: Any, config: RunConfig) -> Any:
+    """Sources that depend on the config (`code_tasks`) resolve here; others are used as they are."""
+    return source.configure(config) if hasattr(source, "configure") else source

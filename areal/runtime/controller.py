@@ -16,7 +16,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +26,20 @@ from areal.graph.graph import Graph
 from areal.graph.meta import GroupMeta
 from areal.runtime import messages as msg
 from areal.runtime.accounting import Accounting
-from areal.runtime.admission import Admission
+from areal.runtime.admission import Admission, configured
 from areal.runtime.channels import is_dynamic, private_folder
 from areal.runtime.checkpoint import final_dir, prune, seal, staging_dir
 from areal.runtime.control import ControlServer, Pulse
-from areal.runtime.evaluation import HeldOut
-from areal.runtime.faults import Restarts
+from areal.runtime.evaluation import HeldOut, first_pass
+from areal.runtime.faults import Restarts, log_tail
 from areal.runtime.metrics import MetricsWriter
 from areal.runtime.outbox import Outbox
 from areal.runtime.placement import WorkerHandle, launcher_for, worker_spec
 from areal.runtime.plan import Plan
 from areal.runtime.security import RunKey
+from areal.runtime.steps import StepRecorder
 from areal.runtime.versions import Versions
+from areal.runtime.wiring import Wiring
 
 log = logging.getLogger("areal.controller")
 
@@ -95,7 +96,7 @@ class Controller:
         start_version = int(saved["version"]) if saved else 0
         next_groups = {str(k): int(v) for k, v in (saved or {}).get("next_group", {}).items()}
         start_group = min(next_groups.values(), default=start_version * config.batch_size)
-        tasks = _configured(self.source_node.spec.instantiate(), config)
+        tasks = configured(self.source_node.spec.instantiate(), config)
         if saved and saved.get("source"):
             tasks.restore(saved["source"])
         self.admission = Admission(self.source_node, tasks, plan, config.batch_size, config.admission_staleness,
@@ -111,26 +112,24 @@ class Controller:
             self.accounting.failed = {int(k): v for k, v in saved.get("failed", {}).items()}
             self.accounting.filtered = {int(k): v for k, v in saved.get("filtered", {}).items()}
             self.accounting.noted = {int(k): v for k, v in saved.get("noted", {}).items()}
-        heldout = _configured(graph.heldout.get(self.source_node.name), config)
+        heldout = configured(graph.heldout.get(self.source_node.name), config)
         # the same held-out tasks every round, so pass@1 is comparable across versions
-        self.heldout = (HeldOut(_first_tasks(heldout, config.eval.tasks), config.eval.samples,
+        self.heldout = (HeldOut(first_pass(heldout, config.eval.tasks), config.eval.samples,
                                 first_round=int(saved.get("eval_round", 0)) if saved else 0)
                         if heldout is not None else None)
         self.state = RunState(version=start_version, steps=config.steps)
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl",
                                      keep_lines=int(saved.get("metrics_lines", 0)) if saved else None)
-        self._trained_before = len(self.accounting.trained)  # a resumed run's rates count only its own work
+        # a resumed run's rates count only its own work
+        self.steps = StepRecorder(len(self.accounting.trained), config.group_size, len(self.trainers) > 1)
         self.restarts = Restarts(config.faults, plan)
         self.workers: dict[str, WorkerProcess] = {}
         self.bad_tasks: list[str] = []
         self._stopping = False
         self._plan_path = self.run_dir / "plan.json"
         self._sealing: dict[str, dict[str, int]] = {}  # staging folder -> trainer -> its next group
-        self._node_metrics: dict[str, list[float]] = {}  # METRICS numbers since the last step
-        self._warned_zero_advantage = False
         self._lost_in_a_row = 0  # groups freed since a trainer last trained a sample
         self._dynamic = any(is_dynamic(c.endpoints) for c in plan.channels)  # Ray: workers bind where they land
-        self._listening: dict[tuple[str, str], str] = {}  # (worker id, input channel's source) -> endpoint bound
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -145,6 +144,7 @@ class Controller:
             key.write(self.run_dir)
         self.control = ControlServer(self.plan.control_endpoint, key)
         self.source_out = {c.dst: Outbox(c, self.plan, key) for c in self.plan.outputs_of(self.source_node.name)}
+        self.wiring = Wiring(self.plan, self.source_node.name, self.source_out, self.control.send)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         error: BaseException | None = None
         try:
@@ -322,7 +322,7 @@ class Controller:
     def _on_ready(self, worker: WorkerProcess, m: msg.Ready) -> None:
         worker.ready = True
         if self._dynamic:
-            self._wire(worker, m.endpoints)
+            self.wiring.wire(worker, m.endpoints, self.workers.values())
         model = self.plan.pool(worker.pool).model
         if worker.pool in self._followers_of(model):
             # a (re)started follower must not run before it holds the version it is to hold
@@ -359,37 +359,16 @@ class Controller:
             self._start_eval()
 
     def _step_record(self, m: msg.VersionPublished) -> None:
-        hist = {int(k): int(v) for k, v in m.staleness.items()}
-        self.state.staleness.update(hist)
+        self.state.staleness.update({int(k): int(v) for k, v in m.staleness.items()})
         self.state.trained_tokens += m.tokens
-        elapsed = self._elapsed()
-        node_metrics = {k: sum(v) / len(v) for k, v in self._node_metrics.items() if v}
-        self._node_metrics.clear()
-        record = {
-            "kind": "step", "version": m.version, "wall_s": elapsed,
-            **({"model": m.model} if len(self.trainers) > 1 else {}),
-            **{f"{t}_version": v for t, v in self.versions.current.items() if len(self.trainers) > 1},
-            "reward_mean": sum(m.rewards) / len(m.rewards) if m.rewards else None,
-            "solved": sum(1 for r in m.rewards if r >= 1.0 - 1e-9) / len(m.rewards) if m.rewards else None,
-            "samples": len(m.sample_ids), "trained_samples": len(self.accounting.trained),
-            "samples_per_s": (len(self.accounting.trained) - self._trained_before) / elapsed,
-            "generated_tokens_per_s": self._generated_tokens() / elapsed,
-            "trained_tokens_per_s": self.state.trained_tokens / elapsed,
-            "staleness": {str(k): v for k, v in sorted(hist.items())},
-            "busy": {w.worker_id: round(w.busy, 3) for w in self.workers.values()},
-            **self.accounting.summary(),
-            **node_metrics,
-            **{k: v for k, v in m.stats.items() if isinstance(v, (int, float))},
-        }
+        record = self.steps.record(m, elapsed=self._elapsed(), versions=self.versions.current,
+                                   trained=len(self.accounting.trained), accounting=self.accounting.summary(),
+                                   generated_tokens=sum(w.counts.get("tokens", 0) for w in self.workers.values()),
+                                   trained_tokens=self.state.trained_tokens,
+                                   busy={w.worker_id: w.busy for w in self.workers.values()})
         self.state.last_step = record
-        self.metrics.write(record)
-        if record.get("zero_advantage") == 1.0 and not self._warned_zero_advantage:
-            self._warned_zero_advantage = True
-            warning = (f"every advantage of step {m.version} is 0: the update cannot move the policy (group_size="
-                       f"{self.config.group_size} with a group-normalised advantage, or every group's rewards "
-                       "equal?)")
-            log.warning("%s", warning)
-            self.metrics.write({"kind": "warning", "version": m.version, "warning": warning, "wall_s": elapsed})
+        for line in [record, *self.steps.warnings(record)]:
+            self.metrics.write(line)
 
     def _followers_of(self, model: str) -> list[str]:
         return self.plan.followers(model) if model else []
@@ -489,8 +468,7 @@ class Controller:
         self._reissue(only=set(groups))
 
     def _on_metrics(self, worker: WorkerProcess, m: msg.NodeMetrics) -> None:
-        for name, value in m.values.items():
-            self._node_metrics.setdefault(name, []).append(value)
+        self.steps.on_metrics(m.values)
 
     def _on_error(self, worker: WorkerProcess, m: msg.WorkerError) -> None:
         where = f"node '{m.node}'" if m.node else f"worker {worker.worker_id}"
@@ -498,29 +476,6 @@ class Controller:
         worker.last_error = f"{prefix}{m.message}"
         worker.fatal = m.fatal
         log.error("%s reported: %s", worker.worker_id, worker.last_error)
-
-    def _wire(self, worker: WorkerProcess, endpoints: dict[str, str]) -> None:
-        """Dynamic endpoints (Ray): point each sender of `worker`'s inputs at the endpoint it bound (instead of
-        the one of the process it replaces), and `worker` at every endpoint its outputs' receivers have bound."""
-        for src, endpoint in endpoints.items():
-            old = self._listening.get((worker.worker_id, src))
-            self._listening[(worker.worker_id, src)] = endpoint
-            if src == self.source_node.name:
-                outbox = self.source_out[worker.pool]
-                if old is not None:
-                    outbox.disconnect(worker.replica, old)
-                outbox.connect(worker.replica, endpoint)
-                continue
-            for w in self.workers.values():
-                if w.pool == src and w.ready:
-                    self.control.send(w.worker_id, "peers", channel=worker.pool, replica=worker.replica,
-                                      connect=endpoint, disconnect=old)
-        for channel in self.plan.outputs_of(worker.pool):
-            for receiver in self.workers.values():
-                bound = self._listening.get((receiver.worker_id, worker.pool))
-                if receiver.pool == channel.dst and bound is not None:
-                    self.control.send(worker.worker_id, "peers", channel=channel.dst, replica=receiver.replica,
-                                      connect=bound, disconnect=None)
 
     # -- faults ---------------------------------------------------------------------------
 
@@ -541,7 +496,7 @@ class Controller:
     def _on_worker_death(self, w: WorkerProcess, why: str) -> None:
         """Restart the worker and re-issue what it may have held, or stop the run naming the node."""
         stop = self.restarts.verdict(w.pool, w.worker_id, why, w.last_error, w.ready, w.fatal, self.run_dir,
-                                     w.log_path, _tail(w.log_path))
+                                     w.log_path, log_tail(w.log_path))
         if stop is not None:
             raise RunError(stop)
         cause = f"worker {w.worker_id} {why}" + (f": {w.last_error}" if w.last_error else "")
@@ -550,9 +505,6 @@ class Controller:
         self.metrics.write({"kind": "restart", "worker": w.worker_id, "why": cause, "wall_s": self._elapsed()})
         self._spawn(w.pool, w.replica)
         self._reissue()
-
-    def _generated_tokens(self) -> int:
-        return sum(w.counts.get("tokens", 0) for w in self.workers.values())
 
     def _elapsed(self) -> float:
         return max(time.monotonic() - self.state.started_at, 1e-9)
@@ -575,48 +527,8 @@ HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], Non
 }
 
 
-def _configured(source: Any, config: RunConfig) -> Any:
-    """Sources that depend on the config (`code_tasks`) resolve here; others are used as they are."""
-    return source.configure(config) if hasattr(source, "configure") else source
-
-
 def _remove_socket_files(plan: Plan) -> None:
     """Every ipc socket file of the run: a worker killed by a signal never removes the one it bound."""
     for endpoint in plan.bound_endpoints():
         if endpoint.startswith("ipc://"):
             Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join("    " + line for line in path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "    (no log)"
-
-
-def _first_tasks(source: Any, n: int) -> list[dict[str, Any]]:
-    """Up to n tasks of a held-out source, one pass at most: sources replay epochs, so stop where the next begins.
-
-    A source without an `epoch` counter is read until a task_id repeats. Held-out tasks that share a task_id
-    are all kept (each is scored), with a warning naming the id: they are probably a mistake in the file.
-    """
-    tasks: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    repeated: list[str] = []
-    iterator = iter(source)
-    first_epoch = getattr(source, "epoch", None)
-    for task in islice(iterator, n):
-        if first_epoch is not None and source.epoch != first_epoch:
-            break
-        key = str(task.get("task_id", len(tasks)))
-        if key in seen:
-            if first_epoch is None:
-                break
-            repeated.append(key)
-        seen.add(key)
-        tasks.append(task)
-    if repeated:
-        log.warning("held-out tasks repeat task_id %s (%s): each is scored, but the ids no longer name one task",
-                    ", ".join(map(repr, repeated[:5])), source)
-    return tasks
-

@@ -8,13 +8,16 @@ policy's trainer reports each sample's reward; the round ends when every sample 
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 
+log = logging.getLogger("areal.controller")
 ROUND_IDS = 1_000_000  # held-out sample ids of one round (the config caps tasks x samples below it)
 
 
@@ -82,3 +85,30 @@ class HeldOut:
 
     def in_flight(self) -> list[tuple[Batch, GroupMeta]]:
         return [(r.batch, r.meta) for r in self.pending.values()]
+
+
+def first_pass(source: Any, n: int) -> list[dict[str, Any]]:
+    """Up to n tasks of a held-out source, one pass at most: sources replay epochs, so stop where the next begins.
+
+    A source without an `epoch` counter is read until a task_id repeats. Held-out tasks that share a task_id
+    are all kept (each is scored), with a warning naming the id: they are probably a mistake in the file.
+    """
+    tasks: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    repeated: list[str] = []
+    iterator = iter(source)
+    first_epoch = getattr(source, "epoch", None)
+    for task in islice(iterator, n):
+        if first_epoch is not None and source.epoch != first_epoch:
+            break
+        key = str(task.get("task_id", len(tasks)))
+        if key in seen:
+            if first_epoch is None:
+                break
+            repeated.append(key)
+        seen.add(key)
+        tasks.append(task)
+    if repeated:
+        log.warning("held-out tasks repeat task_id %s (%s): each is scored, but the ids no longer name one task",
+                    ", ".join(map(repr, repeated[:5])), source)
+    return tasks

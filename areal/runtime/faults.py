@@ -53,3 +53,11 @@ class Restarts:
 
     def count(self, pool: str) -> int:
         return len(self._times.get(pool, []))
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a worker's log, indented, for the message a run stops with."""
+    try:
+        return "\n".join("    " + line for line in path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "    (no log)"

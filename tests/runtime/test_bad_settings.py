@@ -13,7 +13,7 @@ import pytest
 from areal.config import RunConfig, apply_overrides
 from areal.data.jsonl import jsonl_tasks
 from areal.errors import ConfigError, RunError
-from areal.runtime.controller import _first_tasks
+from areal.runtime.evaluation import first_pass
 from areal.runtime.launch import build_controller
 from tests.local_model import make_checkpoint
 
@@ -68,7 +68,7 @@ def test_held_out_tasks_are_one_pass_of_the_file_and_repeated_ids_are_kept_and_n
     path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     source = jsonl_tasks(path, schema="math", seed=0)
     with caplog.at_level(logging.WARNING, "areal.controller"):
-        first = _first_tasks(source, 100)
+        first = first_pass(source, 100)
     assert sorted(t["answer"] for t in first) == ["1", "2", "3", "4", "5"]  # all five, and no sixth from pass two
     assert "held-out tasks repeat task_id 'a', 'b'" in caplog.text
 
