@@ -4,9 +4,11 @@
 
 A frozen copy of the starting model scores each sample's tokens (`ref_logp`) in a branch of its
 own, in parallel with the sandboxed reward; the two branches meet at the advantage node, which
-shapes each reward with the per-sample KL estimate (mean over its tokens of log π_behav − log
-π_ref) before normalising within the group. The step metrics report the mean KL (`kl`).
+shapes each reward with a per-sample KL estimate (Schulman's k3, averaged over the sample's
+tokens) before normalising within the group. The step metrics report the mean KL (`kl`).
 """
+
+import torch
 
 from areal import Float, Graph, Int, RunConfig, node
 from areal.data import code_tasks
@@ -24,11 +26,12 @@ KL_COEF = 0.05  # β: reward − β · KL(π_behav ‖ π_ref) per sample
     outputs={"advantage": Float["S"], "kl": Float["S"]},
 )
 def kl_advantage(batch):
-    """GRPO on the KL-shaped reward; the KL estimate per sample is the mean of its tokens' log-ratio."""
-    log_ratio = batch["behav_logp"].values - batch["ref_logp"].values
-    per_sample = batch["behav_logp"].lengths.clamp(min=1).to(log_ratio.dtype)
-    kl = (log_ratio.new_zeros(batch.size).index_add_(0, batch["behav_logp"].sample_index(), log_ratio)
-          / per_sample)
+    """GRPO on the KL-shaped reward. The KL per sample is the mean over its tokens of Schulman's k3 estimate,
+    exp(r) - r - 1 with r = log π_ref - log π_behav: unbiased for KL(π_behav ‖ π_ref), and never negative."""
+    r = batch["ref_logp"].values - batch["behav_logp"].values
+    per_token = torch.expm1(r) - r
+    per_sample = batch["behav_logp"].lengths.clamp(min=1).to(per_token.dtype)
+    kl = per_token.new_zeros(batch.size).index_add_(0, batch["behav_logp"].sample_index(), per_token) / per_sample
     shaped = batch["reward"] - KL_COEF * kl
     return {"advantage": group_normalise(shaped, batch["group_id"]), "kl": kl,
             METRICS: {"kl": float(kl.mean()), "kl_shaping": float((KL_COEF * kl).abs().mean())}}

@@ -283,13 +283,14 @@ def _endpoint(run: Path, name: str, config: RunConfig) -> str:
 
 
 def _control_endpoint(run: Path, config: RunConfig) -> str:
-    """The controller's endpoint, known before any worker starts: on this machine, reachable from the nodes."""
+    """The controller's endpoint: on this machine, reachable from the nodes. A TCP port is left to the
+    controller's bind (`:*`), which writes the concrete one into plan.json before any worker starts."""
     if config.transport.host == "node":
         from areal.runtime.placement import import_ray
 
-        return f"tcp://{import_ray().util.get_node_ip_address()}:{_free_port()}"
+        return f"tcp://{import_ray().util.get_node_ip_address()}:*"
     if config.transport.kind == "tcp" or config.cluster.backend == "ray":
-        return f"tcp://{config.transport.host}:{_free_port()}"
+        return f"tcp://{config.transport.host}:*"
     return ipc_endpoint(run / "sockets", "control")
 
 

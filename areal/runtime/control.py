@@ -108,7 +108,12 @@ class ControlServer:
             key.serve(self.socket)
         if endpoint.startswith("ipc://"):
             private_folder(Path(endpoint[len("ipc://"):]).parent)
-        self.socket.bind(endpoint)
+        if endpoint.endswith(":*"):  # the port is picked while bound: no other process can take it meanwhile
+            host = endpoint.rpartition(":")[0]
+            endpoint = f"{host}:{self.socket.bind_to_random_port(host)}"
+        else:
+            self.socket.bind(endpoint)
+        self.endpoint = endpoint  # the concrete address the workers connect to
 
     def recv(self, timeout_ms: int) -> tuple[str, dict[str, Any]] | None:
         if not self.socket.poll(timeout_ms, zmq.POLLIN):

@@ -10,6 +10,7 @@ the trainers for a final checkpoint when the run is healthy, and kills whatever 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
@@ -136,13 +137,14 @@ class Controller:
     def run(self) -> RunState:
         private_folder(self.run_dir / "sockets")
         (self.run_dir / "logs").mkdir(exist_ok=True)
-        self._plan_path.write_text(self.plan.to_json())
-        (self.run_dir / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         key = None
         if self.plan.secured:  # TCP: the workers read the key the controller makes for this run
             key = RunKey.create()
             key.write(self.run_dir)
         self.control = ControlServer(self.plan.control_endpoint, key)
+        self.plan = dataclasses.replace(self.plan, control_endpoint=self.control.endpoint)
+        self._plan_path.write_text(self.plan.to_json())
+        (self.run_dir / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         self.source_out = {c.dst: Outbox(c, self.plan, key) for c in self.plan.outputs_of(self.source_node.name)}
         self.wiring = Wiring(self.plan, self.source_node.name, self.source_out, self.control.send)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}

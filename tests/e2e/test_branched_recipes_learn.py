@@ -34,8 +34,8 @@ def test_the_kl_recipe_learns_with_the_reference_branch_beside_the_reward_and_re
     end = _check_learns_and_keeps_the_invariants(lines)
     assert end["trained"] == STEPS * BATCH * GROUP
     kls = [s["kl"] for s in lines if s["kind"] == "step"]
-    assert all(k >= -1e-6 for k in kls[:3]) and kls[0] < 0.05  # it starts at the reference: KL ~ 0
-    assert max(kls) > kls[0]  # and the policy moves away from it
+    assert all(k >= 0 for k in kls) and kls[0] < 1e-3  # k3 is never negative; it starts at the reference
+    assert max(kls) > 10 * max(kls[0], 1e-6)  # and the policy moves away from it
 
 
 @pytest.mark.slow  # ~3 min on 2 cores

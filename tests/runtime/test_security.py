@@ -52,11 +52,8 @@ def test_a_sender_without_the_run_key_delivers_nothing_and_one_with_it_delivers(
 
 def test_control_messages_without_the_run_key_never_reach_the_controller(tmp_path):
     key = RunKey.create()
-    port_probe = zmq.Context.instance().socket(zmq.ROUTER)
-    port = port_probe.bind_to_random_port("tcp://127.0.0.1")
-    port_probe.close(linger=0)
-    endpoint = f"tcp://127.0.0.1:{port}"
-    server = ControlServer(endpoint, key)
+    server = ControlServer("tcp://127.0.0.1:*", key)
+    endpoint = server.endpoint
     forger = zmq.Context.instance().socket(zmq.DEALER)
     forger.setsockopt(zmq.IDENTITY, b"actor[0]")
     forger.setsockopt(zmq.LINGER, 0)
@@ -80,21 +77,25 @@ def test_a_tcp_run_flooded_by_a_stranger_trains_every_sample_once_and_keeps_its_
     controller = build_controller(recipe, ["transport.kind=tcp", "steps=4", "batch_size=2", "group_size=2"],
                                   tmp_path / "run")
     plan = controller.plan
-    targets = plan.bound_endpoints()
-    stop = threading.Event()
+    stop, control_flooded = threading.Event(), threading.Event()
     forged = {"type": "stop"}
     header = msgpack.packb({"v": 1, "meta": {"group": 0, "samples": 1}, "size": 0, "fields": []})
 
+    def attach(context: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
+        s = context.socket(kind)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SNDHWM, 10)
+        s.connect(endpoint)
+        return s
+
     def flood() -> None:
         context = zmq.Context.instance()
-        sockets = []
-        for endpoint in targets:
-            s = context.socket(zmq.DEALER if endpoint == plan.control_endpoint else zmq.PUSH)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.SNDHWM, 10)
-            s.connect(endpoint)
-            sockets.append(s)
+        sockets = [attach(context, zmq.PUSH, e) for c in plan.channels for e in c.endpoints]
         while not stop.wait(0.01):
+            control = controller.plan.control_endpoint  # its port is known once the controller has bound it
+            if not control_flooded.is_set() and not control.endswith(":*"):
+                sockets.append(attach(context, zmq.DEALER, control))
+                control_flooded.set()
             for s in sockets:
                 try:
                     s.send_multipart([pack(forged)] if s.type == zmq.DEALER else [header], zmq.NOBLOCK)
@@ -112,6 +113,7 @@ def test_a_tcp_run_flooded_by_a_stranger_trains_every_sample_once_and_keeps_its_
         flooder.join(10)
     run = Path(plan.run_dir)
     ids = sorted(s for line in (run / "trained.jsonl").read_text().splitlines() for s in json.loads(line)["sample_ids"])
+    assert control_flooded.is_set()
     assert state.version == 4 and ids == list(range(4 * 2 * 2))
     assert controller.accounting.duplicates == 0
     assert stat.S_IMODE((run / "run.key").stat().st_mode) == 0o600
