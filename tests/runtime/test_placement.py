@@ -169,7 +169,7 @@ def test_a_ray_worker_killed_mid_run_binds_anew_and_its_neighbours_are_rewired(t
     def kill_advantage(controller) -> None:
         worker = controller.workers["advantage[0]"]
         if not killed and controller.state.version >= 2 and worker.ready and worker.process.poll() is None:
-            killed.append(controller._listening[("advantage[0]", "rollout")])
+            killed.append(controller.wiring.listening[("advantage[0]", "rollout")])
             os.kill(worker.process.pid, signal.SIGKILL)
 
     recipe = tmp_path / "fake_rl.py"
@@ -178,8 +178,8 @@ def test_a_ray_worker_killed_mid_run_binds_anew_and_its_neighbours_are_rewired(t
                                   tmp_path / "run", on_event=kill_advantage)
     state = controller.run()
     # the new process bound its own port
-    assert killed and controller._listening[("advantage[0]", "rollout")] != killed[0]
-    assert all(e.startswith("tcp://127.0.0.1:") for e in controller._listening.values())
+    assert killed and controller.wiring.listening[("advantage[0]", "rollout")] != killed[0]
+    assert all(e.startswith("tcp://127.0.0.1:") for e in controller.wiring.listening.values())
     records = [json.loads(line) for line in (Path(controller.plan.run_dir) / "trained.jsonl").read_text().splitlines()]
     ids = [sid for r in records for sid in r["sample_ids"]]
     assert state.version == 6 and sorted(ids) == list(range(6 * 2 * 3))  # none lost, none twice
