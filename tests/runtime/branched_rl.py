@@ -1,32 +1,34 @@
 """Branches, a join, explicit producers and a filter, with no model: the graph as declared is what runs.
 
-Two judges score every sample side by side, in pools of their own: judge_a gives 1.0, judge_b
-2.0, both on a port named `score`. `combine` joins the branches and names each producer with
-`take=`: its advantage is judge_a's score and its reward judge_b's, which the fake trainer
-records. With FAKE_FILTER=1 a filter drops every group whose number is a multiple of 3, whole.
+Two judges score every sample side by side, in pools of their own: judge_a gives its sample id
++ 0.25, judge_b its id + 0.5, both on a port named `score`, so a row joined to another sample's
+score shows. `combine` joins the branches and names each producer with `take=`: its advantage is
+judge_a's score and its reward judge_b's, which the fake trainer records. FAKE_UNEVEN_WORK gives
+judge_b that much work on odd groups only, so its replicas finish groups out of order. With
+FAKE_FILTER=1 a filter drops every group whose number is a multiple of 3, whole.
 """
 
 import os
-
-import torch
 
 from areal import Float, Graph, Int, RunConfig, node
 from areal.graph.roles import DROPPED
 from tests.runtime.fake_nodes import Counting, FakeGenerate, FakeTrainer, compute, knob
 
 BRANCH_WORK = knob("FAKE_BRANCH_WORK", 0)  # matmuls per batch in each judge
+UNEVEN_WORK = knob("FAKE_UNEVEN_WORK", 0)  # more matmuls in judge_b, on odd groups
 
 
-@node(inputs={"output_ids": Int["S", "T"]}, outputs={"score": Float["S"]})
+@node(inputs={"output_ids": Int["S", "T"], "sample_id": Int["S"]}, outputs={"score": Float["S"]})
 def judge_a(batch):
     compute(BRANCH_WORK)
-    return {"score": torch.full((batch.size,), 1.0)}
+    return {"score": batch["sample_id"].double() + 0.25}
 
 
-@node(inputs={"output_ids": Int["S", "T"]}, outputs={"score": Float["S"]})
+@node(inputs={"output_ids": Int["S", "T"], "sample_id": Int["S"], "group_id": Int["S"]},
+      outputs={"score": Float["S"]})
 def judge_b(batch):
-    compute(BRANCH_WORK)
-    return {"score": torch.full((batch.size,), 2.0)}
+    compute(BRANCH_WORK + UNEVEN_WORK * (int(batch["group_id"][0]) % 2))
+    return {"score": batch["sample_id"].double() + 0.5}
 
 
 @node(inputs={"score": Float["S"], "other": Float["S"]}, outputs={"advantage": Float["S"], "reward": Float["S"]})

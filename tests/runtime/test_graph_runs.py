@@ -9,6 +9,8 @@ import shutil
 import signal
 from pathlib import Path
 
+import pytest
+
 from areal.runtime.launch import build_controller, run_recipe
 
 RECIPE = Path(__file__).with_name("branched_rl.py")
@@ -29,18 +31,27 @@ def _metrics(run: Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
 
 
-def test_take_gets_the_named_producers_field_and_both_branches_are_joined_once(tmp_path):
-    controller = _controller(tmp_path, "steps=3")
+def _judged_by_a(records: list[dict]) -> bool:
+    """Every trained sample's advantage is judge_a's score of that very sample (its id + 0.25)."""
+    return all(a == s + 0.25 for r in records for s, a in zip(r["sample_ids"], r["advantages"], strict=True))
+
+
+def test_take_gets_the_named_producers_field_and_both_branches_are_joined_row_by_row(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_UNEVEN_WORK", "30")  # judge_b's two replicas hand groups to the join out of order
+    controller = _controller(tmp_path, "steps=4", 'placement={"judge_b": 2}')
     plan = controller.plan
     assert {c.src for c in plan.inputs_of("combine")} == {"judge_a", "judge_b"}  # two pools, side by side
     assert plan.binding("combine") == {"score": "judge_a.score", "other": "judge_b.score"}
     state = controller.run()
     records = _trained(Path(plan.run_dir))
-    assert state.version == 3
-    assert {a for r in records for a in r["advantages"]} == {1.0}  # judge_a's, not judge_b's 2.0
-    assert [s["reward_mean"] for s in _metrics(Path(plan.run_dir), "step")] == [2.0] * 3  # judge_b's
+    assert state.version == 4
+    assert _judged_by_a(records)  # judge_a's score, not judge_b's, and of the same sample
+    steps = _metrics(Path(plan.run_dir), "step")
+    expected = [sum(r["sample_ids"]) / len(r["sample_ids"]) + 0.5 for r in records]  # judge_b's, as the reward
+    assert [s["reward_mean"] for s in steps] == pytest.approx(expected)
     ids = [s for r in records for s in r["sample_ids"]]
-    assert sorted(ids) == list(range(3 * B * G))
+    assert sorted(ids) == list(range(4 * B * G))
+    assert all(controller.workers[f"judge_b[{r}]"].counts["batches"] > 0 for r in (0, 1))
 
 
 def test_a_filter_drops_whole_groups_the_source_refills_and_every_step_holds_b_groups(tmp_path, monkeypatch):
@@ -80,7 +91,7 @@ def test_a_worker_killed_in_one_branch_is_restarted_and_every_sample_trains_once
     assert killed and state.version == 6
     assert sorted(ids) == list(range(6 * B * G))  # none lost, none twice
     assert [r["worker"] for r in _metrics(run, "restart")] == ["judge_b[0]"]
-    assert {a for r in _trained(run) for a in r["advantages"]} == {1.0}
+    assert _judged_by_a(_trained(run))
     summary = controller.accounting.summary()
     assert summary["started"] == summary["trained"] + summary["failed"] + summary["filtered"] + summary["in_flight"]
 
