@@ -55,6 +55,8 @@ def summarise(run_dir: Path) -> dict:
     return {
         "samples_per_s": steps_[-1]["samples_per_s"],
         "wall_s": steps_[-1]["wall_s"],
+        "started": steps_[-1]["started"],  # samples admitted by the last step (a filter's refills included)
+        "trained": steps_[-1]["trained"],
         "rewards": [r["reward_mean"] for r in steps_],
         "walls": walls[1:],
         "final_reward": statistics.mean(r["reward_mean"] for r in steps_[-5:]),
