@@ -83,7 +83,8 @@ def viz(
     ),
     set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Config overrides, as for `areal run`."),
 ) -> None:
-    """Draw the graph a recipe declares (or, with --plan, how it will run).
+    """Draw the graph as it runs: pools, channels, joins, weights routes and their bound η (or, with --plan,
+    list the compiled pools and channels).
 
     Examples:
 
@@ -91,17 +92,18 @@ def viz(
 
       areal viz recipes/code_rl.py -o graph.svg
 
+      areal viz recipes/code_rl.py -o graph.html --set mode=sync
+
       areal viz recipes/code_rl.py --plan
     """
     from areal.graph.recipe import load_recipe
     from areal.graph.viz import terminal_tree, write_picture
+    from areal.runtime.compile import compile_plan
 
     loaded = load_recipe(recipe, overrides=set_)
     console = Console()
+    compiled = compile_plan(loaded.graph, loaded.config)  # the picture shows what runs, so it draws the plan
     if plan:
-        from areal.runtime.compile import compile_plan
-
-        compiled = compile_plan(loaded.graph, loaded.config)
         if out is not None:
             out.write_text(compiled.to_json())
             console.print(f"wrote plan to {out}")
@@ -110,10 +112,11 @@ def viz(
 
             console.print(compiled.render(console.width, lands_on(compiled, loaded.config.cluster)))
         return
+    view = compiled.view(loaded.graph)
     if out is None:
-        console.print(terminal_tree(loaded.graph))
+        console.print(terminal_tree(loaded.graph, view))
         return
-    how = write_picture(loaded.graph, out)
+    how = write_picture(loaded.graph, out, view)
     console.print(f"wrote {out} ({how})")
 
 

@@ -86,6 +86,8 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         weights_rendezvous=f"127.0.0.1:{_free_port()}" if policy and config.transport.weights == "broadcast" else "",
         secured=config.transport.kind == "tcp" or config.cluster.backend == "ray",
         colocated=tuple(p.nodes for p in pools if len(p.nodes) > 1),
+        staleness=config.staleness,
+        mode=config.mode,
     )
 
 

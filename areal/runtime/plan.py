@@ -14,9 +14,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 from rich.tree import Tree
+
+from areal.graph.picture import ChannelView, PlanView, PoolView, RouteView
+
+if TYPE_CHECKING:
+    from areal.graph.graph import Graph
 
 WIDE_TABLE_COLUMNS = 140  # narrower terminals get `Plan.tree`: the table's columns would each be cut
 IMPLICIT = ("sample_id", "group_id")  # every batch carries them, on every channel
@@ -74,6 +80,8 @@ class Plan:
     weights_rendezvous: str = ""  # transport.weights=broadcast: host:port of the weights group's store
     secured: bool = False  # TCP sockets: every one is armed with the run's CURVE key (security.py)
     colocated: tuple[tuple[str, ...], ...] = field(default=())
+    staleness: int = 0  # η, as configured (shown on the asynchronous edges; the controller reads the config)
+    mode: str = "async"  # "async", "sync" (η = 0, no overlap) or "lagged" (sampled exactly η versions old)
 
     # -- reading the plan ---------------------------------------------------------------
 
@@ -120,6 +128,50 @@ class Plan:
                     members[worker] = len(members)
         return members
 
+    # -- the asynchronous edges ----------------------------------------------------------
+
+    def gated(self) -> list[Channel]:
+        """The channels the staleness gate holds back: the source's into generation (all of its own, without one)."""
+        source = [c for c in self.channels if self.pool(c.src).role == "source"]
+        into_generation = [c for c in source if self.pool(c.dst).role == "stream"]
+        return into_generation or source
+
+    def gate_bound(self) -> str:
+        """The gate's label: how far generation may run ahead of the slowest trainer."""
+        if self.mode == "async":
+            return f"η={self.staleness} (async): ≤ {self.staleness} versions ahead"
+        return f"η=0 ({self.mode}): waits for training"
+
+    def weights_bound(self) -> str:
+        """A weights route's label: how old the weights it delivers may be."""
+        if self.mode == "async":
+            return f"η={self.staleness} (async): ≤ {self.staleness} versions behind"
+        if self.mode == "lagged":
+            return f"η={self.staleness} (lagged): exactly {self.staleness} versions behind"
+        return "η=0 (sync): the current version"
+
+    def bounds(self) -> str:
+        """One sentence on what η and the mode promise."""
+        eta = self.staleness
+        if self.mode == "async":
+            return (f"η={eta}, async: a group starts only while the slowest trainer is ≤ {eta} versions "
+                    f"behind; weights reach generation ≤ {eta} versions old")
+        if self.mode == "lagged":
+            return (f"lagged, η={eta}: generation waits for training and samples with the weights exactly "
+                    f"{eta} versions old")
+        return "η=0, sync: generation waits for training; every sample is drawn with the current weights"
+
+    def view(self, graph: Graph) -> PlanView:
+        """The plan as plain data for the graph layer's drawings (`areal viz`); `graph` is the one compiled."""
+        gated = {(c.src, c.dst) for c in self.gated()}
+        channels = tuple(ChannelView(c.src, c.dst, c.fields, self.gate_bound() if (c.src, c.dst) in gated else "")
+                         for c in self.channels)
+        routes = tuple(RouteView(e.src, e.dst, "same process: current weights"
+                                 if self.pool_of(e.src).name == self.pool_of(e.dst).name else self.weights_bound())
+                       for e in graph.control_edges())
+        pools = tuple(PoolView(p.name, p.nodes, self._caption(p)) for p in self.pools)
+        return PlanView(pools, channels, routes, self.bounds())
+
     # -- JSON -------------------------------------------------------------------------------
 
     def to_json(self) -> str:
@@ -149,11 +201,15 @@ class Plan:
             pool.add("nodes: " + ", ".join(f"{n} ({k})" for n, k in zip(p.nodes, p.kinds)))
             pool.add(self._where(p))
             for c in self.inputs_of(p.name):
-                pool.add(f"from {c.src}: {_fields(c)}").add(f"on {', '.join(c.endpoints)}")
+                channel = pool.add(f"from {c.src}: {_fields(c)}")
+                channel.add(f"on {', '.join(c.endpoints)}")
+                if c in self.gated():
+                    channel.add(f"gated: {self.gate_bound()}")
             if lands_on is not None and p.role != "source":
                 pool.add("lands on: " + "; ".join(_landing(lands_on.get(p.name, []), p.gpus).splitlines()))
         root.add(f"control: {self.control_endpoint}")
         root.add(f"weights: {self._routes()}")
+        root.add(f"staleness: {self.bounds()}")
         return root
 
     def table(self, lands_on: dict[str, list[str]] | None = None) -> Table:
@@ -171,13 +227,14 @@ class Plan:
                 str(p.replicas),
                 str(p.threads),
                 str(p.gpus),
-                "\n".join(f"{c.src}: {_fields(c)}\n  on {', '.join(c.endpoints)}" for c in self.inputs_of(p.name))
-                or "—",
+                "\n".join(f"{c.src}: {_fields(c)}\n  on {', '.join(c.endpoints)}"
+                          + (f"\n  gated: {self.gate_bound()}" if c in self.gated() else "")
+                          for c in self.inputs_of(p.name)) or "—",
                 "\n".join(f"{c.dst} ({c.routing}, hwm {self.high_water_mark})" for c in self.outputs_of(p.name))
                 or "—",
                 *([] if lands_on is None else [_landing(lands_on.get(p.name, ["controller"]), p.gpus)]),
             )
-        t.caption = f"control: {self.control_endpoint}   weights: {self._routes()}"
+        t.caption = f"control: {self.control_endpoint}   weights: {self._routes()}\nstaleness: {self.bounds()}"
         return t
 
     def _role(self, p: PoolSpec) -> str:
@@ -185,6 +242,13 @@ class Plan:
         extra = [f"gathers {p.gather_groups} groups" if p.gather_groups > 1 else "",
                  f"joins {joins} inputs" if joins > 1 else "", f"{p.level}-level" if p.level == "group" else ""]
         return ", ".join([p.role, *[e for e in extra if e]])
+
+    def _caption(self, p: PoolSpec) -> str:
+        """A pool's frame caption in a picture: its role, then replicas and GPUs where there are several."""
+        if p.role == "source":
+            return "source, in the controller"
+        extra = [f"×{p.replicas}" if p.replicas > 1 else "", f"{p.gpus} GPU each" if p.gpus else ""]
+        return " ".join([self._role(p), *[e for e in extra if e]])
 
     def _where(self, p: PoolSpec) -> str:
         if p.role == "source":

@@ -1,18 +1,27 @@
 from __future__ import annotations
 
+import re
 import shutil
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from areal.config import RunConfig
 from areal.graph import Float, Graph, Int, Json, node, viz
+from areal.graph.picture import PlanView
+from areal.graph.recipe import load_recipe
 from areal.nodes import compute_logprob, generate, ppo_update
+from areal.runtime.compile import compile_plan
 
 SVG = "{http://www.w3.org/2000/svg}"
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _rl_graph() -> Graph:
+def _rl_graph(second_model: str = "") -> Graph:
+    """The RL loop; with `second_model`, a second trainer of that name with its own proximal pass."""
+
     @node(inputs={"completion": Json["S"]}, outputs={"reward": Float["S"]})
     def score(batch):
         return {}
@@ -23,11 +32,14 @@ def _rl_graph() -> Graph:
 
     g = Graph("rl")
     g.source("tasks", [], outputs={"prompt": Json["S"]})
-    g.add(generate("rollout"), pool=2)
+    g.add(generate("rollout", model="actor" if second_model else None), pool=2)
     g.add(score)
     g.add(adv)
-    g.add(compute_logprob("prox"))
+    g.add(compute_logprob("prox", model="actor" if second_model else None))
     g.add(ppo_update("actor"))
+    if second_model:
+        g.add(compute_logprob(f"prox_{second_model}", model=second_model, output="prox_b_logp"))
+        g.add(ppo_update(second_model), take={"prox_logp": f"prox_{second_model}.prox_b_logp"})
     return g.validate()
 
 
@@ -52,9 +64,9 @@ def test_svg_is_valid_and_shows_nodes_ports_pools_and_weights(use_dot, monkeypat
 
 def test_dot_marks_control_edges_dashed_and_labels_data_edges():
     dot = viz.to_dot(_rl_graph())
-    assert '"actor" -> "rollout" [label="weights", style=dashed' in dot
-    assert '"actor" -> "prox" [label="weights", style=dashed' in dot
-    assert '"score" -> "adv" [label="reward"]' in dot
+    assert re.search(r'"actor" -> "rollout" \[id="weights:actor:rollout".*label=<weights>, style=dashed', dot)
+    assert re.search(r'"actor" -> "prox" \[id="weights:actor:prox".*label=<weights>, style=dashed', dot)
+    assert re.search(r'"score" -> "adv" \[id="data:score:adv".*label=<reward>', dot)
 
 
 def test_html_embeds_the_svg_and_a_legend():
@@ -71,3 +83,86 @@ def test_terminal_tree_lists_producers_and_weight_route():
     assert "weights ⇠ actor (control edge)" in out
     heads = [line.split()[1] for line in out.splitlines() if line.startswith(("├── ", "└── "))]
     assert heads == ["tasks", "rollout", "score", "adv", "prox", "actor"]
+
+
+def _as_it_runs(graph: Graph, config: RunConfig) -> PlanView:
+    return compile_plan(graph, config).view(graph)
+
+
+def _kl_recipe():
+    loaded = load_recipe(ROOT / "recipes" / "kl_rl.py")
+    return loaded.graph, _as_it_runs(loaded.graph, loaded.config)
+
+
+def _frames(svg: str) -> dict[str, tuple[float, float]]:
+    """Each pool's frame in the built-in layout: (x, y) of its top-left corner."""
+    root = ET.fromstring(svg)
+    frames = {}
+    for g in root.iter(f"{SVG}g"):
+        if g.get("class") == "pool":
+            rect = g.find(f"{SVG}rect")
+            frames[g.get("id").removeprefix("pool-")] = (float(rect.get("x")), float(rect.get("y")))
+    return frames
+
+
+def test_the_built_in_layout_frames_each_pool_and_puts_parallel_branches_side_by_side(monkeypatch):
+    monkeypatch.setattr(viz.shutil, "which", lambda _: None)
+    graph, view = _kl_recipe()
+    svg = viz.to_svg(graph, view)
+    frames = _frames(svg)
+    assert set(frames) == {"tasks", "rollout", "score", "reference", "kl_advantage", "actor"}
+    (score_x, score_y), (ref_x, ref_y) = frames["score"], frames["reference"]
+    assert score_y == ref_y and score_x != ref_x  # the two branches in one layer, side by side
+    assert frames["kl_advantage"][1] > score_y and frames["actor"][1] > frames["kl_advantage"][1]  # the join below
+    root = ET.fromstring(svg)
+    edges = {g.get("id"): g.get("class") for g in root.iter(f"{SVG}g") if (g.get("class") or "").startswith("edge")}
+    assert edges["channel:tasks:rollout"] == "edge channel gated"
+    assert {"channel:score:kl_advantage", "channel:reference:kl_advantage", "weights:actor:rollout"} <= set(edges)
+    assert "weights:actor:reference" not in edges  # a frozen reference takes no weights
+    bounds = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "bound"]
+    assert "η=2 (async): ≤ 2 versions ahead" in bounds and "η=2 (async): ≤ 2 versions behind" in bounds
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz 'dot' is not installed")
+def test_dot_draws_the_same_pools_channels_and_bounds():
+    graph, view = _kl_recipe()
+    dot = viz.to_dot(graph, view)
+    clusters = re.findall(r'subgraph cluster_\d+ { id="pool-(\w+)"', dot)
+    assert sorted(clusters) == sorted(["tasks", "rollout", "score", "reference", "kl_advantage", "actor"])
+    assert 'id="channel:tasks:rollout", class="channel gated"' in dot
+    assert dot.count("η=2 (async)") == 2
+    ET.fromstring(viz.to_svg(graph, view))  # and dot renders it
+
+
+def test_each_models_weights_route_is_drawn_with_its_bound(monkeypatch):
+    monkeypatch.setattr(viz.shutil, "which", lambda _: None)
+    graph = _rl_graph(second_model="critic")
+    view = _as_it_runs(graph, RunConfig(model="builtin:tiny-coder", staleness=3))
+    assert {(r.src, r.dst): r.bound for r in view.routes} == {
+        ("actor", "rollout"): "η=3 (async): ≤ 3 versions behind",
+        ("actor", "prox"): "same process: current weights",
+        ("critic", "prox_critic"): "same process: current weights",
+    }
+    root = ET.fromstring(viz.to_svg(graph, view))
+    edges = {g.get("id") for g in root.iter(f"{SVG}g") if (g.get("class") or "") == "edge weights"}
+    assert edges == {"weights:actor:rollout", "weights:actor:prox", "weights:critic:prox_critic"}
+
+
+@pytest.mark.parametrize(("mode", "gate"), [("sync", "η=0 (sync): waits for training"),
+                                             ("lagged", "η=2 (lagged): exactly 2 versions behind")])
+def test_the_bounds_say_what_the_mode_promises(mode, gate):
+    loaded = load_recipe(ROOT / "recipes" / "code_rl.py", overrides=[f"mode={mode}"])
+    view = _as_it_runs(loaded.graph, loaded.config)
+    labels = {c.bound for c in view.channels if c.bound} | {r.bound for r in view.routes}
+    assert gate in labels
+
+
+def test_terminal_tree_names_each_nodes_pool_and_the_gate():
+    graph, view = _kl_recipe()
+    console = Console(width=160, record=True)
+    console.print(viz.terminal_tree(graph, view))
+    out = console.export_text()
+    assert "(7 nodes in 6 pools)" in out
+    assert "reference (compute-logprob) in pool reference" in out
+    assert "gate ⇠ tasks (η=2 (async): ≤ 2 versions ahead)" in out
+    assert "weights ⇠ actor (η=2 (async): ≤ 2 versions behind)" in out
