@@ -131,17 +131,22 @@ def generation_engine(config: RunConfig, checkpoint: Path, tokenizer: Any, *, we
 def train_engine(config: RunConfig, model: PreTrainedModel) -> TrainEngine:
     """The training engine `config.trainer.engine` names, over `model` (FSDP shards it in place)."""
     require_engines(config, generation=False)
-    t = config.trainer
-    common: dict[str, Any] = dict(
-        lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
-        microbatch_tokens=t.microbatch_tokens, warmup_steps=t.warmup_steps, lr_schedule=t.lr_schedule,
-        total_steps=config.steps, temperature=config.generation.temperature,
-    )
-    if t.engine == "fsdp":
+    common = train_settings(config)
+    if config.trainer.engine == "fsdp":
         from areal.engines.fsdp_train import FSDPTrainEngine, join_process_group
 
         return FSDPTrainEngine(model, device_type=join_process_group(), **common)
     return TorchTrainEngine(model, **common)
+
+
+def train_settings(config: RunConfig) -> dict[str, Any]:
+    """The optimizer and batching settings a training engine takes from the trainer's config."""
+    t = config.trainer
+    return dict(
+        lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
+        microbatch_tokens=t.microbatch_tokens, warmup_steps=t.warmup_steps, lr_schedule=t.lr_schedule,
+        total_steps=config.steps, temperature=config.generation.temperature,
+    )
 
 
 def _has_package(name: str) -> bool:

@@ -147,9 +147,14 @@ class TorchTrainEngine:
         cu = torch.zeros(len(rows) + 1, dtype=torch.int64)
         cu[1:] = counts.cumsum(0)
         flat = logits.flatten(0, 1)[predict.to(self.device)]
-        logp = token_logprobs(flat, targets.to(self.device), temperature=self.temperature)
+        return self._score(flat, targets.to(self.device)), cu
+
+    def _score(self, flat: Tensor, targets: Tensor) -> Tensor:
+        """What the engine trains per output token, from the model's outputs at the positions before it:
+        log π_θ(token) here; a value model's engine (value_train.py) reads its value head instead."""
+        logp = token_logprobs(flat, targets, temperature=self.temperature)
         assert isinstance(logp, Tensor)
-        return logp, cu
+        return logp
 
     # ---- training ---------------------------------------------------------------------------------
 

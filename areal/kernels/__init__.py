@@ -10,13 +10,16 @@ from areal.kernels.advantage import batch_normalise, gae, group_normalise, leave
 from areal.kernels.logprob import next_token_logprobs, token_logprobs
 from areal.kernels.packing import PackingError, balance_across_ranks, pack_microbatches, padding_waste
 from areal.kernels.ppo import PPOStats, approx_prox_logp, decoupled_ppo_loss, standard_ppo_loss
+from areal.kernels.value import ValueStats, clipped_value_loss
 
 __all__ = [
     "PPOStats",
     "PackingError",
+    "ValueStats",
     "approx_prox_logp",
     "balance_across_ranks",
     "batch_normalise",
+    "clipped_value_loss",
     "decoupled_ppo_loss",
     "gae",
     "group_normalise",

@@ -15,3 +15,6 @@ PROX_LOGP = Float["S", "T"]  # log π_prox: the trainer's weights before this up
 VERSIONS = Int32["S", "T"]  # policy version that produced each output token
 REWARD = Float["S"]
 ADVANTAGE = Float["S"]
+TOKEN_ADVANTAGE = Float["S", "T"]  # one per output token (GAE)
+VALUES = Float["S", "T"]  # the critic's V(s_t) before each output token
+RETURNS = Float["S", "T"]  # the value targets: advantage + value

@@ -14,12 +14,14 @@ from areal.nodes import ports
 from areal.nodes.settings import checked_settings
 
 
-def ppo_update(name: str, **settings: Any) -> NodeSpec:
+def ppo_update(name: str, *, token_advantages: bool = False, **settings: Any) -> NodeSpec:
     """Train the policy named `name` with (decoupled) PPO.
 
-    Keyword arguments are this trainer's own settings, any field of RunConfig.trainer
-    (`objective="standard"`, `lr=1e-5`, `clip_eps=0.1`): they win over the recipe's `trainer`
-    section, and `--set nodes.NAME.FIELD=...` wins over them (areal/graph/settings.py).
+    `token_advantages=True` takes one advantage per output token (`Float["S", "T"]`, as GAE gives)
+    instead of one per sample spread over its tokens. Other keyword arguments are this trainer's
+    own settings, any field of RunConfig.trainer (`objective="standard"`, `lr=1e-5`,
+    `clip_eps=0.1`): they win over the recipe's `trainer` section, and `--set
+    nodes.NAME.FIELD=...` wins over them (areal/graph/settings.py).
     """
     return NodeSpec(
         "ppo-update",
@@ -30,7 +32,7 @@ def ppo_update(name: str, **settings: Any) -> NodeSpec:
             "behav_logp": ports.BEHAV_LOGP,
             "prox_logp": ports.PROX_LOGP,
             "versions": ports.VERSIONS,
-            "advantage": ports.ADVANTAGE,
+            "advantage": ports.TOKEN_ADVANTAGE if token_advantages else ports.ADVANTAGE,
         },
         outputs={},
         factory=_factory,

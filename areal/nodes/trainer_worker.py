@@ -24,7 +24,7 @@ TRAINERS: dict[str, TrainerNode] = {}
 
 class TrainerNode:
     def setup(self, context: Any) -> None:
-        from areal.engines import require_engines, train_engine
+        from areal.engines import require_engines
 
         config = context.config  # this node's view: its own settings (ppo_update(..., lr=...)) on top
         require_engines(config, generation=False)  # before loading the model: the error comes in seconds
@@ -33,8 +33,7 @@ class TrainerNode:
         self.objective = t.objective
         self.cap = t.behav_weight_cap
         self.minibatches = t.minibatches
-        model, _ = load_run_policy(config)
-        self.engine = train_engine(config, model)  # trainer.engine: torch, or FSDP (which shards the model)
+        self.engine = self._engine(config)
         self.version = context.version
         if context.resume_dir is not None:
             folder = context.resume_dir / f"trainer-{context.node}"
@@ -44,11 +43,20 @@ class TrainerNode:
                                  f"version {self.version}: the checkpoint is inconsistent")
         TRAINERS[context.node] = self
 
+    def _engine(self, config: Any) -> Any:
+        """The model this node trains, in its engine (trainer.engine: torch, or FSDP, which shards it)."""
+        from areal.engines import train_engine
+
+        model, _ = load_run_policy(config)
+        return train_engine(config, model)
+
     def __call__(self, batch: Batch) -> dict[str, float]:
         from areal.kernels.ppo import approx_prox_logp, decoupled_ppo_loss
 
         sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])
         publishes = self.version + 1  # v_θ of the shortcut: the version this update publishes
+        advantage = batch["advantage"]
+        token_level = isinstance(advantage, Ragged)  # ppo_update(token_advantages=True): one per token (GAE)
 
         def loss_fn(logp: Tensor, mb: Any) -> tuple[Tensor, dict[str, float]]:
             behav = mb["behav_logp"]
@@ -58,7 +66,7 @@ class TrainerNode:
                 prox = approx_prox_logp(behav, logp.detach(), mb["versions"].long(), publishes)
             else:
                 prox = mb["prox_logp"]
-            advantages = mb.per_token(mb["advantage"])
+            advantages = mb["advantage"] if token_level else mb.per_token(mb["advantage"])
             mask = torch.ones_like(logp, dtype=torch.bool)
             loss, stats = decoupled_ppo_loss(logp, prox, behav, advantages, mask, clip_eps=self.clip_eps,
                                              behav_weight_cap=self.cap)
@@ -69,7 +77,8 @@ class TrainerNode:
             "behav_logp": batch["behav_logp"].rows(),
             "prox_logp": batch["prox_logp"].rows(),
             "versions": [v.to(torch.int64) for v in batch["versions"].rows()],
-            "advantage": batch["advantage"].to(torch.float32),
+            "advantage": ([a.to(torch.float32) for a in advantage.rows()] if token_level
+                          else advantage.to(torch.float32)),
         }
         totals: dict[str, float] = {}
         # a sample with no output tokens (an empty generation) has no term in the token mean: leave it out
@@ -87,7 +96,7 @@ class TrainerNode:
                 totals[k] = totals.get(k, 0.0) + v / len(parts)
         self.version += 1
         # all zero (one sample per group, say): the step moved nothing, and the controller says so once
-        totals["zero_advantage"] = float((batch["advantage"] == 0).float().mean())
+        totals["zero_advantage"] = float(((advantage.values if token_level else advantage) == 0).float().mean())
         return totals
 
     def empty_step(self) -> None:

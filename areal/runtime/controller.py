@@ -353,6 +353,8 @@ class Controller:
             self.accounting.on_consumed(m.groups)
             self.accounting.check(m.version, m.groups)
             self._step_record(m)
+        else:  # another trainer's numbers (a critic's loss) join the next step record, named by it
+            self.steps.on_metrics({f"{m.model}_{k}": v for k, v in m.stats.items() if isinstance(v, (int, float))})
         if m.path or m.broadcast:
             self._tell_followers(m.model, broadcast=m.broadcast)
         every = self.config.eval.interval_steps

@@ -44,3 +44,15 @@ def test_the_dynamic_sampling_recipe_filters_groups_refills_them_and_learns(tmp_
     end = _check_learns_and_keeps_the_invariants(lines)
     assert end["filtered"] > 0 and end["filtered"] % GROUP == 0  # whole groups
     assert end["trained"] == STEPS * BATCH * GROUP  # every step still B groups, all informative
+
+
+@pytest.mark.slow  # ~5 min on 2 cores
+def test_the_actor_critic_recipe_learns_and_its_critic_fits_the_returns(tmp_path):
+    # the recipe sets the critic's lr itself: each trainer's lr goes to its node
+    settings = [s for s in SETTINGS if not s.startswith("trainer.lr=")]
+    settings += ["nodes.actor.lr=1e-4", "nodes.critic.lr=1e-3"]
+    lines = run_on_fixed_tasks(tmp_path, "actor_critic.py", BATCH, settings)
+    end = _check_learns_and_keeps_the_invariants(lines)
+    assert end["trained"] == STEPS * BATCH * GROUP
+    critic = [s["critic_loss"] for s in lines if s["kind"] == "step" and "critic_loss" in s]
+    assert sum(critic[-5:]) / 5 < 0.7 * sum(critic[:5]) / 5, f"critic loss {critic[:5]} -> {critic[-5:]}"

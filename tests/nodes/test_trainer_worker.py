@@ -125,3 +125,29 @@ def test_weights_holding_a_nan_are_never_handed_out_for_publishing_or_checkpoint
     with pytest.raises(NonFiniteUpdate, match=rf"version 2: weights {re.escape(name)}.* neither published nor"):
         trainer.save_weights(str(tmp_path / "v2.safetensors"))
     assert not (tmp_path / "v2.safetensors").exists()
+
+
+def test_token_advantages_equal_to_the_spread_per_sample_ones_train_the_same_weights(tmp_path):
+    config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")))
+    prompt = torch.randint(4, 90, (8,))
+    outputs = [torch.randint(4, 90, (6,)), torch.randint(4, 90, (3,))]
+    per_sample = torch.tensor([0.7, -1.3])
+
+    def weights_after(advantage) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        trainer = TrainerNode()
+        trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
+        logp = Ragged.from_rows([torch.full((len(o),), -2.0) for o in outputs])
+        stats = trainer(Batch({
+            "prompt_ids": Ragged.from_rows([prompt] * 2), "output_ids": Ragged.from_rows(outputs),
+            "behav_logp": logp, "prox_logp": logp, "advantage": advantage,
+            "versions": Ragged.from_rows([torch.zeros(len(o), dtype=torch.int32) for o in outputs]),
+        }))
+        assert stats["zero_advantage"] == 0.0
+        return {k: v.clone() for k, v in trainer.engine.model.state_dict().items()}
+
+    spread = weights_after(Ragged.from_rows([torch.full((len(o),), float(a)) for o, a in zip(outputs, per_sample)]))
+    assert all(torch.equal(a, b) for a, b in zip(weights_after(per_sample).values(), spread.values()))
+    # and a token's own advantage counts: flipping one token's sign trains something else
+    varied = weights_after(Ragged.from_rows([torch.tensor([0.7, 0.7, -0.7, 0.7, 0.7, 0.7]), torch.full((3,), -1.3)]))
+    assert any(not torch.equal(a, b) for a, b in zip(varied.values(), spread.values()))

@@ -1,0 +1,43 @@
+"""recipes/actor_critic.py runs as declared: two trainers with their own versions and weights routes, the
+critic's weights reaching only its values pool, both checkpointed and resumed without training a sample
+twice."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from areal.runtime.launch import build_controller, run_recipe
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "actor_critic.py"
+B, G = 2, 4
+SMALL = [f"batch_size={B}", f"group_size={G}", "eval.interval_steps=0", "checkpoint.interval_steps=2",
+         "generation.max_new_tokens=24", "nodes.critic.lr=3e-3", "nodes.critic.warmup_steps=0"]
+
+
+def _steps(run: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
+
+
+def test_two_models_train_each_on_its_own_route_and_resume_together(tmp_path):
+    run = tmp_path / "run"
+    plan = build_controller(RECIPE, ["steps=4", *SMALL], tmp_path / "plan-only").plan
+    assert set(plan.weights_routes) == {("actor", "rollout"), ("critic", "values")}  # each model to its own
+    assert run_recipe(RECIPE, overrides=["steps=4", *SMALL], run_dir=run, live=False) == 0
+    first = _steps(run)
+    # the critic starts with a zero head (every value exactly 0): values other than 0 come from trained weights
+    assert any(s.get("value_mean", 0.0) != 0.0 for s in first)
+    assert {"critic_loss", "critic_explained_variance"} <= set(first[-1])
+    assert first[-1]["critic_version"] >= first[-1]["actor_version"] == 4
+    parts = {p.name for p in (run / "checkpoints" / "step-000002").iterdir()}
+    assert {"trainer-actor", "trainer-critic", "policy-actor.safetensors", "policy-critic.safetensors"} <= parts
+    shutil.rmtree(run / "checkpoints" / "step-000004")  # as if killed after step 4, before its checkpoint
+    assert run_recipe(RECIPE, overrides=["steps=6", *SMALL], resume=run, live=False) == 0
+    resumed = _steps(run)[len([s for s in first if s["version"] <= 2]):]
+    assert [s["version"] for s in resumed] == [3, 4, 5, 6]
+    assert min(s["critic_version"] for s in resumed) >= 2  # the critic went on from its checkpointed version
+    assert (run / "weights" / "critic" / "v000006.safetensors").exists()  # and trained all six of its own
+    end = resumed[-1]
+    assert end["trained"] == 6 * B * G and end["duplicates_dropped"] == 0
+    assert end["started"] == end["trained"] + end["failed"] + end["filtered"] + end["in_flight"]
