@@ -76,8 +76,8 @@ def _spread(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=int, default=40, help="matmuls per sample in each branch")
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--work", type=int, default=120, help="matmuls per sample in each branch")
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each layout, interleaved")
     args = parser.parse_args()
     results: dict[str, list[dict]] = {"parallel": [], "chain": []}
