@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,3 +142,24 @@ def clear_staging(run_dir: Path | str) -> None:
     """Remove staging folders a killed run left behind (nothing reads them)."""
     for staged in checkpoints_dir(run_dir).glob(".step-*.partial"):
         shutil.rmtree(staged, ignore_errors=True)
+
+
+class Sealing:
+    """Staging folders that wait for every trainer's part; the last part in seals the checkpoint, with the
+    controller's own state (`state_at(first group not yet trained by every trainer)`) beside them."""
+
+    def __init__(self, run_dir: Path, weights_dir: Path, trainers: list[str], keep: int) -> None:
+        self.run_dir, self.weights_dir, self.trainers, self.keep = run_dir, weights_dir, trainers, keep
+        self._parts: dict[str, dict[str, int]] = {}  # staging folder -> trainer -> its next group
+
+    def part_written(self, folder: str, trainer: str, version: int, next_group: int,
+                     state_at: Callable[[int], dict[str, Any]]) -> None:
+        parts = self._parts.setdefault(folder, {})
+        parts[trainer] = next_group
+        if set(parts) != set(self.trainers):
+            return
+        del self._parts[folder]
+        state = {**state_at(min(parts.values())), "next_group": parts}
+        policies = {t: self.weights_dir / t / f"v{version:06d}.safetensors" for t in self.trainers}
+        if seal(Path(folder), version, state, policies) is not None:
+            prune(self.run_dir, self.keep)

@@ -29,7 +29,7 @@ from areal.runtime import messages as msg
 from areal.runtime.accounting import Accounting
 from areal.runtime.admission import Admission, configured
 from areal.runtime.channels import is_dynamic, private_folder
-from areal.runtime.checkpoint import final_dir, prune, seal, staging_dir
+from areal.runtime.checkpoint import Sealing, final_dir, staging_dir
 from areal.runtime.control import ControlServer, Pulse
 from areal.runtime.evaluation import HeldOut, first_pass
 from areal.runtime.faults import Restarts, log_tail
@@ -128,7 +128,7 @@ class Controller:
         self.bad_tasks: list[str] = []
         self._stopping = False
         self._plan_path = self.run_dir / "plan.json"
-        self._sealing: dict[str, dict[str, int]] = {}  # staging folder -> trainer -> its next group
+        self.sealing = Sealing(self.run_dir, Path(plan.weights_dir), self.trainers, config.checkpoint.keep)
         self._lost_in_a_row = 0  # groups freed since a trainer last trained a sample
         self._dynamic = any(is_dynamic(c.endpoints) for c in plan.channels)  # Ray: workers bind where they land
 
@@ -211,7 +211,7 @@ class Controller:
                 break
         if self.heldout is not None and self.state.version > 0:
             self.versions.lag = 0  # training is over: the last held-out round judges the trained policy
-            self._tell_followers(self.plan.policy)
+            self.versions.announce(self.plan.policy, self.workers.values(), self.control.send)
             self._start_eval()
             deadline = time.monotonic() + 300
             while self.heldout.pending and time.monotonic() < deadline:
@@ -325,12 +325,7 @@ class Controller:
         worker.ready = True
         if self._dynamic:
             self.wiring.wire(worker, m.endpoints, self.workers.values())
-        model = self.plan.pool(worker.pool).model
-        if worker.pool in self._followers_of(model):
-            # a (re)started follower must not run before it holds the version it is to hold
-            version = self.versions.sampled(model)
-            self.control.send(worker.worker_id, "weights", model=model, version=version,
-                              path=self.versions.path(model, version))
+        self.versions.catch_up(worker, self.control.send)
 
     def _on_heartbeat(self, worker: WorkerProcess, m: msg.Heartbeat | msg.Stopped) -> None:
         worker.busy = getattr(m, "busy", worker.busy)
@@ -356,7 +351,7 @@ class Controller:
         else:  # another trainer's numbers (a critic's loss) join the next step record, named by it
             self.steps.on_metrics({f"{m.model}_{k}": v for k, v in m.stats.items() if isinstance(v, (int, float))})
         if m.path or m.broadcast:
-            self._tell_followers(m.model, broadcast=m.broadcast)
+            self.versions.announce(m.model, self.workers.values(), self.control.send, broadcast=m.broadcast)
         every = self.config.eval.interval_steps
         if (self.heldout is not None and every and m.model == (self.plan.policy or m.model)
                 and m.version % every == 0 and m.version < self.state.steps):
@@ -373,23 +368,6 @@ class Controller:
         self.state.last_step = record
         for line in [record, *self.steps.warnings(record)]:
             self.metrics.write(line)
-
-    def _followers_of(self, model: str) -> list[str]:
-        return self.plan.followers(model) if model else []
-
-    def _tell_followers(self, model: str, broadcast: bool = False) -> None:
-        """Send every follower of `model` the weights it should now hold, once per version.
-
-        broadcast: the trainer waits in the weights group's broadcast of this version, and each generator
-        must take its part."""
-        news = self.versions.news(model) if model else None
-        if news is None:
-            return
-        version, path = news
-        for w in self.workers.values():
-            if w.pool in self._followers_of(model):
-                self.control.send(w.worker_id, "weights", model=model, version=version, path=path,
-                                  broadcast=broadcast)
 
     def _on_failed(self, worker: WorkerProcess, m: msg.SamplesFailed) -> None:
         reasons = [f"{m.node}: {r}" for r in m.reasons]
@@ -432,28 +410,21 @@ class Controller:
             self._eval_done(record)
 
     def _on_checkpoint(self, worker: WorkerProcess, m: msg.CheckpointWritten) -> None:
-        """A trainer wrote its part into a staging folder; once every trainer has, add ours and seal it."""
-        parts = self._sealing.setdefault(m.path, {})
-        parts[m.model] = m.next_group
-        if set(parts) != set(self.trainers):
-            return
-        del self._sealing[m.path]
-        start = min(parts.values())
-        state = {
+        self.sealing.part_written(m.path, m.model, m.version, m.next_group, self._checkpoint_state)
+
+    def _checkpoint_state(self, start: int) -> dict[str, Any]:
+        """What a resume needs of the controller, as of group `start` (the first not every trainer trained)."""
+        first_sample = start * self.config.group_size
+        return {
             "source": self.admission.cursor_at(start),
-            "next_group": parts,
             "accounting": self.accounting.summary(),
             "trained_ids": sorted(self.accounting.trained),
-            "failed": {str(k): v for k, v in self.accounting.failed.items() if k < start * self.config.group_size},
-            "filtered": {str(k): v for k, v in self.accounting.filtered.items()
-                         if k < start * self.config.group_size},
-            "noted": {str(k): v for k, v in self.accounting.noted.items() if k < start * self.config.group_size},
+            "failed": {str(k): v for k, v in self.accounting.failed.items() if k < first_sample},
+            "filtered": {str(k): v for k, v in self.accounting.filtered.items() if k < first_sample},
+            "noted": {str(k): v for k, v in self.accounting.noted.items() if k < first_sample},
             "metrics_lines": self.metrics.lines,
             "eval_round": self.heldout.next_round if self.heldout is not None else 0,
         }
-        policies = {t: Path(self.plan.weights_dir) / t / f"v{m.version:06d}.safetensors" for t in self.trainers}
-        if seal(Path(m.path), m.version, state, policies) is not None:
-            prune(self.run_dir, self.config.checkpoint.keep)
 
     def _on_duplicate(self, worker: WorkerProcess, m: msg.DuplicateDropped) -> None:
         self.accounting.duplicates += 1

@@ -1,4 +1,4 @@
-"""One policy version per trained model, and which version of it each follower should hold.
+"""One policy version per trained model, which version of it each follower should hold, and telling it.
 
 A trainer owns its model's counter (it reports each new version); this module only records them.
 The slowest trainer's version drives admission (every trainer then trains batch k at a version
@@ -9,9 +9,16 @@ version, or in lagged mode the one η versions older. Weights travel as files in
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, Protocol
 
 from areal.runtime.plan import Plan
+
+
+class Follower(Protocol):
+    worker_id: str
+    pool: str
 
 
 class Versions:
@@ -54,3 +61,26 @@ class Versions:
 
     def forget_told(self, model: str) -> None:
         self._told.pop(model, None)
+
+    # -- publication: the weights messages to each model's followers -------------------------
+
+    def announce(self, model: str, workers: Iterable[Follower], send: Callable[..., Any],
+                 broadcast: bool = False) -> None:
+        """Send every follower of `model` the weights it should now hold, once per version.
+
+        broadcast: the trainer waits in the weights group's broadcast of this version, and each generator
+        must take its part."""
+        news = self.news(model) if model else None
+        if news is None:
+            return
+        version, path = news
+        for w in workers:
+            if w.pool in self.plan.followers(model):
+                send(w.worker_id, "weights", model=model, version=version, path=path, broadcast=broadcast)
+
+    def catch_up(self, worker: Follower, send: Callable[..., Any]) -> None:
+        """A (re)started follower must not run before it holds the version it is to hold."""
+        model = self.plan.pool(worker.pool).model
+        if model and worker.pool in self.plan.followers(model):
+            version = self.sampled(model)
+            send(worker.worker_id, "weights", model=model, version=version, path=self.path(model, version))
