@@ -33,8 +33,8 @@ class TrainerNode:
         self.objective = t.objective
         self.cap = t.behav_weight_cap
         self.minibatches = t.minibatches
-        model, _ = load_run_policy(config)
-        self.engine = train_engine(config, model)  # trainer.engine: torch, or FSDP (which shards the model)
+        # trainer.engine: torch, FSDP (which shards the model) or emulated (which loads none)
+        self.engine = train_engine(config, lambda: load_run_policy(config)[0])
         self.version = context.version
         if context.resume_dir is not None:
             folder = context.resume_dir / f"trainer-{context.node}"
