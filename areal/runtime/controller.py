@@ -377,6 +377,9 @@ class Controller:
             "trained_tokens_per_s": self.state.trained_tokens / elapsed,
             "staleness": {str(k): v for k, v in sorted(hist.items())},
             "busy": {w.worker_id: round(w.busy, 3) for w in self.workers.values()},
+            # the controller's own load: CPU seconds of this process (all its threads) and control messages
+            "controller_cpu_s": time.process_time(),
+            "control_messages": self.control.received + self.control.sent,
             **self.accounting.summary(),
             **node_metrics,
             **{k: v for k, v in m.stats.items() if isinstance(v, (int, float))},
