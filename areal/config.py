@@ -47,14 +47,16 @@ class TrainerConfig(_Section):
     )
     lr_schedule: Literal["constant", "cosine"] = "constant"
     threads: PositiveInt = Field(1, description="torch threads of the trainer process")
-    engine: Literal["torch", "fsdp"] = Field(
-        "torch", description="torch: one process; fsdp: FSDP2 over torch.distributed (gloo on CPU, NCCL on GPU)"
+    engine: Literal["torch", "fsdp", "emulated"] = Field(
+        "torch", description="torch: one process; fsdp: FSDP2 over torch.distributed (gloo on CPU, NCCL on GPU); "
+        "emulated: modelled time on an emulated device, no model (the `emulation` section)"
     )
-    ranks: PositiveInt = Field(1, description="data-parallel trainer processes (more than 1 needs engine=fsdp)")
+    ranks: PositiveInt = Field(1, description="data-parallel trainer processes (more than 1 needs engine=fsdp or "
+                               "emulated)")
 
     @model_validator(mode="after")
     def _ranks_need_fsdp(self) -> TrainerConfig:
-        if self.ranks > 1 and self.engine != "fsdp":
+        if self.ranks > 1 and self.engine == "torch":
             raise ValueError(f"ranks={self.ranks} trains data-parallel, which needs engine=fsdp (engine={self.engine})")
         return self
 
@@ -67,13 +69,29 @@ class GenerationConfig(_Section):
     max_batch: PositiveInt = Field(32, description="sequences decoded together by one generate worker")
     stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\n#", "\nprint", "\n\n"])
     threads: PositiveInt = Field(1, description="torch threads of each generate worker")
-    engine: Literal["torch", "vllm"] = Field(
-        "torch", description="torch: CPU or one GPU; vllm: vLLM on a CUDA GPU (pip install 'areal[gpu]')"
+    engine: Literal["torch", "vllm", "emulated"] = Field(
+        "torch", description="torch: CPU or one GPU; vllm: vLLM on a CUDA GPU (pip install 'areal[gpu]'); "
+        "emulated: modelled time on an emulated device, no model (the `emulation` section)"
     )
     chat_template: Literal["auto", "off"] = Field(
         "auto", description="auto: a prompt becomes a user message in the tokenizer's chat template when it has "
         "one (an instruct model); off: the prompt is tokenised as it is (a base model continuing text)"
     )
+
+
+class EmulationConfig(_Section):
+    """The emulated devices of `generation.engine=emulated` and `trainer.engine=emulated` (engines/emulated_*.py)."""
+
+    profile: str = Field("h100-qwen2.5-1.5b", description="a device profile: a name in areal/engines/profiles/ or "
+                         "a path to a JSON file of the same keys (modelled seconds per step, token and transfer)")
+    time_scale: float = Field(1.0, ge=0, description="real seconds per modelled second: 0.1 runs ten times faster "
+                              "than the modelled devices; 0 takes no time at all")
+    output_tokens_median: PositiveInt = Field(1024, description="output lengths are log-normal around this median, "
+                                              "capped at generation.max_new_tokens")
+    output_tokens_sigma: float = Field(0.6, ge=0, le=4, description="the log-normal's spread: 0 makes every output "
+                                       "the median; 1 makes one in 20 more than 5x the median (a long tail)")
+    trainer_gpus_per_rank: PositiveInt = Field(1, description="devices each trainer rank process stands for (a "
+                                               "data-parallel group): its share of a step's tokens is divided by it")
 
 
 class DataConfig(_Section):
@@ -162,6 +180,7 @@ class RunConfig(_Section):
     faults: FaultConfig = FaultConfig()
     transport: TransportConfig = TransportConfig()
     cluster: ClusterConfig = ClusterConfig()
+    emulation: EmulationConfig = EmulationConfig()
     placement: dict[str, PositiveInt] = Field(
         default_factory=dict, description="replicas per node name, overriding the recipe's pool="
     )
@@ -178,6 +197,13 @@ class RunConfig(_Section):
     def _lagged_needs_files(self) -> RunConfig:
         if self.mode == "lagged" and self.transport.weights == "broadcast":
             raise ValueError("mode=lagged samples from older policies, which only transport.weights=files keeps")
+        return self
+
+    @model_validator(mode="after")
+    def _emulated_weights_are_files(self) -> RunConfig:
+        if "emulated" in (self.generation.engine, self.trainer.engine) and self.transport.weights == "broadcast":
+            raise ValueError("emulated engines publish weights as files (their transfer time is modelled); "
+                             "use transport.weights=files")
         return self
 
     @model_validator(mode="after")

@@ -1,11 +1,13 @@
 """Backends behind the generate, compute-logprob and ppo-update nodes, and the choice between them.
 
 A node talks to an engine through the two Protocols below; the torch engines satisfy them on
-CPU or one GPU, vLLM generation and FSDP training satisfy the same Protocols. A node asks
+CPU or one GPU, vLLM generation and FSDP training satisfy the same Protocols, and so do the
+emulated engines (modelled time on an emulated device, no model: `emulated_*.py`). A node asks
 `generation_engine` or `train_engine` for the one `RunConfig` names (`generation.engine`,
-`trainer.engine`); the backend's module is imported only then. `engine_problems` says, one
-sentence each, what this process lacks to run them: the controller asks before any worker
-starts, and each factory asks again in the worker (on a Ray cluster only the worker's host counts).
+`trainer.engine`, looked up in `_GENERATION` / `_TRAINING`); the backend's module is imported only
+then. `engine_problems` says, one sentence each, what this process lacks to run them: the
+controller asks before any worker starts, and each factory asks again in the worker (on a Ray
+cluster only the worker's host counts).
 
 Not here: starting the FSDP ranks of a data-parallel trainer (a trainer process joins the group
 torchrun or Ray made, or starts a one-rank group), and the NCCL weights route.
@@ -100,43 +102,96 @@ def require_engines(config: RunConfig, *, generation: bool = True, training: boo
         raise ConfigError("\n".join(problems))
 
 
-def generation_engine(config: RunConfig, checkpoint: Path, tokenizer: Any, *, weights: Path | None, version: int,
-                      decode: Callable[[list[int]], str]) -> GenerationEngine:
+def generation_engine(config: RunConfig, checkpoint: Path | None, tokenizer: Any, *, weights: Path | None,
+                      version: int, decode: Callable[[list[int]], str]) -> GenerationEngine:
     """The generation engine `config.generation.engine` names, on the checkpoint's model.
 
     `weights` (a safetensors file of the run's policy, or None) replace the checkpoint's own.
     """
     require_engines(config, training=False)
-    gen = config.generation
-    common: dict[str, Any] = dict(
-        eos_token_id=tokenizer.eos_token_id, max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
-        top_p=gen.top_p, stop_strings=list(gen.stop), decode=decode, seed=config.seed, version=version,
-    )
-    if gen.engine == "vllm":
-        from areal.engines.vllm_generate import VLLMBackend, VLLMGenerationEngine
+    return _GENERATION[config.generation.engine](config, checkpoint, tokenizer, weights, version, decode)
 
-        backend = VLLMBackend(str(checkpoint), dtype=config.dtype, seed=config.seed, max_num_seqs=gen.max_batch)
-        vllm_engine = VLLMGenerationEngine(backend, **common)
-        if weights is not None:  # through the update path: the engine is live, nothing is in flight yet
-            vllm_engine.update_weights(load_file(str(weights)), version)
-        return vllm_engine
+
+def train_engine(config: RunConfig, model: Callable[[], PreTrainedModel]) -> TrainEngine:
+    """The training engine `config.trainer.engine` names; `model()` loads the policy when the engine needs one
+    (FSDP shards it in place)."""
+    require_engines(config, generation=False)
+    return _TRAINING[config.trainer.engine](config, model)
+
+
+def _torch_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any, weights: Path | None,
+                      version: int, decode: Callable[[list[int]], str]) -> GenerationEngine:
     from areal.models.loading import load_model
 
+    assert checkpoint is not None  # only an emulated device runs without one
     model = load_model(checkpoint, dtype=config.dtype)
     if weights is not None:
         model.load_state_dict(load_file(str(weights)))
-    return TorchGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch=gen.max_batch, **common)
+    return TorchGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch=config.generation.max_batch,
+                                 **_sampling(config, tokenizer, version, decode))
 
 
-def train_engine(config: RunConfig, model: PreTrainedModel) -> TrainEngine:
-    """The training engine `config.trainer.engine` names, over `model` (FSDP shards it in place)."""
-    require_engines(config, generation=False)
-    common = train_settings(config)
-    if config.trainer.engine == "fsdp":
-        from areal.engines.fsdp_train import FSDPTrainEngine, join_process_group
+def _vllm_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any, weights: Path | None,
+                     version: int, decode: Callable[[list[int]], str]) -> GenerationEngine:
+    from areal.engines.vllm_generate import VLLMBackend, VLLMGenerationEngine
 
-        return FSDPTrainEngine(model, device_type=join_process_group(), **common)
-    return TorchTrainEngine(model, **common)
+    backend = VLLMBackend(str(checkpoint), dtype=config.dtype, seed=config.seed,
+                          max_num_seqs=config.generation.max_batch)
+    engine = VLLMGenerationEngine(backend, **_sampling(config, tokenizer, version, decode))
+    if weights is not None:  # through the update path: the engine is live, nothing is in flight yet
+        engine.update_weights(load_file(str(weights)), version)
+    return engine
+
+
+def _emulated_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any, weights: Path | None,
+                         version: int, decode: Callable[[list[int]], str]) -> GenerationEngine:
+    from areal.engines.emulated_device import DeviceProfile, OutputLengths
+    from areal.engines.emulated_generate import EmulatedGenerationEngine
+
+    e = config.emulation
+    lengths = OutputLengths(e.output_tokens_median, e.output_tokens_sigma, config.seed)
+    return EmulatedGenerationEngine(
+        DeviceProfile.load(e.profile), lengths=lengths,
+        max_new_tokens=config.generation.max_new_tokens, max_batch=config.generation.max_batch,
+        time_scale=e.time_scale, seed=config.seed, version=version, eos_token_id=tokenizer.eos_token_id)
+
+
+def _sampling(config: RunConfig, tokenizer: Any, version: int, decode: Callable[[list[int]], str]) -> dict[str, Any]:
+    gen = config.generation
+    return dict(eos_token_id=tokenizer.eos_token_id, max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
+                top_p=gen.top_p, stop_strings=list(gen.stop), decode=decode, seed=config.seed, version=version)
+
+
+def _torch_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> TrainEngine:
+    return TorchTrainEngine(model(), **train_settings(config))
+
+
+def _fsdp_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> TrainEngine:
+    from areal.engines.fsdp_train import FSDPTrainEngine, join_process_group
+
+    loaded = model()
+    return FSDPTrainEngine(loaded, device_type=join_process_group(), **train_settings(config))
+
+
+def _emulated_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> TrainEngine:
+    from areal.engines.emulated_device import DeviceProfile
+    from areal.engines.emulated_train import EmulatedTrainEngine
+
+    e = config.emulation
+    return EmulatedTrainEngine(DeviceProfile.load(e.profile), time_scale=e.time_scale,
+                               gpus_per_rank=e.trainer_gpus_per_rank, ranks=config.trainer.ranks)
+
+
+# the engine each config value names: a new engine is one module and one line here
+_GENERATION: dict[str, Callable[..., GenerationEngine]] = {
+    "torch": _torch_generation, "vllm": _vllm_generation, "emulated": _emulated_generation}
+_TRAINING: dict[str, Callable[[RunConfig, Callable[[], PreTrainedModel]], TrainEngine]] = {
+    "torch": _torch_training, "fsdp": _fsdp_training, "emulated": _emulated_training}
+
+
+def needs_model(config: RunConfig, *, generation: bool) -> bool:
+    """Whether the configured generation (or training) engine loads the policy: an emulated device does not."""
+    return (config.generation.engine if generation else config.trainer.engine) != "emulated"
 
 
 def train_settings(config: RunConfig) -> dict[str, Any]:
@@ -168,6 +223,7 @@ __all__ = [
     "TrainEngine",
     "engine_problems",
     "generation_engine",
+    "needs_model",
     "require_engines",
     "train_engine",
 ]

@@ -47,17 +47,24 @@ class GenerateNode:
         self._batches: list[_Pending] = []
 
     def setup(self, context: Any) -> None:
-        from areal.engines import generation_engine, require_engines
+        from areal.engines import generation_engine, needs_model, require_engines
         from areal.models.chat import uses_chat
-        from areal.models.loading import checkpoint_dir, load_tokenizer
 
         config = context.config
         require_engines(config, training=False)  # before loading anything: the error comes in seconds
         self.report = context.report
         self.group_size = config.group_size  # the run's, with this node's own setting in it
-        checkpoint = checkpoint_dir(config.model, seed=config.seed)
-        _check_context(checkpoint, config.generation.max_new_tokens)  # before any cache is sized by it
-        self.tokenizer = load_tokenizer(checkpoint)
+        checkpoint: Any = None
+        if needs_model(config, generation=True):
+            from areal.models.loading import checkpoint_dir, load_tokenizer
+
+            checkpoint = checkpoint_dir(config.model, seed=config.seed)
+            _check_context(checkpoint, config.generation.max_new_tokens)  # before any cache is sized by it
+            self.tokenizer = load_tokenizer(checkpoint)
+        else:  # an emulated device: no model and no tokenizer files, so no transformers in this process
+            from areal.engines.emulated_device import ByteTokenizer
+
+            self.tokenizer = ByteTokenizer()
         self.stops = list(config.generation.stop)
         self.chat = uses_chat(self.tokenizer, config.generation.chat_template)
         self.engine_name = config.generation.engine

@@ -47,8 +47,7 @@ class TrainerNode:
         """The model this node trains, in its engine (trainer.engine: torch, or FSDP, which shards it)."""
         from areal.engines import train_engine
 
-        model, _ = load_run_policy(config)
-        return train_engine(config, model)
+        return train_engine(config, lambda: load_run_policy(config)[0])  # emulated: loads none
 
     def __call__(self, batch: Batch) -> dict[str, float]:
         from areal.kernels.ppo import approx_prox_logp, decoupled_ppo_loss

@@ -114,11 +114,13 @@ class ControlServer:
         else:
             self.socket.bind(endpoint)
         self.endpoint = endpoint  # the concrete address the workers connect to
+        self.received = self.sent = 0  # messages, for the controller's step records (its load)
 
     def recv(self, timeout_ms: int) -> tuple[str, dict[str, Any]] | None:
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
             return None
         identity, data = self.socket.recv_multipart()
+        self.received += 1
         sender = identity.decode(errors="replace")
         message = unpack(data, sender)
         return (sender, message) if message is not None else None
@@ -127,6 +129,7 @@ class ControlServer:
         """False when the worker is not connected (it died or has not started yet)."""
         try:
             self.socket.send_multipart([worker_id.encode(), pack({"type": kind, **fields})], zmq.NOBLOCK)
+            self.sent += 1
             return True
         except (zmq.Again, zmq.ZMQError):
             return False

@@ -365,6 +365,9 @@ class Controller:
                                    generated_tokens=sum(w.counts.get("tokens", 0) for w in self.workers.values()),
                                    trained_tokens=self.state.trained_tokens,
                                    busy={w.worker_id: w.busy for w in self.workers.values()})
+        # the controller's own load: CPU seconds of this process (all its threads) and control messages
+        record |= {"controller_cpu_s": time.process_time(),
+                   "control_messages": self.control.received + self.control.sent}
         self.state.last_step = record
         for line in [record, *self.steps.warnings(record)]:
             self.metrics.write(line)

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from areal.engines import require_engines
+from areal.engines import needs_model, require_engines
 from areal.errors import ArealError, RunError
 from areal.graph.node import Node
 from areal.graph.recipe import Recipe, load_recipe
@@ -125,9 +125,10 @@ def _builtin_policy_nodes(recipe: Recipe) -> list[Node]:
 
 def _prepare_models(recipe: Recipe) -> None:
     """Build the warm-start model once, here, before workers race to build it."""
-    builtin = _builtin_policy_nodes(recipe)
+    builtin = [n for n in _builtin_policy_nodes(recipe)
+               if needs_model(recipe.node_config(n.name), generation=n.kind == "generate")]
     if not builtin:
-        return  # custom policy nodes bring their own models
+        return  # custom policy nodes bring their own models; emulated engines need none
     from areal.models.loading import load_policy
 
     load_policy(recipe.config.model, dtype=recipe.config.dtype, seed=recipe.config.seed)

@@ -76,10 +76,25 @@ def test_the_factories_build_the_torch_engines_by_default_with_the_given_weights
     save_file({k: v.contiguous() for k, v in published.items()}, str(tmp_path / "v000003.safetensors"))
     gen = generation_engine(config, checkpoint, load_tokenizer(checkpoint), weights=tmp_path / "v000003.safetensors",
                             version=3, decode=str)
-    train = train_engine(config, load_model(checkpoint))
+    train = train_engine(config, lambda: load_model(checkpoint))
     assert (type(gen), type(train)) == (TorchGenerationEngine, TorchTrainEngine)
     assert gen.version == 3
     assert all(torch.equal(gen.model.state_dict()[k], v) for k, v in published.items())
+
+
+def test_the_emulated_engines_load_no_model():
+    from areal.engines.emulated_device import ByteTokenizer
+    from areal.engines.emulated_generate import EmulatedGenerationEngine
+    from areal.engines.emulated_train import EmulatedTrainEngine
+
+    config = RunConfig(model="/nowhere", generation={"engine": "emulated"}, trainer={"engine": "emulated"})
+
+    def no_model():
+        raise AssertionError("an emulated trainer loaded the policy")
+
+    gen = generation_engine(config, None, ByteTokenizer(), weights=None, version=2, decode=str)
+    train = train_engine(config, no_model)
+    assert (type(gen), type(train), gen.version) == (EmulatedGenerationEngine, EmulatedTrainEngine, 2)
 
 
 def _batch(seed: int) -> Batch:
