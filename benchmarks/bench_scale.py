@@ -12,8 +12,8 @@
   async η = 2; the trainer stands for as many GPUs as there are generators (its per-token time is
   divided by them), so the line is the runtime's, not one trainer's. Trained samples/s against N×
   the one-generator rate, the controller's CPU seconds per trained sample, its control messages
-  per second, and RSS / PSS of the worker processes (from /proc/PID/smaps_rollup, read once the
-  run has started stepping).
+  per second, RSS / PSS of the worker processes (from /proc/PID/smaps_rollup, read once the
+  run has started stepping), and how busy the machine's cores were from the first step on (/proc/stat).
 - **tails**: the same run with output lengths of little and of much spread (log-normal σ), sync vs
   async η = 2: a synchronous step waits for its batch's longest output.
 
@@ -45,8 +45,11 @@ def run(overrides: list[str], run_dir: Path, on_started: Callable[[Any], None] |
     from areal.runtime.launch import build_controller
 
     sampled: list[bool] = []
+    cpu_at_first_step: list[tuple[int, int]] = []  # the machine's CPU counters once the workers have started
 
     def event(controller: Any) -> None:
+        if not cpu_at_first_step and controller.state.version >= 1:
+            cpu_at_first_step.append(_machine_cpu())
         if on_started is not None and not sampled and controller.state.version >= 2:
             sampled.append(True)
             on_started(controller)
@@ -54,6 +57,7 @@ def run(overrides: list[str], run_dir: Path, on_started: Callable[[Any], None] |
     controller = build_controller(RECIPE, overrides, run_dir, on_event=event)
     started = time.monotonic()
     controller.run()
+    busy, total = (after - before for after, before in zip(_machine_cpu(), cpu_at_first_step[0], strict=True))
     steps = [r for r in _lines(run_dir) if r["kind"] == "step"]
     first, last = steps[0], steps[-1]
     trained = last["trained_samples"] - first["trained_samples"]
@@ -66,7 +70,15 @@ def run(overrides: list[str], run_dir: Path, on_started: Callable[[Any], None] |
         "controller_cpu_per_sample": (last["controller_cpu_s"] - first["controller_cpu_s"]) / trained,
         "messages_per_s": (last["control_messages"] - first["control_messages"]) / span,
         "wall_s": time.monotonic() - started,
+        "machine_busy": busy / total if total else 0.0,  # of all cores, from the first step to the end
     }
+
+
+def _machine_cpu() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat: is the machine itself the limit?"""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]  # idle and iowait
+    return sum(values) - idle, sum(values)
 
 
 def _lines(run_dir: Path) -> list[dict[str, Any]]:
@@ -131,18 +143,20 @@ def overlap(args: argparse.Namespace, tmp: Path) -> list[str]:
 
 def scaling(args: argparse.Namespace, tmp: Path) -> list[str]:
     lines = [f"{'generators':>10} {'samples/s':>10} {'ideal':>8} {'of ideal':>9} {'ctl CPU ms/sample':>18} "
-             f"{'ctl msgs/s':>11} {'worker RSS MiB':>15} {'PSS MiB':>8}"]
+             f"{'ctl msgs/s':>11} {'worker RSS MiB':>15} {'PSS MiB':>8} {'CPU busy':>9}"]
     one = None
     for n in args.generators:
         memory: dict[str, float] = {}
         placement = f'placement={{"rollout": {n}, "score": {max(1, n // 4)}}}'  # a reward replica per 4 generators
-        result = run([*base(args), f"batch_size={2 * n}", placement, f"emulation.trainer_gpus_per_rank={n}"],
+        result = run([*base(args), f"batch_size={2 * n}", placement, f"emulation.trainer_gpus_per_rank={n}",
+                      f"emulation.output_tokens_sigma={args.sigma}"],
                      tmp / f"scale-{n}", on_started=lambda c, into=memory: into.update(memory_of(c)))
         one = one or result["samples_per_s"] / n
         ideal = one * n
         lines.append(f"{n:>10} {result['samples_per_s']:>10.2f} {ideal:>8.2f} {result['samples_per_s'] / ideal:>8.0%} "
                      f"{1000 * result['controller_cpu_per_sample']:>18.3f} {result['messages_per_s']:>11.1f} "
-                     f"{memory.get('rss_mib', 0):>15.0f} {memory.get('pss_mib', 0):>8.0f}")
+                     f"{memory.get('rss_mib', 0):>15.0f} {memory.get('pss_mib', 0):>8.0f} "
+                     f"{result['machine_busy']:>8.0%}")
     return lines
 
 
@@ -167,6 +181,7 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per modelled second")
     parser.add_argument("--median", type=int, default=1024, help="median output tokens")
     parser.add_argument("--etas", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--sigma", type=float, default=0.6, help="scaling table: σ of the log-normal output lengths")
     parser.add_argument("--train-scale", type=float, default=10.0,
                         help="overlap table: the trainer's per-token time x this, so training is as long as generation")
     parser.add_argument("--generators", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
