@@ -31,7 +31,9 @@ def ppo_update(name: str, **settings: Any) -> NodeSpec:
             "prox_logp": ports.PROX_LOGP,
             "versions": ports.VERSIONS,
             "advantage": ports.ADVANTAGE,
+            "loss_mask": ports.LOSS_MASK,
         },
+        optional=frozenset({"loss_mask"}),  # produced by episodes: tool and environment tokens are not trained
         outputs={},
         factory=_factory,
         doc="decoupled PPO over batches of B groups; publishes weights as version + 1",

@@ -49,6 +49,9 @@ class TrainerNode:
 
         sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])
         publishes = self.version + 1  # v_θ of the shortcut: the version this update publishes
+        # an episode's loss mask: its tool and environment tokens (0) are context, not actions, never trained
+        masked = "loss_mask" in batch
+        trained_tokens = [0]  # loss-mask tokens of the minibatch being trained (the mean's denominator)
 
         def loss_fn(logp: Tensor, mb: Any) -> tuple[Tensor, dict[str, float]]:
             behav = mb["behav_logp"]
@@ -59,10 +62,12 @@ class TrainerNode:
             else:
                 prox = mb["prox_logp"]
             advantages = mb.per_token(mb["advantage"])
-            mask = torch.ones_like(logp, dtype=torch.bool)
+            mask = mb["loss_mask"].bool() if masked else torch.ones_like(logp, dtype=torch.bool)
             loss, stats = decoupled_ppo_loss(logp, prox, behav, advantages, mask, clip_eps=self.clip_eps,
                                              behav_weight_cap=self.cap)
             numbers = {k: float(v) for k, v in vars(stats).items() if isinstance(v, (int, float)) and k != "loss"}
+            if masked:  # as a sum the engine divides by all output tokens: make it the mean over trained ones
+                loss = loss * stats.valid_tokens * mb.batch_tokens / max(trained_tokens[0], 1)
             return loss, numbers
 
         extra: dict[str, Any] = {
@@ -71,6 +76,8 @@ class TrainerNode:
             "versions": [v.to(torch.int64) for v in batch["versions"].rows()],
             "advantage": batch["advantage"].to(torch.float32),
         }
+        if masked:
+            extra["loss_mask"] = batch["loss_mask"].rows()
         totals: dict[str, float] = {}
         # a sample with no output tokens (an empty generation) has no term in the token mean: leave it out
         rows = [i for i, out in enumerate(batch["output_ids"].rows()) if len(out)]
@@ -78,9 +85,12 @@ class TrainerNode:
         for index in (p for p in parts if p):
             sub = {k: (v[index] if isinstance(v, Tensor) else [v[i] for i in index]) for k, v in extra.items()}
             # the lr schedule runs over policy versions: every minibatch of this one shares its lr
+            if masked:
+                trained_tokens[0] = int(sum(int(extra["loss_mask"][i].sum()) for i in index))
             try:
                 stats = self.engine.train_step([sequences[i] for i in index], [prompt_lens[i] for i in index],
-                                               loss_fn, sub, lr_step=self.version)
+                                               loss_fn, sub, lr_step=self.version,
+                                               loss_reduction="sum" if masked else "mean")
             except NonFiniteUpdate as err:
                 raise NonFiniteUpdate(f"training version {self.version + 1}: {err}") from None
             for k, v in stats.items():
