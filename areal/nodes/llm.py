@@ -95,7 +95,8 @@ class EpisodeLLM:
                    stop: list[str] | None = None) -> Completion:
         """Sample the assistant's reply to `messages`, which must extend the conversation recorded so far."""
         self._speaks("chat")
-        checked = messages_from([m.as_dict() if isinstance(m, Message) else m for m in messages])
+        checked = messages_from([m.as_dict() if isinstance(m, Message) else m for m in messages]
+                                if isinstance(messages, list) else messages)
         added = self.chat_format.encode(self._chat.added_text(checked), first=not self.trajectory.ids)
         done = await self._turn(added, max_new_tokens, stop)
         full = self.tokenizer.decode(done.ids, skip_special_tokens=False)
