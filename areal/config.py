@@ -148,6 +148,15 @@ class TransportConfig(_Section):
     )
 
 
+class EndpointConfig(_Section):
+    host: str = Field("127.0.0.1", description="where an episode node's OpenAI-compatible endpoint binds "
+                      "(endpoint=True); every session is keyed by its own API key, but keep it on loopback "
+                      "unless agents run on other machines")
+    port: int = Field(0, ge=0, le=65535, description="0: a free port per worker (agents read llm.base_url); "
+                      "N: replica r binds N + r")
+    max_request_bytes: int = Field(1 << 20, ge=1 << 10, description="largest request body; larger ones get 413")
+
+
 class ClusterConfig(_Section):
     backend: Literal["local", "ray"] = Field("local", description="local processes, or Ray actors in placement groups")
     address: str | None = Field(None, description='Ray cluster to join ("auto", "ray://host:port"); None: local Ray')
@@ -179,6 +188,7 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     faults: FaultConfig = FaultConfig()
     transport: TransportConfig = TransportConfig()
+    endpoint: EndpointConfig = EndpointConfig()
     cluster: ClusterConfig = ClusterConfig()
     emulation: EmulationConfig = EmulationConfig()
     placement: dict[str, PositiveInt] = Field(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 from safetensors.torch import load_file
@@ -62,6 +62,7 @@ class TrainEngine(Protocol):
         loss_fn: LossFn,
         extra: dict | None = None,
         *,
+        loss_reduction: Literal["mean", "sum"] = "mean",
         lr_step: int | None = None,
     ) -> dict[str, float]: ...
     def state_dict(self) -> dict[str, Tensor]: ...

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -58,7 +58,8 @@ class EmulatedTrainEngine:
         return [token_logprobs(torch.as_tensor(s)[1:], torch.arange(1, len(s))) for s in sequences]
 
     def train_step(self, sequences: Sequence[Tensor], prompt_lens: Sequence[int], loss_fn: LossFn,
-                   extra: dict | None = None, *, lr_step: int | None = None) -> dict[str, float]:
+                   extra: dict | None = None, *, loss_reduction: Literal["mean", "sum"] = "mean",
+                   lr_step: int | None = None) -> dict[str, float]:
         """One modelled update over the batch; the loss runs once over all of it (no gradient)."""
         if len(sequences) != len(prompt_lens) or not sequences:
             raise ValueError(f"train_step: need one prompt_len per sequence and at least one sequence, "
@@ -80,6 +81,8 @@ class EmulatedTrainEngine:
         total = sum(n - p for n, p in zip(lengths_all, prompt_lens))
         mb = MicroBatch(index=mine, cu_seqlens=cu, fields=fields, batch_tokens=total)
         loss, stats = loss_fn(logp, mb) if mine else (torch.zeros(()), {})
+        if loss_reduction == "sum" and mine:  # reported as the mean over tokens, as the torch engine reports it
+            loss = loss / max(int(lengths.sum()), 1)
         cost = self.profile.train_s(sum(lengths_all[i] for i in mine) / self.gpus_per_rank)
         if self.world * self.gpus_per_rank > 1:
             cost += self.profile.train_sync_s

@@ -68,6 +68,18 @@ def check_sampling(engine: str, temperature: float, top_p: float, stop_strings: 
         )
 
 
+def request_stops(request: Any, default: list[str], decode: object) -> list[str]:
+    """The stop strings of one request: its own when it names some (None: the engine's), checked."""
+    stops = getattr(request, "stop", None)
+    if stops is None:
+        return default
+    stops = [str(s) for s in stops if s]
+    if stops and decode is None:
+        raise ValueError(f"request {request.request_id}: stop strings need the engine's decode function "
+                         "(token ids -> text); give the engine decode=tokenizer.decode")
+    return stops
+
+
 def finish_reason(
     out: list[int], limit: int, eos_token_id: int, stop_sequences: list[list[int]],
     stop_strings: list[str], decode: Callable[[list[int]], str] | None, stop_window: int,

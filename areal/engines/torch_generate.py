@@ -40,7 +40,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from areal.engines.sampling import check_sampling, finish_reason, request_uniforms, run_to_completion, sample_tokens
+from areal.engines.sampling import (
+    check_sampling,
+    finish_reason,
+    request_stops,
+    request_uniforms,
+    run_to_completion,
+    sample_tokens,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -50,11 +57,12 @@ FinishReason = Literal["eos", "length", "stop"]
 
 @dataclass
 class GenRequest:
-    """One prompt to complete; `max_new_tokens` overrides the engine's default for this request."""
+    """One prompt to complete; `max_new_tokens` and `stop` (strings) override the engine's for this request."""
 
     request_id: int
     prompt_ids: list[int] | Tensor
     max_new_tokens: int | None = None
+    stop: Sequence[str] | None = None
 
 
 @dataclass
@@ -77,6 +85,7 @@ class _Slot:
     prompt: Tensor  # [P] int64, on CPU
     limit: int
     uniforms: list[float]
+    stops: list[str]
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -169,7 +178,8 @@ class TorchGenerationEngine:
             limit = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
             if limit < 1:
                 raise ValueError(f"request {r.request_id}: max_new_tokens must be >= 1, got {limit}")
-            slots.append(_Slot(r.request_id, prompt, limit, request_uniforms(self.seed, r.request_id, limit)))
+            stops = request_stops(r, self.stop_strings, self.decode)
+            slots.append(_Slot(r.request_id, prompt, limit, request_uniforms(self.seed, r.request_id, limit), stops))
             in_flight.add(r.request_id)
         self._waiting.extend(slots)
 
@@ -290,8 +300,9 @@ class TorchGenerationEngine:
         return tokens, reasons
 
     def _finish_reason(self, slot: _Slot) -> FinishReason | None:
-        return finish_reason(slot.output, slot.limit, self.eos_token_id, self.stop_sequences, self.stop_strings,
-                             self.decode, self._stop_window)
+        window = self._stop_window if slot.stops is self.stop_strings else max(map(len, slot.stops), default=0)
+        return finish_reason(slot.output, slot.limit, self.eos_token_id, self.stop_sequences, slot.stops,
+                             self.decode, window)
 
     def _merge(self, slots: list[_Slot], cache: Any, mask: Tensor, pending: Tensor, positions: Tensor) -> None:
         """Append freshly prefilled rows to the running batch, left-padding whichever is shorter."""

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from areal.engines.sampling import check_sampling, finish_reason, request_seed, run_to_completion
+from areal.engines.sampling import check_sampling, finish_reason, request_seed, request_stops, run_to_completion
 from areal.engines.torch_generate import FinishReason, GenRequest, GenResult
 
 MISSING_VLLM = ("generation.engine=\"vllm\" needs the 'vllm' package (pip install 'areal[gpu]'); "
@@ -77,6 +77,7 @@ class _Request:
     request_id: int
     prompt: Tensor  # [P] int64
     limit: int
+    stops: list[str] = field(default_factory=list)  # stop strings of this request (the engine's, or its own)
     attempt: int = 0
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -144,7 +145,7 @@ class VLLMGenerationEngine:
             limit = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
             if limit < 1:
                 raise ValueError(f"request {r.request_id}: max_new_tokens must be >= 1, got {limit}")
-            new.append(_Request(r.request_id, prompt, limit))
+            new.append(_Request(r.request_id, prompt, limit, request_stops(r, self.stop_strings, self.decode)))
             in_flight.add(r.request_id)
         for req in new:
             self._send(req)
@@ -219,8 +220,9 @@ class VLLMGenerationEngine:
         return None
 
     def _finish_reason(self, req: _Request) -> FinishReason | None:
-        return finish_reason(req.output, req.limit, self.eos_token_id, self.stop_sequences, self.stop_strings,
-                             self.decode, self._stop_window)
+        window = self._stop_window if req.stops is self.stop_strings else max(map(len, req.stops), default=0)
+        return finish_reason(req.output, req.limit, self.eos_token_id, self.stop_sequences, req.stops,
+                             self.decode, window)
 
 
 # ---- the real backend ---------------------------------------------------------------------------

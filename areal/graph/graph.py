@@ -2,7 +2,7 @@
 
 Edges are derived: an input port is fed by the one node whose output port has the same
 name, unless `take=` names the producer. Weights travel on control edges from each
-`ppo-update` to the `generate` and `compute-logprob` nodes of its model; they are kept
+`ppo-update` to the `generate`, `episode` and `compute-logprob` nodes of its model; they are kept
 apart from data edges so the data graph stays acyclic.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import networkx as nx
 
 from areal.errors import GraphError
-from areal.graph.node import IMPLICIT_INPUTS, Location, Node, NodeSpec, caller_location, returns
+from areal.graph.node import IMPLICIT_INPUTS, POLICY_KINDS, Location, Node, NodeSpec, caller_location, returns
 from areal.graph.ports import Json, PortType
 
 
@@ -139,13 +139,13 @@ class Graph:
         return [n.name for n in self.nodes.values() if n.role == "trainer"]
 
     def model_of(self, n: Node, trainers: list[str] | None = None) -> str | None:
-        """The trainer node whose weights `n` uses: `model=` when given, else for a generate or an unfrozen
-        compute-logprob node the only trainer; None for a frozen model and for nodes that hold none."""
+        """The trainer node whose weights `n` uses: `model=` when given, else for a generate, an episode or an
+        unfrozen compute-logprob node the only trainer; None for a frozen model and for nodes that hold none."""
         trainers = trainers if trainers is not None else self.trainers()
         named = n.spec.params.get("model")
         if named:
             return named if named in trainers else None
-        if n.kind in ("generate", "compute-logprob") and not n.spec.params.get("frozen"):
+        if n.kind in POLICY_KINDS and not n.spec.params.get("frozen"):
             return trainers[0] if len(trainers) == 1 else None
         return None
 

@@ -18,11 +18,13 @@ from areal.graph.batch import Batch, Field
 from areal.graph.ports import Int, PortType
 from areal.graph.roles import ROLES, role_of
 
-KINDS = ("source", "generate", "reward", "compute-logprob", "ppo-update", "custom")
+KINDS = ("source", "generate", "episode", "reward", "compute-logprob", "ppo-update", "custom")
+POLICY_KINDS = ("generate", "episode", "compute-logprob")  # kinds that use a trained model's weights by default
 
 # Ports a node kind cannot work without: (inputs, outputs). The runtime relies on these names.
 REQUIRED_PORTS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "generate": (frozenset({"prompt"}), frozenset({"prompt_ids", "output_ids", "behav_logp", "versions"})),
+    "episode": (frozenset(), frozenset({"prompt_ids", "output_ids", "loss_mask", "behav_logp", "versions", "reward"})),
     "reward": (frozenset(), frozenset({"reward"})),
     "compute-logprob": (frozenset({"prompt_ids", "output_ids"}), frozenset()),
     "ppo-update": (
@@ -105,6 +107,9 @@ class NodeSpec:
     settings_scope: str = "node"
     role: str = ""  # map, filter, stream or trainer (graph/roles.py); "" takes the kind's
     implementation: Any = None  # the class or function a custom node was declared from (checked against its role)
+    # input ports bound only when some node produces them (a trainer's loss_mask: episodes produce one,
+    # single-turn generation has none); when produced, they are checked like any other input
+    optional: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

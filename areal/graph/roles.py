@@ -11,8 +11,16 @@ role needs, so a mistake is never found by a `hasattr` deep in a worker loop.
   staleness slot, so the source admits another. Held-out rounds pass a filter untouched.
 - stream: a generator-like node the worker steps (`submit`, `step`, `pending`) and hands new
   weights between steps (`load_weights`): interruptible generation.
+  A finished batch may hold a FAILED column, one reason (or None) per row: those samples are
+  counted failed with the reason, never trained.
 - trainer: `__call__(batch) -> stats` once per step of B groups; `empty_step()` for a step
   whose every sample failed or was filtered; `save_weights(path)` publishes the policy.
+- episode: the researcher's agent, `async run(task, llm)` (an async function is its own `run`):
+  one call per sample, awaiting `llm.generate(...)` as often as it likes with tools in between,
+  returning the reward or a dict of outputs. The runtime drives it like a stream (its runner,
+  nodes/episode_worker.py, steps the policy's engine and the episodes' event loop between weight
+  updates) and records one trajectory per episode: every token, a loss mask, behaviour
+  log-probs and versions.
 
 Any role may also have `setup(context)` (once per worker, before the first batch). A map node
 that names a trained model (`model=`) outside its trainer's pool follows that model's weights
@@ -28,8 +36,9 @@ from typing import Any, Protocol
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 
-ROLES = ("source", "map", "filter", "stream", "trainer")
-KIND_ROLES = {"source": "source", "generate": "stream", "ppo-update": "trainer"}  # every other kind maps
+ROLES = ("source", "map", "filter", "stream", "episode", "trainer")
+KIND_ROLES = {"source": "source", "generate": "stream", "episode": "episode", "ppo-update": "trainer"}  # others map
+SAMPLING_ROLES = ("stream", "episode")  # nodes that sample the policy: a pool of their own, stepped by the worker
 
 # keys a node may return among its fields (row index -> reason, or name -> number)
 FAILED = "__failed__"  # samples whose value could not be computed: counted failed, never trained
@@ -48,13 +57,31 @@ class StreamNode(Protocol):
     def load_weights(self, path: str | None, version: int) -> None: ...
 
 
+class LLM(Protocol):
+    """What an episode holds of the policy: its own session, one trajectory (nodes/llm.py)."""
+
+    sample_id: int
+    base_url: str | None  # the OpenAI-compatible endpoint, when the node serves one
+    api_key: str | None  # this episode's session key on it
+
+    async def generate(self, text: str = "", *, max_new_tokens: int | None = None,
+                       stop: list[str] | None = None) -> Any: ...
+    async def chat(self, messages: list[dict[str, Any]], *, max_new_tokens: int | None = None,
+                   stop: list[str] | None = None) -> Any: ...
+
+
+class EpisodeNode(Protocol):
+    async def run(self, task: Mapping[str, Any], llm: LLM) -> float | Mapping[str, Any] | None: ...
+
+
 class TrainerNode(Protocol):
     def __call__(self, batch: Batch) -> Mapping[str, float]: ...
     def empty_step(self) -> None: ...
     def save_weights(self, path: str | None) -> None: ...
 
 
-PROTOCOLS: dict[str, type] = {"map": MapNode, "filter": MapNode, "stream": StreamNode, "trainer": TrainerNode}
+PROTOCOLS: dict[str, type] = {"map": MapNode, "filter": MapNode, "stream": StreamNode, "episode": EpisodeNode,
+                              "trainer": TrainerNode}
 
 
 def role_of(kind: str, declared: str | None) -> str:
@@ -72,6 +99,9 @@ def missing_methods(role: str, target: Any, follows_weights: bool = False) -> li
               and (name == "__call__" or not name.startswith("__"))]
     if follows_weights and "load_weights" not in needed:
         needed.append("load_weights")
+    if role == "episode":  # an async function is its own run; a class needs an async run
+        run = target if inspect.isfunction(target) else getattr(target, "run", None)
+        return [] if inspect.iscoroutinefunction(run) else ["async run(task, llm)"]
     if inspect.isfunction(target):  # a function node is its own __call__
         return [] if needed == ["__call__"] else [n for n in needed if n != "__call__"]
     return [name for name in needed if not callable(getattr(target, name, None))]

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from areal.graph.node import REQUIRED_PORTS, Location, Node
-from areal.graph.roles import missing_methods
+from areal.graph.node import POLICY_KINDS, REQUIRED_PORTS, Location, Node
+from areal.graph.roles import SAMPLING_ROLES, missing_methods
 
 if TYPE_CHECKING:
     from areal.graph.graph import Graph
@@ -52,9 +52,11 @@ def _roles(graph: Graph) -> list[str]:
         follows = n.spec.params.get("model") in trainers and n.role in ("map", "filter")
         missing = missing_methods(n.role, target, follows_weights=follows)
         if missing:
-            out.append(f"{n.describe()}: a {n.role} node needs {', '.join(m + '()' for m in missing)} "
+            needs = ", ".join(m if m.endswith(")") else m + "()" for m in missing)
+            article = "an" if n.role[0] in "aeiou" else "a"
+            out.append(f"{n.describe()}: {article} {n.role} node needs {needs} "
                        f"(graph/roles.py); {getattr(target, '__name__', target)} has none")
-    policies = sorted({graph.model_of(n) or "?" for n in graph.nodes.values() if n.role == "stream"})
+    policies = sorted({graph.model_of(n) or "?" for n in graph.nodes.values() if n.role in SAMPLING_ROLES})
     if len(policies) > 1:
         out.append(f"graph '{graph.name}': generators sample {len(policies)} policies ({', '.join(policies)}); "
                    "the runtime samples one policy model per run")
@@ -92,6 +94,8 @@ def _input(graph: Graph, n: Node, port: str) -> list[str]:
             ]
         return _mismatch(src, src_port, n, port)
     producers = [p for p in graph.producers(port) if p.name != n.name]
+    if not producers and port in n.spec.optional:
+        return []
     if not producers:
         offered = "; ".join(
             f"{', '.join(p.outputs)} (from '{p.name}')" for p in graph.nodes.values() if p.outputs and p is not n
@@ -133,7 +137,7 @@ def _models(graph: Graph) -> list[str]:
     trainers = [n.name for n in graph.nodes.values() if n.role == "trainer"]
     out = []
     for n in graph.nodes.values():
-        if n.kind not in ("generate", "compute-logprob") or n.spec.params.get("frozen"):
+        if n.kind not in POLICY_KINDS or n.spec.params.get("frozen"):
             continue
         named = n.spec.params.get("model")
         if named and named not in trainers:

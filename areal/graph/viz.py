@@ -26,6 +26,7 @@ from areal.graph.picture import Arrow, Box, Picture, PlanView, picture
 KIND_STYLE: dict[str, tuple[str, str, str]] = {  # kind -> (fill colour, dot shape, rich colour)
     "source": ("#e8f1fb", "cylinder", "blue"),
     "generate": ("#e6f6ea", "box", "green"),
+    "episode": ("#e3f4f4", "box3d", "cyan"),
     "reward": ("#fff4dd", "hexagon", "yellow"),
     "compute-logprob": ("#f3e9fb", "box", "magenta"),
     "ppo-update": ("#fde8e8", "doubleoctagon", "red"),
@@ -48,7 +49,8 @@ def terminal_tree(graph: Graph, view: PlanView | None = None) -> RichGroup:
         branch = tree.add(f"[bold {colour}]{n.name}[/] [dim]{escape(kind)}  {n.where or ''}[/]")
         for port, ptype in n.inputs.items():
             src = graph.resolve(n, port)
-            origin = f"{src[0].name}.{src[1]}" if src else "[red]unresolved[/]"
+            origin = (f"{src[0].name}.{src[1]}" if src else
+                      "[dim]none (optional)[/]" if port in n.spec.optional else "[red]unresolved[/]")
             branch.add(f"in  {port}: {ptype}  ← {origin}")
         for port, ptype in n.outputs.items():
             branch.add(f"out {port}: {ptype}")

@@ -1,8 +1,9 @@
 """The built-in node kinds a recipe declares its RL loop with."""
 
 from areal.nodes.compute_logprob import compute_logprob
+from areal.nodes.episode import episode
 from areal.nodes.generate import generate
 from areal.nodes.ppo_update import ppo_update
 from areal.nodes.reward import reward
 
-__all__ = ["compute_logprob", "generate", "ppo_update", "reward"]
+__all__ = ["compute_logprob", "episode", "generate", "ppo_update", "reward"]

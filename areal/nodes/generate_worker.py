@@ -6,8 +6,8 @@ after a resume draws the same random numbers. A batch is returned once all of it
 finished, with the prompt's fields repeated per sample.
 
 With transport.weights=broadcast the worker is a member of the weights group (engines/
-weight_group.py): it takes the trainer's weights when the group forms, and each new version the
-moment it is told one is coming. Under vLLM the member is vLLM's own worker, where the model is.
+weight_group.py, through nodes/policy_copy.py): it takes the trainer's weights when the group
+forms, and each new version the moment it is told one is coming.
 
 A training sample whose generation is over-long (it hit max_new_tokens) or empty (no text left
 after the stop cut) is reported to the controller ("noted", with its id and reason): it trains
@@ -21,10 +21,9 @@ from typing import Any
 
 import torch
 
-from areal.errors import ConfigError
 from areal.graph.batch import Batch, Ragged
 from areal.graph.meta import GroupMeta
-from areal.nodes.policy import first_file, load_weights
+from areal.nodes.policy import load_weights
 
 
 @dataclass
@@ -47,50 +46,17 @@ class GenerateNode:
         self._batches: list[_Pending] = []
 
     def setup(self, context: Any) -> None:
-        from areal.engines import generation_engine, needs_model, require_engines
-        from areal.models.chat import uses_chat
+        from areal.nodes.policy_copy import PolicyCopy
 
-        config = context.config
-        require_engines(config, training=False)  # before loading anything: the error comes in seconds
         self.report = context.report
-        self.group_size = config.group_size  # the run's, with this node's own setting in it
-        checkpoint: Any = None
-        if needs_model(config, generation=True):
-            from areal.models.loading import checkpoint_dir, load_tokenizer
-
-            checkpoint = checkpoint_dir(config.model, seed=config.seed)
-            _check_context(checkpoint, config.generation.max_new_tokens)  # before any cache is sized by it
-            self.tokenizer = load_tokenizer(checkpoint)
-        else:  # an emulated device: no model and no tokenizer files, so no transformers in this process
-            from areal.engines.emulated_device import ByteTokenizer
-
-            self.tokenizer = ByteTokenizer()
-        self.stops = list(config.generation.stop)
-        self.chat = uses_chat(self.tokenizer, config.generation.chat_template)
-        self.engine_name = config.generation.engine
-        # the run's newest published weights (a restarted generator), else the checkpoint's (a resumed one)
-        weights = first_file(context.published_weights(context.version), context.resumed_policy())
-        self.engine = generation_engine(config, checkpoint, self.tokenizer, weights=weights, version=context.version,
-                                        decode=self._decode)
-        self.group: Any = None  # the weights group, when this process is the member
-        if context.weights_group is not None:
-            self._join_weights_group(*context.weights_group, version=context.version)
-
-    def _join_weights_group(self, rendezvous: str, member: int, size: int, version: int) -> None:
-        if hasattr(self.engine, "join_weight_group"):  # vLLM: its worker process holds the model
-            self.engine.join_weight_group(rendezvous, member, size)
-        else:
-            from areal.engines.weight_group import WeightGroup, group_device
-
-            self.group = WeightGroup(rendezvous, member, size, device=group_device(self.engine_name))
-        self.receive_weights(version)  # the trainer's weights as the group forms (its resumed ones, after a resume)
+        self.group_size = context.config.group_size  # the run's, with this node's own setting in it
+        self.policy = PolicyCopy(context)
+        self.engine, self.tokenizer = self.policy.engine, self.policy.tokenizer
+        self.stops, self.chat = self.policy.stops, self.policy.chat
 
     def receive_weights(self, version: int) -> None:
         """Take part in the trainer's broadcast of `version`; in-flight requests continue on the new weights."""
-        if self.group is None:
-            self.engine.receive_weights(version)
-        else:
-            self.engine.update_weights(self.group.receive(), version)
+        self.policy.receive_weights(version)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -100,7 +66,7 @@ class GenerateNode:
 
     def load_weights(self, path: str | None, version: int) -> None:
         if path is not None:
-            self.engine.update_weights(load_weights(path), version)
+            self.engine.update_weights(load_weights(path), version)  # the engine a test may have put in place
 
     def submit(self, batch: Batch, meta: GroupMeta) -> None:
         from areal.engines.torch_generate import GenRequest
@@ -160,17 +126,6 @@ class GenerateNode:
         text = self._decode(ids)
         cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=len(text))
         return text[:cut]
-
-
-def _check_context(checkpoint: Any, max_new_tokens: int) -> None:
-    """A model's context must hold a prompt and max_new_tokens; say so now rather than exhaust memory later."""
-    from transformers import AutoConfig
-
-    context = getattr(AutoConfig.from_pretrained(checkpoint, local_files_only=True), "max_position_embeddings", None)
-    if context is not None and max_new_tokens >= context:
-        raise ConfigError(f"generation.max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
-                          f"context of {context} tokens (max_position_embeddings of {checkpoint}); "
-                          f"set it below {context}")
 
 
 def generation_problem(finish_reason: str, completion: str) -> str | None:

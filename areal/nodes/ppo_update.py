@@ -33,7 +33,9 @@ def ppo_update(name: str, *, token_advantages: bool = False, **settings: Any) ->
             "prox_logp": ports.PROX_LOGP,
             "versions": ports.VERSIONS,
             "advantage": ports.TOKEN_ADVANTAGE if token_advantages else ports.ADVANTAGE,
+            "loss_mask": ports.LOSS_MASK,
         },
+        optional=frozenset({"loss_mask"}),  # produced by episodes: tool and environment tokens are not trained
         outputs={},
         factory=_factory,
         doc="decoupled PPO over batches of B groups; publishes weights as version + 1",

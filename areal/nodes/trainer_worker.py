@@ -56,6 +56,9 @@ class TrainerNode:
         publishes = self.version + 1  # v_θ of the shortcut: the version this update publishes
         advantage = batch["advantage"]
         token_level = isinstance(advantage, Ragged)  # ppo_update(token_advantages=True): one per token (GAE)
+        # an episode's loss mask: its tool and environment tokens (0) are context, not actions, never trained
+        masked = "loss_mask" in batch
+        trained_tokens = [0]  # loss-mask tokens of the minibatch being trained (the mean's denominator)
 
         def loss_fn(logp: Tensor, mb: Any) -> tuple[Tensor, dict[str, float]]:
             behav = mb["behav_logp"]
@@ -66,10 +69,12 @@ class TrainerNode:
             else:
                 prox = mb["prox_logp"]
             advantages = mb["advantage"] if token_level else mb.per_token(mb["advantage"])
-            mask = torch.ones_like(logp, dtype=torch.bool)
+            mask = mb["loss_mask"].bool() if masked else torch.ones_like(logp, dtype=torch.bool)
             loss, stats = decoupled_ppo_loss(logp, prox, behav, advantages, mask, clip_eps=self.clip_eps,
                                              behav_weight_cap=self.cap)
             numbers = {k: float(v) for k, v in vars(stats).items() if isinstance(v, (int, float)) and k != "loss"}
+            if masked:  # as a sum the engine divides by all output tokens: make it the mean over trained ones
+                loss = loss * stats.valid_tokens * mb.batch_tokens / max(trained_tokens[0], 1)
             return loss, numbers
 
         extra: dict[str, Any] = {
@@ -79,6 +84,8 @@ class TrainerNode:
             "advantage": ([a.to(torch.float32) for a in advantage.rows()] if token_level
                           else advantage.to(torch.float32)),
         }
+        if masked:
+            extra["loss_mask"] = batch["loss_mask"].rows()
         totals: dict[str, float] = {}
         # a sample with no output tokens (an empty generation) has no term in the token mean: leave it out
         rows = [i for i, out in enumerate(batch["output_ids"].rows()) if len(out)]
@@ -86,9 +93,12 @@ class TrainerNode:
         for index in (p for p in parts if p):
             sub = {k: (v[index] if isinstance(v, Tensor) else [v[i] for i in index]) for k, v in extra.items()}
             # the lr schedule runs over policy versions: every minibatch of this one shares its lr
+            if masked:
+                trained_tokens[0] = int(sum(int(extra["loss_mask"][i].sum()) for i in index))
             try:
                 stats = self.engine.train_step([sequences[i] for i in index], [prompt_lens[i] for i in index],
-                                               loss_fn, sub, lr_step=self.version)
+                                               loss_fn, sub, lr_step=self.version,
+                                               loss_reduction="sum" if masked else "mean")
             except NonFiniteUpdate as err:
                 raise NonFiniteUpdate(f"training version {self.version + 1}: {err}") from None
             for k, v in stats.items():

@@ -2,8 +2,9 @@
 
 Pools, in data order:
 - the source runs inside the controller, behind the staleness gate;
-- a generate (stream) node, a reward node, a trainer, a frozen compute-logprob and any node given
-  `pool=` start a pool of their own;
+- a generate (stream) node, an episode node, a reward node, a trainer, a frozen compute-logprob and
+  any node given `pool=` start a pool of their own; a generate or episode node's pool is a stream
+  pool (the worker steps it and hands it weights between steps);
 - a compute-logprob node of a trained model joins that trainer's pool, just before the update
   (π_prox must come from the trainer's current weights, in the same process);
 - any other node joins the pool of its producers when they all live in one pool whose last node
@@ -25,6 +26,7 @@ from areal.config import RunConfig
 from areal.errors import ConfigError, GraphError
 from areal.graph.graph import Graph
 from areal.graph.node import IMPLICIT_INPUTS, Node
+from areal.graph.roles import SAMPLING_ROLES
 from areal.graph.settings import node_config
 from areal.runtime.channels import ipc_endpoint
 from areal.runtime.plan import Channel, Plan, PoolSpec
@@ -65,7 +67,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
     _check_names(config, pools)
     routes = tuple((pool_of[trainer], pool_of[n.name]) for n in order for trainer in [graph.model_of(n)]
                    if trainer is not None and pool_of[n.name] != pool_of[trainer])
-    generators = [n for n in order if n.role == "stream"]
+    generators = [n for n in order if n.role in SAMPLING_ROLES]
     policy = graph.model_of(generators[0]) or "" if generators else ""
     return Plan(
         graph=graph.name,
@@ -118,7 +120,7 @@ def _pools(graph: Graph, order: list[Node], bindings: list[tuple[str, str, str]]
         if trainer is not None:
             _only_read_by(graph, n, trainer)
             name = trainer  # π_prox runs in its trainer's process (the pool is named after the trainer)
-        elif n.kind == "source" or n.role in ("stream", "trainer") or n.kind in OWN_POOL_KINDS \
+        elif n.kind == "source" or n.role in (*SAMPLING_ROLES, "trainer") or n.kind in OWN_POOL_KINDS \
                 or n.pool is not None or n.spec.params.get("frozen") or len(producer_pools) != 1:
             name = n.name
         else:
@@ -200,7 +202,7 @@ def _levels(graph: Graph, members: dict[str, list[str]], fields_in: dict[tuple[s
         head = graph.nodes[nodes[0]]
         if head.kind == "source":
             levels[name] = "group"
-        elif head.role == "stream":
+        elif head.role in SAMPLING_ROLES:
             levels[name] = "sample"
         else:
             sources = [src for src, dst in fields_in if dst == name]
@@ -217,7 +219,7 @@ def _pool(name: str, members: list[Node], graph: Graph, config: RunConfig, level
         role = "source"
     elif trainer_node is not None:
         role = "train"
-    elif head.role == "stream":
+    elif head.role in SAMPLING_ROLES:
         role = "stream"
     else:
         role = "map"

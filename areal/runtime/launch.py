@@ -99,7 +99,8 @@ def _check_engines(recipe: Recipe) -> None:
     if recipe.config.cluster.backend != "local":
         return
     for n in _builtin_policy_nodes(recipe):
-        require_engines(recipe.node_config(n.name), generation=n.kind == "generate", training=n.kind == "ppo-update")
+        require_engines(recipe.node_config(n.name), generation=n.kind in ("generate", "episode"),
+                        training=n.kind == "ppo-update")
 
 
 def _preflight(recipe: Recipe) -> list[str]:
@@ -118,9 +119,10 @@ def _preflight(recipe: Recipe) -> list[str]:
 
 
 def _builtin_policy_nodes(recipe: Recipe) -> list[Node]:
-    """The generate and ppo-update nodes built from areal's own node kinds (custom ones bring their models)."""
+    """The generate, episode and ppo-update nodes built from areal's own node kinds (custom ones bring their
+    models)."""
     return [n for n in recipe.graph.nodes.values()
-            if n.kind in ("generate", "ppo-update") and n.spec.factory.__module__.startswith("areal.nodes")]
+            if n.kind in ("generate", "episode", "ppo-update") and n.spec.factory.__module__.startswith("areal.nodes")]
 
 
 def _prepare_models(recipe: Recipe) -> None:

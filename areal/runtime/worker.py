@@ -6,8 +6,9 @@ and sends each group on to every pool that reads from it.
 A worker rebuilds its nodes by loading the recipe named in the plan (no code crosses a socket),
 then runs the loop of its pool's role:
 - map: a group in (joined from every input channel), the nodes run, the group out on every output;
-- stream: a generate node is stepped one decode step at a time, taking prompts and new weights
-  between steps, and each finished group goes through the rest of the pool's nodes;
+- stream: a generate (or episode) node is stepped one decode step at a time, taking prompts and new
+  weights between steps, and each finished group goes through the rest of the pool's nodes; a
+  stream node marks samples it could not finish with a per-row FAILED column (reason or None);
 - train: groups are taken in admission order, skipping those left empty (every sample failed or
   filtered), until B are gathered; then the proximal pass and the update run and the trainer's
   model gets its next version. A trainer of several ranks does this in rank 0, which orders the
@@ -38,6 +39,7 @@ from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.graph.node import Node
 from areal.graph.recipe import load_recipe
+from areal.graph.roles import FAILED
 from areal.runtime.chain import Chain, NodeFailure, guard
 from areal.runtime.channels import BatchReceiver, bind_address
 from areal.runtime.checkpoint import MANIFEST, staging_dir
@@ -274,7 +276,11 @@ class Worker:
             self.counts["tokens"] += int(out["output_ids"].values.numel())
         batch = Batch({**expand(submitted, out["group_id"]), "sample_id": out["sample_id"],
                        "group_id": out["group_id"]})
-        batch, _ = self.chain.absorb(head, batch, out, dict(out), meta.eval)
+        fields: dict[str, Any] = dict(out)
+        failed = fields.pop(FAILED, None)  # a stream node's per-row reasons (None: the sample is fine)
+        if failed is not None:
+            fields[FAILED] = {row: why for row, why in enumerate(failed) if why}
+        batch, _ = self.chain.absorb(head, batch, out, fields, meta.eval)
         batch, metrics = self.chain.run(batch, held_out=meta.eval, start=1)
         self._report_metrics(metrics)
         self._send(batch, meta)

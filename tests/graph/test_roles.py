@@ -52,3 +52,28 @@ def test_declared_roles_and_kind_roles():
     assert (keep_some.role, score.role) == ("filter", "map")
     with pytest.raises(ValueError, match="unknown role 'sink'"):
         node(inputs={}, outputs={}, role="sink")(lambda b: {})
+
+
+def test_an_episode_is_an_async_function_or_a_class_with_an_async_run_and_is_named_at_its_line():
+    from areal.nodes import episode
+
+    async def agent(task, llm):
+        return 1.0
+
+    class Agent:
+        async def run(self, task, llm):
+            return 1.0
+
+    def blocking(task, llm):
+        return 1.0
+
+    class NoRun:
+        def setup(self, context): ...
+
+    assert [missing_methods("episode", t) for t in (agent, Agent, blocking, NoRun)] == [
+        [], [], ["async run(task, llm)"], ["async run(task, llm)"]]
+    assert episode("e", agent).role == "episode"
+    with pytest.raises(GraphError) as caught:
+        _graph(episode("e", blocking)).validate()
+    (problem,) = caught.value.problems
+    assert "test_roles.py:" in problem and "node 'e' (episode): an episode node needs async run(task, llm)" in problem

@@ -125,3 +125,34 @@ def test_non_node_passed_to_add_says_how_to_fix():
 
     with pytest.raises(TypeError, match=r"decorate the function with @node"):
         Graph("x").add(plain)  # type: ignore[arg-type]
+
+
+def test_an_optional_input_is_bound_only_when_the_graph_produces_it():
+    from areal.config import RunConfig
+    from areal.nodes import episode, generate, ppo_update
+    from areal.runtime.compile import compile_plan
+
+    async def agent(task, llm):
+        return 1.0
+
+    @node(inputs={"reward": Float["S"]}, outputs={"advantage": Float["S"]})
+    def advantage(batch):
+        return {}
+
+    @node(inputs={"prompt_ids": Int["S", "T"], "output_ids": Int["S", "T"]}, outputs={"prox_logp": Float["S", "T"]})
+    def proximal(batch):
+        return {}
+
+    bound = []
+    for sampler, score in ((generate("rollout"), True), (episode("rollout", agent), False)):
+        g = Graph("optional")
+        g.source("tasks", [], outputs={"prompt": Json["S"]})
+        g.add(sampler)
+        if score:
+            g.add(node(inputs={"completion": Json["S"]}, outputs={"reward": Float["S"]})(lambda b: {}), name="score")
+        g.add(advantage)
+        g.add(proximal)
+        g.add(ppo_update("actor"))
+        plan = compile_plan(g.validate(), RunConfig())
+        bound.append(plan.binding("actor").get("loss_mask"))
+    assert bound == [None, "rollout.loss_mask"]

@@ -151,3 +151,47 @@ def test_token_advantages_equal_to_the_spread_per_sample_ones_train_the_same_wei
     # and a token's own advantage counts: flipping one token's sign trains something else
     varied = weights_after(Ragged.from_rows([torch.tensor([0.7, 0.7, -0.7, 0.7, 0.7, 0.7]), torch.full((3,), -1.3)]))
     assert any(not torch.equal(a, b) for a, b in zip(varied.values(), spread.values()))
+
+
+def test_a_loss_mask_trains_only_the_sampled_tokens_as_a_mean_over_them_across_microbatches(tmp_path):
+    # an episode's tool tokens (mask 0) carry behav_logp 0: were they trained, their weight exp(prox - 0) and the
+    # token count would both change the gradient. Reference: -Σ_trained A·logπ_θ / (trained tokens), u = w = 1.
+    config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")),
+                       trainer={"grad_clip": 1e9, "microbatch_tokens": 24, "warmup_steps": 0})
+    trainer = TrainerNode()
+    trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
+    torch.manual_seed(1)
+    prompts = [torch.randint(4, 90, (n,)) for n in (5, 7, 4)]
+    outputs = [torch.randint(4, 90, (n,)) for n in (9, 6, 11)]
+    masks = [torch.tensor(m, dtype=torch.int32) for m in
+             ([1, 1, 1, 0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1])]
+    advantage = torch.tensor([1.0, -0.5, 2.0])
+    seqs, lens = full_sequences(Ragged.from_rows(prompts), Ragged.from_rows(outputs))
+    current = [lp[n - 1 :].detach() for lp, n in zip(trainer.engine.sequence_logprobs(seqs), lens)]
+    behav = Ragged.from_rows([torch.where(m.bool(), lp, torch.zeros_like(lp)) for lp, m in zip(current, masks)])
+
+    model = trainer.engine.model
+    model.zero_grad()
+    logps = trainer.engine.sequence_logprobs(seqs, no_grad=False)
+    trained = sum(int(m.sum()) for m in masks)
+    loss = -sum(a * (lp[n - 1 :] * m).sum() for a, lp, n, m in zip(advantage, logps, lens, masks)) / trained
+    loss.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+
+    seen: dict[str, torch.Tensor] = {}
+    step = trainer.engine.optimizer.step
+
+    def record(*args, **kwargs):
+        seen.update({name: p.grad.clone() for name, p in model.named_parameters()})
+        return step(*args, **kwargs)
+
+    trainer.engine.optimizer.step = record
+    stats = trainer(Batch({
+        "prompt_ids": Ragged.from_rows(prompts), "output_ids": Ragged.from_rows(outputs), "behav_logp": behav,
+        "prox_logp": Ragged.from_rows(current), "advantage": advantage, "loss_mask": Ragged.from_rows(masks),
+        "versions": Ragged.from_rows([torch.zeros(len(o), dtype=torch.int32) for o in outputs]),
+    }))
+    assert stats["microbatches"] >= 2  # the mean over trained tokens holds across micro-batches
+    for name, grad in expected.items():
+        torch.testing.assert_close(seen[name], grad, rtol=1e-4, atol=1e-7)
