@@ -10,6 +10,7 @@ says what exists and how to get out.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from rich.console import Console
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from areal.data.code_repair import repair_examples
 from areal.data.code_tasks import builtin_code_tasks
 from areal.errors import ConfigError
 from areal.models.gguf import converted_dir, gguf_file, is_converted
@@ -29,7 +31,7 @@ from areal.models.warmstart import cache_key, default_cache_dir, warm_start
 hf_logging.disable_progress_bar()  # a worker's log is no place for per-shard progress bars
 
 BUILTIN_PREFIX = "builtin:"
-BUILTINS = ("tiny-coder",)
+BUILTINS = ("tiny-coder", "tiny-repairer")
 WARMSTART_STEPS = 360  # measured 17-31% pass@1 at T=1 on the test split, 44-89 s on 2 shared cores
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -84,7 +86,9 @@ def _builtin_path(name: str, seed: int) -> Path:
             f"{', '.join(BUILTIN_PREFIX + b for b in BUILTINS)}, or give a local checkpoint path."
         )
     config = tiny_coder_config()
-    tasks = builtin_code_tasks("train").tasks
+    tasks: Sequence[Mapping[str, Any]] = builtin_code_tasks("train").tasks
+    if name == "tiny-repairer":  # the tiny coder that has also seen feedback on a wrong body and the fix after it
+        tasks = [*tasks, *repair_examples(tasks, seed)]
     if not (default_cache_dir() / cache_key(config, tasks, WARMSTART_STEPS, seed)).is_dir():
         Console(stderr=True).print(
             f"[bold]areal[/]: building {BUILTIN_PREFIX + name} (a one-off supervised warm start of "

@@ -57,6 +57,8 @@ def cache_key(config: Qwen2Config, tasks: Sequence[Mapping[str, Any]], steps: in
     data = hashlib.sha256()
     for task in tasks:
         data.update(f"{task['prompt']}\0{task['solution']}\0".encode())
+        for body, said in task.get("attempts", ()):
+            data.update(f"{body}\1{said}\1".encode())
     identity = {
         "config": config_fields,
         "steps": steps,
@@ -96,14 +98,18 @@ def warm_start(
 
 
 def _encode_pairs(tokenizer: CharTokenizer, tasks: Sequence[Mapping[str, Any]]) -> list[tuple[list[int], list[int]]]:
-    """(<bos> + prompt, solution + <eos>) ids: the same prompt encoding generation will see."""
-    return [
-        (
-            tokenizer.encode(task["prompt"]),
-            tokenizer.encode(task["solution"], add_special_tokens=False) + [tokenizer.eos_token_id],
-        )
-        for task in tasks
-    ]
+    """(<bos> + prompt, solution + <eos>) ids: the same prompt encoding generation will see.
+
+    A task with `attempts` [(body, feedback), ...] is a repair example: its context is the prompt, then each
+    failed body with its <eos> and the feedback after it, as a repair episode's trajectory holds them."""
+    pairs = []
+    for task in tasks:
+        context = tokenizer.encode(task["prompt"])
+        for body, said in task.get("attempts", ()):
+            context += tokenizer.encode(body, add_special_tokens=False) + [tokenizer.eos_token_id]
+            context += tokenizer.encode(said, add_special_tokens=False)
+        pairs.append((context, tokenizer.encode(task["solution"], add_special_tokens=False) + [tokenizer.eos_token_id]))
+    return pairs
 
 
 def _batch(pairs: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

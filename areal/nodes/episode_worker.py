@@ -253,6 +253,19 @@ class EpisodeRunner:
         return Batch(fields)
 
 
+def local_runner(run: Any, config: Any, *, outputs: Mapping[str, PortType] | None = None, endpoint: bool = False,
+                 weights: str | None = None, timeout_s: float | None = None, report: Any = None) -> EpisodeRunner:
+    """A runner set up in this process as its worker would set it up, at version 0 of `config`'s model (or on
+    `weights`): to score an agent offline, benchmark it, or test it, without a run around it."""
+    from types import SimpleNamespace
+
+    runner = EpisodeRunner(run, outputs or {}, endpoint=endpoint, timeout_s=timeout_s)
+    runner.setup(SimpleNamespace(config=config, run_dir=None, version=0, resume_dir=None, weights_group=None,
+                                 replica=0, published_weights=lambda version: None, resumed_policy=lambda: weights,
+                                 report=report or (lambda kind, **fields: None)))
+    return runner
+
+
 async def _settle() -> None:
     """Let every episode that can run go to its next wait (a woken task runs one loop pass later)."""
     for _ in range(3):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -12,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from areal.config import RunConfig
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
-from areal.nodes.episode_worker import EpisodeRunner
+from areal.nodes.episode_worker import EpisodeRunner, local_runner
 from areal.nodes.policy import save_weights
 from tests.local_model import make_checkpoint
 
@@ -25,12 +24,10 @@ def runner_on(tmp_path: Path, run: Any, *, outputs: dict | None = None, endpoint
         make_checkpoint(checkpoint)
     settings = {"model": str(checkpoint), "group_size": 1, "generation": {"max_new_tokens": 8, "stop": []}}
     cfg = RunConfig.model_validate({**settings, **config})
-    runner = EpisodeRunner(run, outputs or {}, endpoint=endpoint, timeout_s=timeout_s)
-    runner.reports = []  # type: ignore[attr-defined]
-    runner.setup(SimpleNamespace(config=cfg, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
-                                 replica=0, published_weights=lambda version: tmp_path / "none",
-                                 resumed_policy=lambda: None,
-                                 report=lambda kind, **fields: runner.reports.append((kind, fields))))
+    reports: list = []
+    runner = local_runner(run, cfg, outputs=outputs, endpoint=endpoint, timeout_s=timeout_s,
+                          report=lambda kind, **fields: reports.append((kind, fields)))
+    runner.reports = reports  # type: ignore[attr-defined]
     return runner
 
 

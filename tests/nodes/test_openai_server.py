@@ -61,7 +61,8 @@ def test_token_ids_from_the_endpoint_are_the_sampled_ids_and_the_conversation_is
     assert [c.logprob for c in first.logprobs.content] == pytest.approx(batch["behav_logp"][0][: len(ids[0])].tolist())
     # the reply the agent saw was cut before its stop letter, so re-tokenising the conversation would lose the
     # sampled letter (and anything after it) that the policy did read on the next turn
-    assert first.finish_reason == "stop" and len(tok.encode(first.message.content, add_special_tokens=False)) < len(ids[0])
+    seen = tok.encode(first.message.content, add_special_tokens=False)
+    assert first.finish_reason == "stop" and len(seen) < len(ids[0])
     rendered = tok.encode("def f(x):\n" + first.message.content + "# test failed\n")
     assert rendered != batch["prompt_ids"][0].tolist() + ids[0] + env
 

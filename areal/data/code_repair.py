@@ -1,0 +1,96 @@
+"""Code repair on the built-in tasks: public tests the model is told about, hidden tests that score it.
+
+A repair episode (recipes/code_repair.py) shows the model the failure of its program on the public
+tests and lets it try again; the reward is the hidden tests of its last program. The first
+PUBLIC_TESTS of a task's tests are public, the rest hidden, so passing the public ones never proves
+the hidden ones pass.
+
+The feedback is one comment line, then the signature again, so the model writes a fresh body:
+
+    # wrong_answer: expected 5, got 6
+    def f(x):
+
+`repair_examples` builds the warm start's repair data (the built-in `tiny-repairer`): a task's
+prompt, a wrong body taken from another task with the same argument, that body's feedback on the
+task's public tests, and the right body. Only the right body is trained, so the model learns to
+answer feedback, never to write the wrong body. The wrong bodies are our own reference solutions,
+run in this process like the tasks' own.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from areal.rewards.code_reward import CodeResult, wrong_answer_detail
+
+PUBLIC_TESTS = 2
+FEEDBACK_CHARS = 60  # of the failure's detail: a repair episode's context stays within a small model's
+
+
+def split_tests(tests: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(public, hidden): the first PUBLIC_TESTS cases and the rest, each a tests dict of its own."""
+    inputs, outputs = list(tests["inputs"]), list(tests["outputs"])
+    if len(inputs) <= PUBLIC_TESTS:
+        raise ValueError(f"code repair needs more than {PUBLIC_TESTS} tests per task (public and hidden ones), "
+                         f"got {len(inputs)}")
+    public = {**tests, "inputs": inputs[:PUBLIC_TESTS], "outputs": outputs[:PUBLIC_TESTS]}
+    hidden = {**tests, "inputs": inputs[PUBLIC_TESTS:], "outputs": outputs[PUBLIC_TESTS:]}
+    return public, hidden
+
+
+def signature(prompt: str) -> str:
+    """The prompt's last line (`def f(x):`), which the feedback repeats."""
+    return prompt.rstrip("\n").rsplit("\n", 1)[-1] + "\n"
+
+
+def feedback(result: CodeResult, prompt: str) -> str:
+    """What the model reads after a failed attempt: the first failure on the public tests, then the signature."""
+    if result.reason is None:
+        raise ValueError("feedback is for a failed attempt; this one passed")
+    detail = result.detail if len(result.detail) <= FEEDBACK_CHARS else result.detail[: FEEDBACK_CHARS - 1] + "…"
+    return f"# {result.reason}: {detail}\n{signature(prompt)}"
+
+
+def repair_examples(tasks: Sequence[Mapping[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """One repair example per task that has a wrong body to learn from: {prompt, attempts, solution}."""
+    rng = random.Random(seed)
+    by_signature: dict[str, list[Mapping[str, Any]]] = {}
+    for task in tasks:
+        by_signature.setdefault(signature(task["prompt"]), []).append(task)
+    examples = []
+    for task in tasks:
+        public, _ = split_tests(task["tests"])
+        others = [t for t in by_signature[signature(task["prompt"])] if t["solution"] != task["solution"]]
+        rng.shuffle(others)
+        if rng.random() < 0.5:  # half the time a near miss first: the same template, other constants
+            others.sort(key=lambda t: _template(t) != _template(task))
+        for other in others[:8]:  # the first whose body fails a public test
+            detail = _first_failure(task["prompt"], other["solution"], public)
+            if detail is not None:
+                examples.append({"prompt": task["prompt"], "solution": task["solution"],
+                                 "attempts": [(other["solution"], f"# wrong_answer: {detail}\n"
+                                                                  f"{signature(task['prompt'])}")]})
+                break
+    return examples
+
+
+def _template(task: Mapping[str, Any]) -> str:
+    return str(task.get("task_id", "")).split("/")[0]
+
+
+def _first_failure(prompt: str, body: str, tests: Mapping[str, Any]) -> str | None:
+    """The wrong-answer detail of `body` on the first test it fails, as the sandbox's judge words it; None if it
+    passes them all or fails otherwise (a crash reads differently; those bodies are skipped)."""
+    namespace: dict[str, Any] = {}
+    exec(compile(prompt + body, "<repair example>", "exec"), namespace)  # our own reference code
+    for args, expected in zip(tests["inputs"], tests["outputs"]):
+        try:
+            got = json.loads(json.dumps(namespace[tests["fn_name"]](*args)))
+        except Exception:
+            return None
+        if got != json.loads(json.dumps(expected)):
+            return wrong_answer_detail(expected, got)
+    return None
