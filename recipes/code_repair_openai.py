@@ -32,7 +32,9 @@ async def repair(task, llm):
     import openai
 
     public, hidden = split_tests(task["tests"])
-    async with openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0) as client:
+    # no retries (a repeated request would be a second turn) and the episode's own time limit, not the client's
+    # 5-second connect timeout: hundreds of episodes of a held-out round connect at once to one busy worker
+    async with openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0, timeout=600.0) as client:
         text = task["prompt"]
         for turn in range(TURNS):
             reply = await client.completions.create(model="policy", prompt=text)  # the run's max_new_tokens
