@@ -5,9 +5,11 @@ tests and lets it try again; the reward is the hidden tests of its last program.
 PUBLIC_TESTS of a task's tests are public, the rest hidden, so passing the public ones never proves
 the hidden ones pass.
 
-The feedback is one comment line, then the signature again, so the model writes a fresh body:
+The feedback is one comment line, then the task's prompt again, so the model writes a fresh body
+with the task in view (a model that ignored the feedback line would do as well as a fresh try):
 
     # wrong_answer: expected 5, got 6
+    # add 4 to x
     def f(x):
 
 `repair_examples` builds the warm start's repair data (the built-in `tiny-repairer`): a task's
@@ -42,16 +44,20 @@ def split_tests(tests: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 
 
 def signature(prompt: str) -> str:
-    """The prompt's last line (`def f(x):`), which the feedback repeats."""
+    """The prompt's last line (`def f(x):`): tasks that share it take the same argument."""
     return prompt.rstrip("\n").rsplit("\n", 1)[-1] + "\n"
 
 
 def feedback(result: CodeResult, prompt: str) -> str:
-    """What the model reads after a failed attempt: the first failure on the public tests, then the signature."""
+    """What the model reads after a failed attempt: the first failure on the public tests, then the prompt."""
     if result.reason is None:
         raise ValueError("feedback is for a failed attempt; this one passed")
-    detail = result.detail if len(result.detail) <= FEEDBACK_CHARS else result.detail[: FEEDBACK_CHARS - 1] + "…"
-    return f"# {result.reason}: {detail}\n{signature(prompt)}"
+    return _said(result.reason, result.detail, prompt)
+
+
+def _said(reason: str, detail: str, prompt: str) -> str:
+    detail = detail if len(detail) <= FEEDBACK_CHARS else detail[: FEEDBACK_CHARS - 1] + "…"
+    return f"# {reason}: {detail}\n{prompt}"
 
 
 def repair_examples(tasks: Sequence[Mapping[str, Any]], seed: int) -> list[dict[str, Any]]:
@@ -71,8 +77,7 @@ def repair_examples(tasks: Sequence[Mapping[str, Any]], seed: int) -> list[dict[
             detail = _first_failure(task["prompt"], other["solution"], public)
             if detail is not None:
                 examples.append({"prompt": task["prompt"], "solution": task["solution"],
-                                 "attempts": [(other["solution"], f"# wrong_answer: {detail}\n"
-                                                                  f"{signature(task['prompt'])}")]})
+                                 "attempts": [(other["solution"], _said("wrong_answer", detail, task["prompt"]))]})
                 break
     return examples
 

@@ -60,6 +60,7 @@ def test_the_actor_critic_recipe_learns_and_its_critic_fits_the_returns(tmp_path
 
 
 @pytest.mark.slow  # ~5 min on 2 cores
+@pytest.mark.timeout(1500)
 def test_the_multi_turn_code_repair_recipe_learns(tmp_path):
     # its reward is the hidden tests after up to 3 turns; the eval rounds score the same tasks the same way
     lines = run_on_fixed_tasks(tmp_path, "code_repair.py", BATCH, SETTINGS)
