@@ -43,7 +43,7 @@ def runner_for(recipe: Any, agent: Any, weights: Path | None) -> Any:
 
     generation = recipe.config.generation.model_copy(update={"max_new_tokens": 48})
     return local_runner(agent, recipe.config.model_copy(update={"generation": generation}),
-                        weights=str(weights) if weights else None)
+                        weights=weights)
 
 
 def rewards(recipe: Any, agent: Any, weights: Path | None, tasks: list[dict], samples: int) -> list[list[float]]:

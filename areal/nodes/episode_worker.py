@@ -26,6 +26,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -254,7 +255,7 @@ class EpisodeRunner:
 
 
 def local_runner(run: Any, config: Any, *, outputs: Mapping[str, PortType] | None = None, endpoint: bool = False,
-                 weights: str | None = None, timeout_s: float | None = None, report: Any = None) -> EpisodeRunner:
+                 weights: Path | None = None, timeout_s: float | None = None, report: Any = None) -> EpisodeRunner:
     """A runner set up in this process as its worker would set it up, at version 0 of `config`'s model (or on
     `weights`): to score an agent offline, benchmark it, or test it, without a run around it."""
     from types import SimpleNamespace
