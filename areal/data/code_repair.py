@@ -26,8 +26,6 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from areal.rewards.code_reward import CodeResult, wrong_answer_detail
-
 PUBLIC_TESTS = 2
 FEEDBACK_CHARS = 60  # of the failure's detail: a repair episode's context stays within a small model's
 
@@ -48,8 +46,9 @@ def signature(prompt: str) -> str:
     return prompt.rstrip("\n").rsplit("\n", 1)[-1] + "\n"
 
 
-def feedback(result: CodeResult, prompt: str) -> str:
-    """What the model reads after a failed attempt: the first failure on the public tests, then the prompt."""
+def feedback(result: Any, prompt: str) -> str:
+    """What the model reads after a failed attempt (`result`: the code reward's CodeResult on the public tests):
+    its first failure, then the prompt."""
     if result.reason is None:
         raise ValueError("feedback is for a failed attempt; this one passed")
     return _said(result.reason, result.detail, prompt)
@@ -87,8 +86,9 @@ def _template(task: Mapping[str, Any]) -> str:
 
 
 def _first_failure(prompt: str, body: str, tests: Mapping[str, Any]) -> str | None:
-    """The wrong-answer detail of `body` on the first test it fails, as the sandbox's judge words it; None if it
-    passes them all or fails otherwise (a crash reads differently; those bodies are skipped)."""
+    """The wrong-answer detail of `body` on the first test it fails, worded as the code reward words it
+    (rewards/code_reward.py; tests/data/test_code_repair.py checks that the two agree); None if it passes them all
+    or fails otherwise (a crash reads differently; those bodies are skipped)."""
     namespace: dict[str, Any] = {}
     exec(compile(prompt + body, "<repair example>", "exec"), namespace)  # our own reference code
     for args, expected in zip(tests["inputs"], tests["outputs"]):
@@ -97,5 +97,5 @@ def _first_failure(prompt: str, body: str, tests: Mapping[str, Any]) -> str | No
         except Exception:
             return None
         if got != json.loads(json.dumps(expected)):
-            return wrong_answer_detail(expected, got)
+            return f"expected {expected!r:.80}, got {got!r:.80}"
     return None

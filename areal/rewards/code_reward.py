@@ -270,9 +270,4 @@ def _verdict(
         return "wrong_answer", f"result is not JSON: {got!r:.80}"
     if value == json.loads(json.dumps(expected)):
         return None, ""
-    return "wrong_answer", wrong_answer_detail(expected, value)
-
-
-def wrong_answer_detail(expected: object, got: object) -> str:
-    """How a wrong result of a 'call' test reads (a repair episode's feedback quotes it)."""
-    return f"expected {expected!r:.80}, got {got!r:.80}"
+    return "wrong_answer", f"expected {expected!r:.80}, got {value!r:.80}"

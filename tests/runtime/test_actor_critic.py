@@ -28,7 +28,8 @@ def test_two_models_train_each_on_its_own_route_and_resume_together(tmp_path):
     first = _steps(run)
     # the critic starts with a zero head (every value exactly 0): values other than 0 come from trained weights
     assert any(s.get("value_mean", 0.0) != 0.0 for s in first)
-    assert {"critic_loss", "critic_explained_variance"} <= set(first[-1])
+    # the critic's numbers join the next step record of the actor after they arrive: some record carries them
+    assert any({"critic_loss", "critic_explained_variance"} <= set(s) for s in first)
     assert first[-1]["critic_version"] >= first[-1]["actor_version"] == 4
     parts = {p.name for p in (run / "checkpoints" / "step-000002").iterdir()}
     assert {"trainer-actor", "trainer-critic", "policy-actor.safetensors", "policy-critic.safetensors"} <= parts

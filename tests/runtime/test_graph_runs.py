@@ -51,7 +51,9 @@ def test_take_gets_the_named_producers_field_and_both_branches_are_joined_row_by
     assert [s["reward_mean"] for s in steps] == pytest.approx(expected)
     ids = [s for r in records for s in r["sample_ids"]]
     assert sorted(ids) == list(range(4 * B * G))
-    assert all(controller.workers[f"judge_b[{r}]"].counts["batches"] > 0 for r in (0, 1))
+    # the two replicas judged every trained group between them (how they were dealt depends on when each
+    # connected: a replica that starts late under load may get none, so the join's order is not asserted)
+    assert sum(controller.workers[f"judge_b[{r}]"].counts["batches"] for r in (0, 1)) >= 4 * B
 
 
 def test_a_filter_drops_whole_groups_the_source_refills_and_every_step_holds_b_groups(tmp_path, monkeypatch):
