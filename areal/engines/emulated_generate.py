@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from areal.engines.emulated_device import ByteTokenizer, DeviceProfile, ModelledClock, OutputLengths, token_logprobs
-from areal.engines.sampling import run_to_completion
+from areal.engines.sampling import checked_request, run_to_completion
 from areal.engines.torch_generate import GenRequest, GenResult
 
 QUANTUM_S = 0.02  # real seconds of modelled decoding per step() at most (one decode step at least)
@@ -90,14 +90,7 @@ class EmulatedGenerationEngine:
         in_flight = {s.request_id for s in self._active} | {s.request_id for s in self._waiting}
         queued = []
         for r in requests:
-            prompt = torch.as_tensor(r.prompt_ids, dtype=torch.int64).flatten()
-            if prompt.numel() == 0:
-                raise ValueError(f"request {r.request_id}: empty prompt; a prompt needs at least one token")
-            if r.request_id in in_flight:
-                raise ValueError(f"request {r.request_id}: this request_id is already in flight; ids must be unique")
-            limit = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
-            if limit < 1:
-                raise ValueError(f"request {r.request_id}: max_new_tokens must be >= 1, got {limit}")
+            prompt, limit = checked_request(r, in_flight, self.max_new_tokens)
             drawn = self.lengths.draw(r.request_id, limit + 1)
             queued.append(_Sequence(r.request_id, prompt, min(drawn, limit), capped=drawn > limit))
             in_flight.add(r.request_id)

@@ -109,3 +109,18 @@ def run_to_completion(engine: Any, requests: Iterable[Any]) -> list[Any]:
         for result in engine.step():
             done[result.request_id] = result
     return [done[r.request_id] for r in requests]
+
+
+def checked_request(request: Any, in_flight: set[int], max_new_tokens: int) -> tuple[Tensor, int]:
+    """A request's prompt (1-D int64 on the CPU) and its token limit; ValueError naming the request when its
+    prompt is empty, its id is in flight, or its limit is below 1. Every engine checks a batch with this before
+    queueing any of it."""
+    prompt = torch.as_tensor(request.prompt_ids, dtype=torch.int64).flatten().cpu()
+    if prompt.numel() == 0:
+        raise ValueError(f"request {request.request_id}: empty prompt; a prompt needs at least one token")
+    if request.request_id in in_flight:
+        raise ValueError(f"request {request.request_id}: this request_id is already in flight; ids must be unique")
+    limit = max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
+    if limit < 1:
+        raise ValueError(f"request {request.request_id}: max_new_tokens must be >= 1, got {limit}")
+    return prompt, limit

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from areal.engines.sampling import (
     check_sampling,
+    checked_request,
     finish_reason,
     request_stops,
     request_uniforms,
@@ -170,14 +171,7 @@ class TorchGenerationEngine:
         in_flight = {s.request_id for s in self._active} | {s.request_id for s in self._waiting}
         slots = []
         for r in requests:
-            prompt = torch.as_tensor(r.prompt_ids, dtype=torch.int64).flatten().cpu()
-            if prompt.numel() == 0:
-                raise ValueError(f"request {r.request_id}: empty prompt; a prompt needs at least one token")
-            if r.request_id in in_flight:
-                raise ValueError(f"request {r.request_id}: this request_id is already in flight; ids must be unique")
-            limit = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
-            if limit < 1:
-                raise ValueError(f"request {r.request_id}: max_new_tokens must be >= 1, got {limit}")
+            prompt, limit = checked_request(r, in_flight, self.max_new_tokens)
             stops = request_stops(r, self.stop_strings, self.decode)
             slots.append(_Slot(r.request_id, prompt, limit, request_uniforms(self.seed, r.request_id, limit), stops))
             in_flight.add(r.request_id)

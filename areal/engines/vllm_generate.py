@@ -35,7 +35,14 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from areal.engines.sampling import check_sampling, finish_reason, request_seed, request_stops, run_to_completion
+from areal.engines.sampling import (
+    check_sampling,
+    checked_request,
+    finish_reason,
+    request_seed,
+    request_stops,
+    run_to_completion,
+)
 from areal.engines.torch_generate import FinishReason, GenRequest, GenResult
 
 MISSING_VLLM = ("generation.engine=\"vllm\" needs the 'vllm' package (pip install 'areal[gpu]'); "
@@ -137,14 +144,7 @@ class VLLMGenerationEngine:
         in_flight = {r.request_id for r in self._running.values()}
         new = []
         for r in requests:
-            prompt = torch.as_tensor(r.prompt_ids, dtype=torch.int64).flatten().cpu()
-            if prompt.numel() == 0:
-                raise ValueError(f"request {r.request_id}: empty prompt; a prompt needs at least one token")
-            if r.request_id in in_flight:
-                raise ValueError(f"request {r.request_id}: this request_id is already in flight; ids must be unique")
-            limit = self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
-            if limit < 1:
-                raise ValueError(f"request {r.request_id}: max_new_tokens must be >= 1, got {limit}")
+            prompt, limit = checked_request(r, in_flight, self.max_new_tokens)
             new.append(_Request(r.request_id, prompt, limit, request_stops(r, self.stop_strings, self.decode)))
             in_flight.add(r.request_id)
         for req in new:

@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.benchmarks.loading import load_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load("bench_branches")
+bench = load_benchmark("bench_branches")
 
 
 def test_parallel_branches_overlap_in_two_processes_and_the_chain_runs_them_in_turn(tmp_path):

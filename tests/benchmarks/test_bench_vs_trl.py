@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import pytest
 
 from areal.config import RunConfig, apply_overrides
+from tests.benchmarks.loading import load_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load("bench_vs_trl")
+bench = load_benchmark("bench_vs_trl")
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -68,7 +56,7 @@ def test_trl_side_cuts_completions_like_areal() -> None:
     pytest.importorskip("trl")
     from areal.nodes.generate_worker import GenerateNode
 
-    side = _load("_trl_side")
+    side = load_benchmark("_trl_side")
     stops = bench.GENERATION["stop"]
     areal_node = GenerateNode()
     areal_node.stops = stops
@@ -92,7 +80,7 @@ def test_trl_generation_stops_at_stop_strings_and_trains_on_no_padding(tmp_path:
     from areal.models.tiny import build_tiny_coder
     from areal.models.tokenizer import CharTokenizer
 
-    side = _load("_trl_side")
+    side = load_benchmark("_trl_side")
     tokenizer = CharTokenizer()
     stops = ["a", "e", " "]  # frequent characters, so a random model hits them
     seen: list[tuple[str, list[int]]] = []

@@ -115,18 +115,20 @@ def test_memory_spread_over_processes_counts_once_for_the_job(roomy):
 
 
 HIDDEN_BEHIND_EXITED_LEADERS = """
-import ctypes, os, signal, threading, time
+import ctypes, os, signal, threading
+libc = ctypes.CDLL(None)
+libc.pthread_self.restype = ctypes.c_ulong
 r, w = os.pipe()
 for _ in range(4):
     if os.fork() == 0:
+        leader = libc.pthread_self()
         def hold():
-            while open("/proc/self/status").read().split("State:")[1].split()[0] != "Z":
-                time.sleep(0.01)
+            libc.pthread_join(ctypes.c_ulong(leader), None)  # returns once the leader thread has exited
             block = b"x" * (150 << 20)
             os.write(w, b"1")
             signal.pause()
         threading.Thread(target=hold).start()
-        ctypes.CDLL(None).pthread_exit(None)  # the leader's status now shows no memory
+        libc.pthread_exit(None)  # the leader's status now shows no memory
 held = sum(os.read(r, 1) == b"1" for _ in range(4))
 print(held * 150)
 """
@@ -192,12 +194,12 @@ def test_a_job_cannot_fill_its_tmpfs_with_empty_files(sandbox):
 
 
 LEFT_RUNNING = """
-import os, sys, time
+import os, signal, sys
 if input() == "spawn":
     if os.fork() == 0:
         DETACH
         while True:
-            time.sleep(0.01)
+            signal.pause()
     print("spawned")
 else:
     others = sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid()))

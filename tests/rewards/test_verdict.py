@@ -134,7 +134,7 @@ print(" ".join(f"{name}:{outcome(call)}" for name, call in routes.items()))
 
 
 FREEZER = """
-import ctypes, os, signal, time
+import ctypes, os, select, signal, time
 libc = ctypes.CDLL(None, use_errno=True)
 runner, me = os.getppid(), os.getpid()
 if os.fork() == 0:
@@ -144,8 +144,7 @@ if os.fork() == 0:
         pass
     if libc.ptrace(16, runner, 0, 0) == 0:  # PTRACE_ATTACH: the runner stops, its clock with it
         os.waitpid(runner, 0)
-        while open(f"/proc/{me}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
-            time.sleep(0.01)
+        select.select([os.pidfd_open(me)], [], [])  # readable once the program has exited
         libc.ptrace(17, runner, 0, 0)  # PTRACE_DETACH once the answer is in the pipe
     for target in (runner, -1):
         try:
