@@ -38,12 +38,12 @@ def load_recipe(path: Path) -> Any:
 
 
 def runner_for(recipe: Any, agent: Any, weights: Path | None) -> Any:
-    """An episode runner in this process on the recipe's model (and trained weights), 48 new tokens a turn."""
+    """An episode runner in this process on the recipe's model (and trained weights), with the settings the
+    recipe's episode node runs with (its max_new_tokens)."""
+    from areal.graph.recipe import load_recipe
     from areal.nodes.episode_worker import local_runner
 
-    generation = recipe.config.generation.model_copy(update={"max_new_tokens": 48})
-    return local_runner(agent, recipe.config.model_copy(update={"generation": generation}),
-                        weights=weights)
+    return local_runner(agent, load_recipe(recipe.__file__).config, weights=weights)
 
 
 def rewards(recipe: Any, agent: Any, weights: Path | None, tasks: list[dict], samples: int) -> list[list[float]]:
