@@ -1,6 +1,6 @@
 """The runtime's own overlap and scaling, on emulated devices (recipes/emulated_rl.py: no model, modelled time).
 
-    python benchmarks/bench_scale.py                        # all three tables and the memory line
+    python benchmarks/bench_scale.py                        # every table
     python benchmarks/bench_scale.py --tables overlap --steps 6 --generators 1 2   # a smoke run
 
 - **overlap**: sync vs async at η = 1, 2, 4, 8 with one generator and one trainer, the generator
@@ -10,10 +10,16 @@
   max(T_gen, T_train) instead of their sum.
 - **scaling**: 1..32 generator replicas, the batch proportional (B = 2 groups per generator),
   async η = 2; the trainer stands for as many GPUs as there are generators (its per-token time is
-  divided by them), so the line is the runtime's, not one trainer's. Trained samples/s against N×
-  the one-generator rate, the controller's CPU seconds per trained sample, its control messages
-  per second, RSS / PSS of the worker processes (from /proc/PID/smaps_rollup, read once the
-  run has started stepping), and how busy the machine's cores were from the first step on (/proc/stat).
+  divided by them), so the line is the runtime's, not one trainer's. Run at `--scaling-time-scale`
+  (1: real time, so this machine's cores are not what limits 32 generators). Trained samples/s
+  against two lines: N x the one-generator rate, and the rate of the same run with no runtime
+  overhead at all (`scale_model.py`: the gate, round-robin dealing, continuous batching and
+  in-order training replayed on the same profile, prompts and output lengths). Then the costs: the
+  controller's CPU per trained sample and its control messages per second, each pool's CPU per
+  trained sample (/proc/PID/stat, from the first step to the last), and RSS / PSS of the worker
+  processes (/proc/PID/smaps_rollup, read once the run has started stepping).
+- **ideal**: the zero-overhead model alone, up to 256 generators and for η = 2, 4, 8: how much of
+  N x one generator a hard staleness bound leaves when the longest of B·G outputs sets each step.
 - **tails**: the same run with output lengths of little and of much spread (log-normal σ), sync vs
   async η = 2: a synchronous step waits for its batch's longest output.
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -33,6 +40,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import scale_model
+from bench_worker_memory import smaps_rollup
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "emulated_rl.py"
@@ -46,11 +56,15 @@ def run(overrides: list[str], run_dir: Path, on_started: Callable[[Any], None] |
 
     sampled: list[bool] = []
     cpu_at_first_step: list[tuple[int, int]] = []  # the machine's CPU counters once the workers have started
+    pool_cpu: dict[int, dict[str, float]] = {}  # version -> CPU seconds of each pool's processes when it landed
 
     def event(controller: Any) -> None:
-        if not cpu_at_first_step and controller.state.version >= 1:
+        version = controller.state.version
+        if not cpu_at_first_step and version >= 1:
             cpu_at_first_step.append(_machine_cpu())
-        if on_started is not None and not sampled and controller.state.version >= 2:
+        if version >= 1 and version not in pool_cpu:
+            pool_cpu[version] = _pool_cpu(controller)
+        if on_started is not None and not sampled and version >= 2:
             sampled.append(True)
             on_started(controller)
 
@@ -63,15 +77,32 @@ def run(overrides: list[str], run_dir: Path, on_started: Callable[[Any], None] |
     trained = last["trained_samples"] - first["trained_samples"]
     span = last["wall_s"] - first["wall_s"]
     walls = [s["wall_s"] for s in steps]
+    cpu_first, cpu_last = pool_cpu[min(pool_cpu)], pool_cpu[max(pool_cpu)]
     return {
         "samples_per_s": trained / span,
         "t_step": statistics.median(b - a for a, b in zip(walls, walls[1:])),
         "t_train": statistics.median(s["update_s"] + s["prox_s"] for s in steps[1:]),
         "controller_cpu_per_sample": (last["controller_cpu_s"] - first["controller_cpu_s"]) / trained,
         "messages_per_s": (last["control_messages"] - first["control_messages"]) / span,
+        "pool_cpu_per_sample": {pool: (cpu_last.get(pool, 0.0) - cpu_first.get(pool, 0.0)) / trained
+                                for pool in cpu_first},
         "wall_s": time.monotonic() - started,
         "machine_busy": busy / total if total else 0.0,  # of all cores, from the first step to the end
     }
+
+
+def _pool_cpu(controller: Any) -> dict[str, float]:
+    """CPU seconds (user + system) each pool's worker processes have used so far, from /proc/PID/stat."""
+    seconds: dict[str, float] = {}
+    for worker in controller.workers.values():
+        try:
+            stat = Path(f"/proc/{worker.process.pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        used = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+        seconds[worker.pool] = seconds.get(worker.pool, 0.0) + used
+    return seconds
 
 
 def _machine_cpu() -> tuple[int, int]:
@@ -89,7 +120,7 @@ def memory_of(controller: Any) -> dict[str, float]:
     """Mean RSS and PSS (MiB) of the run's worker processes, from /proc/PID/smaps_rollup."""
     rss, pss = [], []
     for worker in controller.workers.values():
-        fields = _smaps(worker.process.pid)
+        fields = smaps_rollup(worker.process.pid)
         if fields:
             rss.append(fields["Rss"] / 1024)
             pss.append(fields["Pss"] / 1024)
@@ -97,21 +128,9 @@ def memory_of(controller: Any) -> dict[str, float]:
             "pss_mib": statistics.mean(pss) if pss else 0.0}
 
 
-def _smaps(pid: int) -> dict[str, int]:
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return {}
-    out = {}
-    for line in text.splitlines()[1:]:
-        key, _, value = line.partition(":")
-        if value.strip().endswith("kB"):
-            out[key] = int(value.split()[0])
-    return out
-
-
-def base(args: argparse.Namespace) -> list[str]:
-    return [f"steps={args.steps}", f"group_size={GROUP}", f"emulation.time_scale={args.time_scale}",
+def base(args: argparse.Namespace, time_scale: float | None = None) -> list[str]:
+    scale = args.time_scale if time_scale is None else time_scale
+    return [f"steps={args.steps}", f"group_size={GROUP}", f"emulation.time_scale={scale}",
             f"emulation.output_tokens_median={args.median}", "checkpoint.interval_steps=0"]
 
 
@@ -142,21 +161,81 @@ def overlap(args: argparse.Namespace, tmp: Path) -> list[str]:
 
 
 def scaling(args: argparse.Namespace, tmp: Path) -> list[str]:
-    lines = [f"{'generators':>10} {'samples/s':>10} {'ideal':>8} {'of ideal':>9} {'ctl CPU ms/sample':>18} "
-             f"{'ctl msgs/s':>11} {'worker RSS MiB':>15} {'PSS MiB':>8} {'CPU busy':>9}"]
+    """Measured weak scaling beside N x one generator and beside the zero-overhead model of the same runs."""
+    rates = [f"{'generators':>10} {'samples/s':>10} {'N x one':>8} {'of N x one':>11} {'model':>8} {'of model':>9} "
+             f"{'CPU busy':>9}"]
+    costs: list[str] = []
     one = None
     for n in args.generators:
         memory: dict[str, float] = {}
-        placement = f'placement={{"rollout": {n}, "score": {max(1, n // 4)}}}'  # a reward replica per 4 generators
-        result = run([*base(args), f"batch_size={2 * n}", placement, f"emulation.trainer_gpus_per_rank={n}",
-                      f"emulation.output_tokens_sigma={args.sigma}"],
-                     tmp / f"scale-{n}", on_started=lambda c, into=memory: into.update(memory_of(c)))
-        one = one or result["samples_per_s"] / n
-        ideal = one * n
-        lines.append(f"{n:>10} {result['samples_per_s']:>10.2f} {ideal:>8.2f} {result['samples_per_s'] / ideal:>8.0%} "
-                     f"{1000 * result['controller_cpu_per_sample']:>18.3f} {result['messages_per_s']:>11.1f} "
-                     f"{memory.get('rss_mib', 0):>15.0f} {memory.get('pss_mib', 0):>8.0f} "
-                     f"{result['machine_busy']:>8.0%}")
+        overrides = [*base(args, args.scaling_time_scale), f"batch_size={2 * n}",
+                     f'placement={{"rollout": {n}, "score": {max(1, n // 4)}}}',  # a reward replica per 4 generators
+                     f"emulation.trainer_gpus_per_rank={n}", f"emulation.output_tokens_sigma={args.sigma}"]
+        result = run(overrides, tmp / f"scale-{n}", on_started=lambda c, into=memory: into.update(memory_of(c)))
+        modelled = modelled_rate(overrides, generators=n)
+        rate = result["samples_per_s"]
+        one = one or rate / n
+        rates.append(f"{n:>10} {rate:>10.2f} {one * n:>8.2f} {rate / (one * n):>10.0%} {modelled:>8.2f} "
+                     f"{rate / modelled:>8.0%} {result['machine_busy']:>8.0%}")
+        pools = sorted(result["pool_cpu_per_sample"])
+        if not costs:
+            costs = [f"{'generators':>10} {'ctl CPU ms/sample':>18} {'ctl msgs/s':>11} "
+                     + " ".join(f"{pool + ' CPU ms/sample':>22}" for pool in pools)
+                     + f" {'worker RSS MiB':>15} {'PSS MiB':>8}"]
+        costs.append(f"{n:>10} {1000 * result['controller_cpu_per_sample']:>18.3f} {result['messages_per_s']:>11.1f} "
+                     + " ".join(f"{1000 * result['pool_cpu_per_sample'][pool]:>22.2f}" for pool in pools)
+                     + f" {memory.get('rss_mib', 0):>15.0f} {memory.get('pss_mib', 0):>8.0f}")
+    return [*rates, "", *costs]
+
+
+def modelled_rate(overrides: list[str], generators: int) -> float:
+    """Trained samples per real second of a runtime with no overhead (benchmarks/scale_model.py), for the run these
+    overrides make: the same recipe, profile, prompts and output lengths."""
+    from areal.engines.emulated_device import DeviceProfile, OutputLengths
+    from areal.engines.emulated_generate import QUANTUM_S
+
+    config, prompts = recipe_settings(overrides)
+    e = config.emulation
+    schedule = scale_model.Schedule(
+        DeviceProfile.load(e.profile), OutputLengths(e.output_tokens_median, e.output_tokens_sigma, config.seed),
+        prompts, generators, config.batch_size, config.group_size, config.staleness, config.steps,
+        max_batch=config.generation.max_batch, max_new_tokens=config.generation.max_new_tokens,
+        trainer_gpus=e.trainer_gpus_per_rank * config.trainer.ranks,
+        quantum_s=QUANTUM_S / e.time_scale if e.time_scale > 0 else float("inf"))
+    return scale_model.samples_per_s(schedule) / (e.time_scale or 1.0)
+
+
+def recipe_settings(overrides: list[str]) -> tuple[Any, tuple[int, ...]]:
+    """The recipe's config under `overrides`, and its source's prompt lengths in tokens, in the groups' order."""
+    from areal.engines.emulated_device import ByteTokenizer
+    from areal.graph.recipe import load_recipe
+    from areal.models.chat import encode_prompt
+    from areal.runtime.admission import configured
+
+    recipe = load_recipe(RECIPE, overrides)
+    source = next(n for n in recipe.graph.nodes.values() if n.kind == "source")
+    tasks = configured(source.spec.instantiate(), recipe.config)
+    groups = (recipe.config.steps + recipe.config.staleness + 1) * recipe.config.batch_size
+    tokenizer = ByteTokenizer()
+    prompts = [len(encode_prompt(tokenizer, task["prompt"], False)) for task, _ in zip(tasks, range(groups))]
+    return recipe.config, tuple(prompts)
+
+
+def ideal(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """The zero-overhead model alone, far past what this machine can run: the share of N x one generator a perfect
+    runtime keeps under each staleness bound, with the scaling table's batch and tail, over `--model-steps` steps."""
+    lines = [f"{'generators':>10} " + " ".join(f"{f'η={eta} of N x one':>16}" for eta in args.model_etas)]
+    ones: dict[int, float] = {}
+    for n in args.model_generators:
+        shares = []
+        for eta in args.model_etas:
+            overrides = [*base(args, args.scaling_time_scale), f"steps={args.model_steps}", f"batch_size={2 * n}",
+                         f"staleness={eta}",
+                         f"emulation.trainer_gpus_per_rank={n}", f"emulation.output_tokens_sigma={args.sigma}"]
+            rate = modelled_rate(overrides, generators=n)
+            ones.setdefault(eta, rate / n)
+            shares.append(rate / (ones[eta] * n))
+        lines.append(f"{n:>10} " + " ".join(f"{share:>16.0%}" for share in shares))
     return lines
 
 
@@ -171,7 +250,7 @@ def tails(args: argparse.Namespace, tmp: Path) -> list[str]:
     return lines
 
 
-TABLES = {"overlap": overlap, "scaling": scaling, "tails": tails}
+TABLES = {"overlap": overlap, "scaling": scaling, "ideal": ideal, "tails": tails}
 
 
 def main() -> None:
@@ -185,6 +264,12 @@ def main() -> None:
     parser.add_argument("--train-scale", type=float, default=10.0,
                         help="overlap table: the trainer's per-token time x this, so training is as long as generation")
     parser.add_argument("--generators", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--scaling-time-scale", type=float, default=1.0,
+                        help="scaling table: real seconds per modelled second (1: the host's cores stay mostly idle)")
+    parser.add_argument("--model-generators", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    parser.add_argument("--model-etas", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--model-steps", type=int, default=60,
+                        help="ideal table: trainer steps (past the first η, which only drain what version 0 started)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="areal-bench-scale-") as tmp:
         for name in args.tables:

@@ -1,0 +1,55 @@
+"""The zero-overhead schedule model behind bench_scale's ideal under η: checked against a closed form."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal.engines.emulated_device import DeviceProfile, OutputLengths
+from tests.benchmarks.loading import load_benchmark
+
+model = load_benchmark("scale_model")
+PROFILE = DeviceProfile.load("h100-qwen2.5-1.5b")
+
+
+def schedule(generators: int = 1, *, sigma: float = 0.0, staleness: int = 2, groups_per_generator: int = 2,
+             group_size: int = 8, steps: int = 20, prompts: tuple[int, ...] = (60,)) -> object:
+    return model.Schedule(PROFILE, OutputLengths(256, sigma, seed=0), prompts, generators,
+                          groups_per_generator * generators, group_size, staleness, steps, max_batch=128,
+                          max_new_tokens=8192, trainer_gpus=generators)
+
+
+def test_a_synchronous_one_sequence_run_steps_by_the_sum_of_its_phases():
+    """η = 0, one sample a step: each step generates it (after taking the last version's weights, but the
+    first), trains it and publishes, one after the other."""
+    s = schedule(staleness=0, groups_per_generator=1, group_size=1, steps=4)
+    p, prompt, output = PROFILE, 60, 256
+    generate = p.prefill_s(prompt) + p.decode_s(1, prompt + 1, output - 1)  # the prefill samples token 1
+    train = p.logprob_s(prompt + output) + p.train_s(prompt + output) + p.weights_publish_s
+    times = model.step_times(s)
+    assert times[0] == pytest.approx(generate + train, rel=1e-9)
+    for a, b in zip(times, times[1:]):
+        assert b - a == pytest.approx(p.weights_load_s + generate + train, rel=1e-9)
+
+
+def test_without_a_tail_the_rate_scales_with_the_generators():
+    """Two generators and up: the trainer's per-step reduction is the same for every N (one has none)."""
+    two = model.samples_per_s(schedule(2))
+    assert model.samples_per_s(schedule(8)) == pytest.approx(4 * two, rel=1e-9)
+
+
+def test_a_long_tail_costs_more_as_the_batch_grows_and_a_looser_bound_wins_part_of_it_back():
+    """A step waits for the longest of B·G outputs: more generators, a larger B, a longer wait per sample."""
+    one = model.samples_per_s(schedule(1, sigma=1.0))
+    tight = model.samples_per_s(schedule(16, sigma=1.0))
+    loose = model.samples_per_s(schedule(16, sigma=1.0, staleness=8))
+    assert tight < 0.7 * 16 * one
+    assert loose > 2 * tight
+
+
+def test_the_model_runs_the_steps_asked_and_a_rate_needs_two():
+    """bench_scale divides by the span from the first step record to the last: one record has no span."""
+    s = schedule(4, sigma=1.0, staleness=1, steps=5)
+    times = model.step_times(s)
+    assert len(times) == 5 and times == sorted(times)
+    with pytest.raises(ValueError, match="at least 2 steps"):
+        model.samples_per_s(schedule(steps=1))
