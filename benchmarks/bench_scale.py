@@ -20,6 +20,8 @@
   processes (/proc/PID/smaps_rollup, read once the run has started stepping).
 - **ideal**: the zero-overhead model alone, up to 256 generators and for η = 2, 4, 8: how much of
   N x one generator a hard staleness bound leaves when the longest of B·G outputs sets each step.
+- **ranks**: the scaling run at 8 generators, its 8 trainer GPUs split over 1, 2, 4, 8 trainer
+  processes (`trainer.ranks`): what data-parallel ranks cost, against the same model.
 - **tails**: the same run with output lengths of little and of much spread (log-normal σ), sync vs
   async η = 2: a synchronous step waits for its batch's longest output.
 
@@ -239,6 +241,29 @@ def ideal(args: argparse.Namespace, tmp: Path) -> list[str]:
     return lines
 
 
+def ranks(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """The scaling table's run at `--rank-generators` generators, the same GPUs split over 1..8 trainer processes:
+    what data-parallel ranks (a gloo all-reduce per update, each rank its share of the batch) cost the runtime."""
+    n = args.rank_generators
+    lines = [f"{n} generators, B = {2 * n} groups of {GROUP}, η = 2, {n} trainer GPUs in all", "",
+             f"{'trainer ranks':>13} {'GPUs/rank':>10} {'samples/s':>10} {'of 1 rank':>10} {'model':>8} "
+             f"{'of model':>9} {'ctl CPU ms/sample':>18} {'ctl msgs/s':>11} {'trainer CPU ms/sample':>22}"]
+    single = None
+    for k in args.trainer_ranks:
+        overrides = [*base(args, args.scaling_time_scale), f"batch_size={2 * n}",
+                     f'placement={{"rollout": {n}, "score": {max(1, n // 4)}}}', f"trainer.ranks={k}",
+                     f"emulation.trainer_gpus_per_rank={max(1, n // k)}", f"emulation.output_tokens_sigma={args.sigma}"]
+        result = run(overrides, tmp / f"ranks-{k}")
+        modelled = modelled_rate(overrides, generators=n)
+        rate = result["samples_per_s"]
+        single = single or rate
+        trainer_cpu = result["pool_cpu_per_sample"]["actor"]  # every rank's process; the proximal pass runs there too
+        lines.append(f"{k:>13} {max(1, n // k):>10} {rate:>10.2f} {rate / single:>9.0%} {modelled:>8.2f} "
+                     f"{rate / modelled:>8.0%} {1000 * result['controller_cpu_per_sample']:>18.3f} "
+                     f"{result['messages_per_s']:>11.1f} {1000 * trainer_cpu:>22.2f}")
+    return lines
+
+
 def tails(args: argparse.Namespace, tmp: Path) -> list[str]:
     lines = [f"{'σ of log-lengths':>16} {'sync samples/s':>15} {'async η=2':>10} {'async / sync':>13}"]
     for sigma in (0.2, 1.0):
@@ -250,7 +275,7 @@ def tails(args: argparse.Namespace, tmp: Path) -> list[str]:
     return lines
 
 
-TABLES = {"overlap": overlap, "scaling": scaling, "ideal": ideal, "tails": tails}
+TABLES = {"overlap": overlap, "scaling": scaling, "ideal": ideal, "ranks": ranks, "tails": tails}
 
 
 def main() -> None:
@@ -266,6 +291,8 @@ def main() -> None:
     parser.add_argument("--generators", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--scaling-time-scale", type=float, default=1.0,
                         help="scaling table: real seconds per modelled second (1: the host's cores stay mostly idle)")
+    parser.add_argument("--rank-generators", type=int, default=8, help="ranks table: generators (and trainer GPUs)")
+    parser.add_argument("--trainer-ranks", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--model-generators", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     parser.add_argument("--model-etas", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--model-steps", type=int, default=60,

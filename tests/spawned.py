@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ def free_port() -> int:
 def run_spawned(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, timeout_s: float, what: str) -> None:
     """fn(index, *args) in `nprocs` spawned processes; raises if any fails or all have not ended in time,
     and kills (by process handle) whatever is still running."""
-    context = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    context = mp.start_processes(_run_then_exit, args=(fn, *args), nprocs=nprocs, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     try:
         while not context.join(timeout=max(0.1, deadline - time.monotonic())):
@@ -31,3 +32,11 @@ def run_spawned(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, tim
             if p.is_alive():
                 p.kill()
                 p.join(10)
+
+
+def _run_then_exit(index: int, fn: Callable[..., None], *args: Any) -> None:
+    """fn, then exit at once: a finished rank skips the interpreter's teardown, where gloo's threads can still
+    abort it (CI once saw a rank that had passed its final barrier die of SIGABRT, "terminate called without
+    an active exception"). An exception still reaches the parent with its traceback."""
+    fn(index, *args)
+    os._exit(0)

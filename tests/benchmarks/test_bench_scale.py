@@ -53,3 +53,16 @@ def test_the_model_gets_the_runs_settings_and_prompts_from_the_recipe():
     config, prompts = bench.recipe_settings(["steps=3", "batch_size=4", "staleness=1"])
     assert (config.steps, config.batch_size, config.staleness) == (3, 4, 1)
     assert len(prompts) == (3 + 1 + 1) * 4 and all(10 < p < 1000 for p in prompts)
+
+
+@pytest.mark.slow  # two short emulated runs, the second with two trainer processes: ~40 s
+def test_a_ranks_row_comes_from_a_run_with_that_many_trainer_processes(tmp_path):
+    args = bench.argparse.Namespace(steps=4, time_scale=0.02, scaling_time_scale=0.05, median=128, sigma=0.6,
+                                    rank_generators=2, trainer_ranks=[1, 2])
+    title, blank, header, one, two = bench.ranks(args, tmp_path)
+    assert "trainer ranks" in header
+    k, per_rank, rate, of_one, modelled, of_model, ctl_cpu, msgs, trainer_cpu = two.replace("%", "").split()
+    assert (int(k), int(per_rank)) == (2, 1) and float(rate) > 0 and 0.5 < float(rate) / float(modelled) < 1.05
+    assert float(trainer_cpu) > 0 and float(ctl_cpu) > 0 and float(msgs) > 0
+    assert sorted(log.name for log in (tmp_path / "ranks-2" / "logs").glob("actor-*.log")) == \
+        ["actor-0.log", "actor-1.log"]  # the row's run had two trainer processes
