@@ -2,6 +2,10 @@
 
 The invariant, checked at every trainer step: each sample of a group the trainers consumed was
 trained, failed or filtered, exactly once; so started = trained + failed + filtered + in flight.
+A failure report leaves its worker before the rest of the group does, but on the worker's own
+control socket, so the trainer's version can reach the controller first: a consumed sample with
+no verdict yet waits for its report a grace period (the silence after which a worker counts as
+dead) before the check fails.
 With several trainers each trains every sample, and "trained" counts the samples the policy's
 trainer (the one whose model generated them) trained; every trainer's own duplicates are dropped
 and counted. A generation that is over-long (it hit max_new_tokens) or empty is noted by its
@@ -29,6 +33,7 @@ class Accounting:
     fail_reasons: Counter[str] = field(default_factory=Counter)
     noted: dict[int, str] = field(default_factory=dict)  # sample id -> "over_long" or "empty"
     consumed: set[int] = field(default_factory=set)  # groups every trainer has taken (the step's, empty ones too)
+    awaiting: dict[int, tuple[int, float]] = field(default_factory=dict)  # consumed, no verdict yet: (version, when)
 
     @property
     def started(self) -> int:
@@ -44,12 +49,14 @@ class Accounting:
             if sid in self.trained:
                 self.duplicates += 1
             self.trained.add(sid)
+            self.awaiting.pop(sid, None)
             self.failed.pop(sid, None)  # a re-issued copy succeeded where an earlier attempt failed
             self.filtered.pop(sid, None)
 
     def on_failed(self, sample_ids: list[int], reasons: list[str]) -> list[int]:
         """Record failures; return the groups none of whose samples can still reach a trainer (their slot frees)."""
         for sid, reason in zip(sample_ids, reasons):
+            self.awaiting.pop(sid, None)
             if sid not in self.failed and sid not in self.trained and sid not in self.filtered:
                 self.failed[sid] = reason
                 self.fail_reasons[reason.split(":")[0]] += 1
@@ -58,6 +65,7 @@ class Accounting:
     def on_filtered(self, sample_ids: list[int], reasons: list[str]) -> list[int]:
         """Record a filter's drops; return the groups it dropped whole (their staleness slot frees)."""
         for sid, reason in zip(sample_ids, reasons):
+            self.awaiting.pop(sid, None)
             if sid not in self.failed and sid not in self.trained:
                 self.filtered.setdefault(sid, reason)
         return self._lost_groups(sample_ids)
@@ -77,16 +85,26 @@ class Accounting:
     def in_flight(self) -> int:
         return self.started - len(self.trained) - len(self.failed) - len(self.filtered)
 
-    def check(self, version: int, groups: list[int]) -> None:
-        """Every sample of the groups a step consumed is trained, failed or filtered; none is two of them."""
-        unresolved = [s for g in groups for s in self.samples_of(g)
-                      if s not in self.trained and s not in self.failed and s not in self.filtered]
+    def check(self, version: int, groups: list[int], now: float, grace_s: float) -> None:
+        """Every sample of the groups a step consumed is trained, failed or filtered, none two of them; one with no
+        verdict yet may wait `grace_s` for its report (module doc)."""
+        for group in groups:
+            for sid in self.samples_of(group):
+                if sid not in self.trained and sid not in self.failed and sid not in self.filtered:
+                    self.awaiting.setdefault(sid, (version, now))
         both = len(self.trained & self.failed.keys()) + len(self.trained & self.filtered.keys())
-        if unresolved or both:
-            raise RunError(
-                f"accounting broken at version {version}: {len(unresolved)} samples of consumed groups neither "
-                f"trained, failed nor filtered (first: {unresolved[:5]}); {both} counted twice"
-            )
+        if both:
+            raise RunError(f"accounting broken at version {version}: {both} samples counted both trained and "
+                           f"failed or filtered")
+        self.overdue(now, grace_s)
+
+    def overdue(self, now: float, grace_s: float) -> None:
+        """Raise when a consumed sample has waited longer than `grace_s` for a verdict: it was lost."""
+        late = sorted(sid for sid, (_, when) in self.awaiting.items() if now - when > grace_s)
+        if late:
+            version = min(self.awaiting[sid][0] for sid in late)
+            raise RunError(f"accounting broken at version {version}: {len(late)} samples of consumed groups neither "
+                           f"trained, failed nor filtered {grace_s:g} s later (first: {late[:5]})")
 
     def summary(self) -> dict[str, int]:
         return {

@@ -206,6 +206,7 @@ class Controller:
             self._admit()
             self._listen(50)
             self._check_processes()
+            self.accounting.overdue(time.monotonic(), self.config.faults.dead_after_s)
             if limit is not None and time.monotonic() - self.state.started_at > limit:
                 log.info("max_minutes reached at version %d", self.state.version)
                 break
@@ -346,7 +347,7 @@ class Controller:
                 self.control.send(w.worker_id, "frontier", group=frontier)
         if m.model == self.accounting.counted:
             self.accounting.on_consumed(m.groups)
-            self.accounting.check(m.version, m.groups)
+            self.accounting.check(m.version, m.groups, time.monotonic(), self.config.faults.dead_after_s)
             self._step_record(m)
         else:  # another trainer's numbers (a critic's loss) join the next step record, named by it
             self.steps.on_metrics({f"{m.model}_{k}": v for k, v in m.stats.items() if isinstance(v, (int, float))})

@@ -43,7 +43,8 @@ def test_a_group_whose_every_sample_failed_or_was_filtered_frees_its_slot_once()
     assert accounting.on_filtered([3], ["dapo: all rewards equal"]) == [1]
     accounting.on_trained("actor", [0, 1])
     accounting.on_trained("critic", [4])  # another trainer's samples are not counted twice
-    accounting.check(version=1, groups=[0, 1])
+    accounting.check(version=1, groups=[0, 1], now=0.0, grace_s=10.0)
+    assert accounting.awaiting == {}
     summary = accounting.summary()
     assert (summary["trained"], summary["failed"], summary["filtered"], summary["in_flight"]) == (2, 1, 1, 2)
 
@@ -51,5 +52,28 @@ def test_a_group_whose_every_sample_failed_or_was_filtered_frees_its_slot_once()
 def test_a_consumed_group_with_a_sample_nowhere_breaks_the_check_naming_it():
     accounting = Accounting(group_size=2, counted="actor", started_groups=1)
     accounting.on_trained("actor", [0])
-    with pytest.raises(RunError, match=r"accounting broken at version 1: 1 samples of consumed groups .* \[1\]"):
-        accounting.check(version=1, groups=[0])
+    accounting.check(version=1, groups=[0], now=100.0, grace_s=10.0)  # sample 1's report may still be on its way
+    accounting.overdue(now=110.0, grace_s=10.0)
+    with pytest.raises(RunError, match=r"accounting broken at version 1: 1 samples of consumed groups .* "
+                                       r"10 s later \(first: \[1\]\)"):
+        accounting.overdue(now=110.5, grace_s=10.0)
+
+
+def test_a_failure_report_that_arrives_after_its_trainers_version_resolves_the_sample():
+    """The report and the version come from two workers' sockets: the controller may read the version first."""
+    accounting = Accounting(group_size=2, counted="actor", started_groups=2)
+    accounting.on_trained("actor", [0, 2])
+    accounting.check(version=1, groups=[0, 1], now=0.0, grace_s=10.0)
+    assert sorted(accounting.awaiting) == [1, 3]
+    accounting.on_failed([1], ["advantage: output 'advantage' is nan"])
+    accounting.on_filtered([3], ["dapo: all rewards equal"])
+    accounting.overdue(now=60.0, grace_s=10.0)  # nothing waits any more
+    assert accounting.summary()["in_flight"] == 0
+
+
+def test_a_sample_counted_both_trained_and_failed_breaks_the_check_at_once():
+    accounting = Accounting(group_size=1, counted="actor", started_groups=1)
+    accounting.on_failed([0], ["reward: nan"])
+    accounting.trained.add(0)  # what on_trained never does: it takes a trained sample out of the failed ones
+    with pytest.raises(RunError, match="1 samples counted both trained and failed or filtered"):
+        accounting.check(version=1, groups=[0], now=0.0, grace_s=10.0)
