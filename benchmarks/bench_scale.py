@@ -162,6 +162,13 @@ def overlap(args: argparse.Namespace, tmp: Path) -> list[str]:
     return lines
 
 
+def weak_scaling(args: argparse.Namespace, generators: int, *more: str) -> list[str]:
+    """The overrides of a weak-scaling run: B = 2 groups per generator, a reward replica per 4 generators."""
+    return [*base(args, args.scaling_time_scale), f"batch_size={2 * generators}",
+            f'placement={{"rollout": {generators}, "score": {max(1, generators // 4)}}}',
+            f"emulation.output_tokens_sigma={args.sigma}", *more]
+
+
 def scaling(args: argparse.Namespace, tmp: Path) -> list[str]:
     """Measured weak scaling beside N x one generator and beside the zero-overhead model of the same runs."""
     rates = [f"{'generators':>10} {'samples/s':>10} {'N x one':>8} {'of N x one':>11} {'model':>8} {'of model':>9} "
@@ -170,9 +177,7 @@ def scaling(args: argparse.Namespace, tmp: Path) -> list[str]:
     one = None
     for n in args.generators:
         memory: dict[str, float] = {}
-        overrides = [*base(args, args.scaling_time_scale), f"batch_size={2 * n}",
-                     f'placement={{"rollout": {n}, "score": {max(1, n // 4)}}}',  # a reward replica per 4 generators
-                     f"emulation.trainer_gpus_per_rank={n}", f"emulation.output_tokens_sigma={args.sigma}"]
+        overrides = weak_scaling(args, n, f"emulation.trainer_gpus_per_rank={n}")
         result = run(overrides, tmp / f"scale-{n}", on_started=lambda c, into=memory: into.update(memory_of(c)))
         modelled = modelled_rate(overrides, generators=n)
         rate = result["samples_per_s"]
@@ -231,9 +236,8 @@ def ideal(args: argparse.Namespace, tmp: Path) -> list[str]:
     for n in args.model_generators:
         shares = []
         for eta in args.model_etas:
-            overrides = [*base(args, args.scaling_time_scale), f"steps={args.model_steps}", f"batch_size={2 * n}",
-                         f"staleness={eta}",
-                         f"emulation.trainer_gpus_per_rank={n}", f"emulation.output_tokens_sigma={args.sigma}"]
+            overrides = weak_scaling(args, n, f"steps={args.model_steps}", f"staleness={eta}",
+                                     f"emulation.trainer_gpus_per_rank={n}")
             rate = modelled_rate(overrides, generators=n)
             ones.setdefault(eta, rate / n)
             shares.append(rate / (ones[eta] * n))
@@ -250,9 +254,7 @@ def ranks(args: argparse.Namespace, tmp: Path) -> list[str]:
              f"{'of model':>9} {'ctl CPU ms/sample':>18} {'ctl msgs/s':>11} {'trainer CPU ms/sample':>22}"]
     single = None
     for k in args.trainer_ranks:
-        overrides = [*base(args, args.scaling_time_scale), f"batch_size={2 * n}",
-                     f'placement={{"rollout": {n}, "score": {max(1, n // 4)}}}', f"trainer.ranks={k}",
-                     f"emulation.trainer_gpus_per_rank={max(1, n // k)}", f"emulation.output_tokens_sigma={args.sigma}"]
+        overrides = weak_scaling(args, n, f"trainer.ranks={k}", f"emulation.trainer_gpus_per_rank={max(1, n // k)}")
         result = run(overrides, tmp / f"ranks-{k}")
         modelled = modelled_rate(overrides, generators=n)
         rate = result["samples_per_s"]

@@ -13,13 +13,15 @@ import done once in this process, the rest forked from it, as a zygote would.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-WORKER_IMPORTS = "import areal.runtime.worker, areal.engines.emulated_generate, areal.engines.emulated_train"
+WORKER_MODULES = ("areal.runtime.worker", "areal.engines.emulated_generate", "areal.engines.emulated_train")
+WORKER_IMPORTS = "import " + ", ".join(WORKER_MODULES)
 KINDS = {
     "bare Python": "",
     "Python + pyzmq + msgpack": "import zmq, msgpack",
@@ -61,7 +63,8 @@ def spawned(processes: int, imports: str) -> list[dict[str, int]]:
 
 def forked(processes: int) -> tuple[list[dict[str, int]], dict[str, int]]:
     """Children forked from this process after it imported the worker's modules, and this process's own memory."""
-    exec(WORKER_IMPORTS)
+    for module in WORKER_MODULES:
+        importlib.import_module(module)
     children: list[tuple[int, int]] = []  # (pid, the write end whose closing releases it)
     try:
         for _ in range(processes):

@@ -55,7 +55,7 @@ def test_the_model_gets_the_runs_settings_and_prompts_from_the_recipe():
     assert len(prompts) == (3 + 1 + 1) * 4 and all(10 < p < 1000 for p in prompts)
 
 
-@pytest.mark.slow  # two short emulated runs, the second with two trainer processes: ~40 s
+@pytest.mark.slow  # two short emulated runs, the second with two trainer processes: ~15 s
 def test_a_ranks_row_comes_from_a_run_with_that_many_trainer_processes(tmp_path):
     args = bench.argparse.Namespace(steps=4, time_scale=0.02, scaling_time_scale=0.05, median=128, sigma=0.6,
                                     rank_generators=2, trainer_ranks=[1, 2])
