@@ -30,7 +30,9 @@ def test_two_models_train_each_on_its_own_route_and_resume_together(tmp_path):
     assert any(s.get("value_mean", 0.0) != 0.0 for s in first)
     # the critic's numbers join the next step record of the actor after they arrive: some record carries them
     assert any({"critic_loss", "critic_explained_variance"} <= set(s) for s in first)
-    assert first[-1]["critic_version"] >= first[-1]["actor_version"] == 4
+    # the run ends when the slower trainer reaches 4; the critic's last version may land after the actor's last
+    # step record (two workers' sockets), so its weights, not that record, show it got there
+    assert first[-1]["actor_version"] == 4 and (run / "weights" / "critic" / "v000004.safetensors").exists()
     parts = {p.name for p in (run / "checkpoints" / "step-000002").iterdir()}
     assert {"trainer-actor", "trainer-critic", "policy-actor.safetensors", "policy-critic.safetensors"} <= parts
     shutil.rmtree(run / "checkpoints" / "step-000004")  # as if killed after step 4, before its checkpoint
