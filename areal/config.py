@@ -28,6 +28,10 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# where a model runs: "auto" is the first CUDA GPU the process sees (cuda:0; under Ray, its own), else the CPU
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
+
+
 class TrainerConfig(_Section):
     lr: PositiveFloat = Field(
         3e-4, description="AdamW peak learning rate (the default suits the 0.8 M-param built-in; ~1e-6 for 0.5 B+)"
@@ -53,6 +57,9 @@ class TrainerConfig(_Section):
     )
     ranks: PositiveInt = Field(1, description="data-parallel trainer processes (more than 1 needs engine=fsdp or "
                                "emulated)")
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description="where the trainer's models live (the policy, "
+                        "a critic, a frozen reference): auto (a CUDA GPU when there is one, else the CPU), cpu, "
+                        "cuda or cuda:N; an FSDP rank on a GPU takes the GPU of its local rank")
 
     @model_validator(mode="after")
     def _ranks_need_fsdp(self) -> TrainerConfig:
@@ -73,6 +80,8 @@ class GenerationConfig(_Section):
         "torch", description="torch: CPU or one GPU; vllm: vLLM on a CUDA GPU (pip install 'areal[gpu]'); "
         "emulated: modelled time on an emulated device, no model (the `emulation` section)"
     )
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description="where a torch generator's model lives: auto "
+                        "(a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
     chat_template: Literal["auto", "off"] = Field(
         "auto", description="auto: a prompt becomes a user message in the tokenizer's chat template when it has "
         "one (an instruct model); off: the prompt is tokenised as it is (a base model continuing text)"
@@ -214,6 +223,16 @@ class RunConfig(_Section):
         if "emulated" in (self.generation.engine, self.trainer.engine) and self.transport.weights == "broadcast":
             raise ValueError("emulated engines publish weights as files (their transfer time is modelled); "
                              "use transport.weights=files")
+        return self
+
+    @model_validator(mode="after")
+    def _nccl_weights_need_a_gpu_each(self) -> RunConfig:
+        if (self.generation.engine == "vllm" and self.transport.weights == "broadcast"
+                and self.cluster.backend == "local"):
+            raise ValueError("transport.weights=broadcast with generation.engine=vllm moves weights GPU to GPU over "
+                             "NCCL, which refuses two members on one GPU ('Duplicate GPU detected'), and with "
+                             "cluster.backend=local every process takes the first GPU it sees; use "
+                             "transport.weights=files, or cluster.backend=ray, which gives each its own GPU")
         return self
 
     @model_validator(mode="after")

@@ -62,10 +62,16 @@ def prompts(n: int, g: torch.Generator, lo: int = 8, hi: int = 32) -> list[list[
     ]
 
 
+def tail_lengths(n: int, g: torch.Generator, max_len: int, scale: float = 8.0) -> list[int]:
+    """Output lengths from a Pareto(alpha=1.2) scaled by `scale`, capped at max_len: most short, a few long."""
+    u = torch.rand(n, generator=g)
+    return [min(max_len, math.ceil(scale / float(x) ** (1 / 1.2))) for x in u]
+
+
 @torch.no_grad()
 def bare_forward(model: torch.nn.Module, batch: list[list[int]], new_tokens: int) -> None:
     """Prefill then `new_tokens - 1` cached single-token forwards with argmax: the floor any engine pays."""
-    ids = torch.tensor(batch)
+    ids = torch.tensor(batch, device=model.device)
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
     cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
     for _ in range(new_tokens - 1):
@@ -81,7 +87,7 @@ class ForceEosAt(transformers.LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         produced = input_ids.shape[1] - self.prompt_width
-        rows = self.lengths == produced + 1
+        rows = (self.lengths == produced + 1).to(scores.device)
         scores[rows] = -math.inf
         scores[rows, EOS] = 0.0
         scores[~rows, EOS] = -math.inf  # and never earlier
@@ -89,17 +95,17 @@ class ForceEosAt(transformers.LogitsProcessor):
 
 
 @torch.no_grad()
-def hf_generate(model: torch.nn.Module, batch_prompts: list[list[int]], lengths: list[int]) -> None:
-    for start in range(0, len(batch_prompts), BATCH):
-        chunk, chunk_lengths = batch_prompts[start : start + BATCH], lengths[start : start + BATCH]
+def hf_generate(model: torch.nn.Module, batch_prompts: list[list[int]], lengths: list[int], batch: int = BATCH) -> None:
+    for start in range(0, len(batch_prompts), batch):
+        chunk, chunk_lengths = batch_prompts[start : start + batch], lengths[start : start + batch]
         width = max(len(p) for p in chunk)
         ids = torch.full((len(chunk), width), PAD)
         mask = torch.zeros(len(chunk), width, dtype=torch.int64)
         for i, p in enumerate(chunk):
             ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
         model.generate(
-            input_ids=ids,
-            attention_mask=mask,
+            input_ids=ids.to(model.device),
+            attention_mask=mask.to(model.device),
             do_sample=True,
             top_k=0,
             max_new_tokens=max(chunk_lengths),
@@ -109,8 +115,9 @@ def hf_generate(model: torch.nn.Module, batch_prompts: list[list[int]], lengths:
         )
 
 
-def engine_run(model: torch.nn.Module, batch_prompts: list[list[int]], lengths: list[int], refill: int) -> None:
-    engine = TorchGenerationEngine(model, eos_token_id=EOS, pad_token_id=PAD, max_batch=BATCH, refill_min_free=refill)
+def engine_run(model: torch.nn.Module, batch_prompts: list[list[int]], lengths: list[int], refill: int,
+               batch: int = BATCH) -> None:
+    engine = TorchGenerationEngine(model, eos_token_id=EOS, pad_token_id=PAD, max_batch=batch, refill_min_free=refill)
     results = engine.generate(
         [GenRequest(i, p, n) for i, (p, n) in enumerate(zip(batch_prompts, lengths, strict=True))]
     )
@@ -143,10 +150,9 @@ def main() -> None:
     overhead = 100 * (1 - bare_s / eng_s)
     print(f"  engine                : {tokens / eng_s:8.0f} tok/s   overhead {overhead:.1f}% (target <= 15%)")
 
-    # 2. heavy-tailed output lengths: Pareto(alpha=1.2) scaled by 8, capped
+    # 2. heavy-tailed output lengths
     batch_prompts = prompts(args.requests, g)
-    u = torch.rand(args.requests, generator=g)
-    lengths = [min(args.max_len, math.ceil(8 / float(x) ** (1 / 1.2))) for x in u]
+    lengths = tail_lengths(args.requests, g, args.max_len)
     total = sum(lengths)
     padded = sum(max(lengths[s : s + BATCH]) * len(lengths[s : s + BATCH]) for s in range(0, len(lengths), BATCH))
     print(

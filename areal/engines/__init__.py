@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from areal.config import RunConfig
+from areal.engines.device import device_problem, torch_device
 from areal.engines.torch_generate import GenRequest, GenResult, TorchGenerationEngine
 from areal.engines.torch_train import LossFn, MicroBatch, TorchTrainEngine
 from areal.errors import ConfigError
@@ -79,7 +80,7 @@ def engine_problems(config: RunConfig, *, generation: bool = True, training: boo
 
     Cheap: it looks for packages without importing them and asks torch about devices.
     """
-    problems = []
+    problems: list[str | None] = []
     if generation and config.generation.engine == "vllm":
         missing = []
         if not _has_package("vllm"):
@@ -93,7 +94,11 @@ def engine_problems(config: RunConfig, *, generation: bool = True, training: boo
     if training and config.trainer.engine == "fsdp" and not torch.distributed.is_available():
         problems.append('trainer.engine="fsdp" needs a torch built with torch.distributed (this one has none); '
                         'trainer.engine="torch" runs without it.')
-    return problems
+    if generation and config.generation.engine == "torch":
+        problems.append(device_problem("generation.device", config.generation.device))
+    if training and config.trainer.engine != "emulated":
+        problems.append(device_problem("trainer.device", config.trainer.device))
+    return [p for p in problems if p is not None]
 
 
 def require_engines(config: RunConfig, *, generation: bool = True, training: bool = True) -> None:
@@ -125,7 +130,7 @@ def _torch_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any
     from areal.models.loading import load_model
 
     assert checkpoint is not None  # only an emulated device runs without one
-    model = load_model(checkpoint, dtype=config.dtype)
+    model = load_model(checkpoint, dtype=config.dtype).to(torch_device(config.generation.device))
     if weights is not None:
         model.load_state_dict(load_file(str(weights)))
     return TorchGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch=config.generation.max_batch,
@@ -170,8 +175,8 @@ def _torch_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> 
 def _fsdp_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> TrainEngine:
     from areal.engines.fsdp_train import FSDPTrainEngine, join_process_group
 
-    loaded = model()
-    return FSDPTrainEngine(loaded, device_type=join_process_group(), **train_settings(config))
+    device_type = join_process_group(torch_device(config.trainer.device).type)
+    return FSDPTrainEngine(model(), **train_settings(config) | {"device": torch.device(device_type)})
 
 
 def _emulated_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> TrainEngine:
@@ -196,10 +201,10 @@ def needs_model(config: RunConfig, *, generation: bool) -> bool:
 
 
 def train_settings(config: RunConfig) -> dict[str, Any]:
-    """The optimizer and batching settings a training engine takes from the trainer's config."""
+    """The optimizer, batching and device settings a training engine takes from the trainer's config."""
     t = config.trainer
     return dict(
-        lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
+        device=torch_device(t.device), lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
         microbatch_tokens=t.microbatch_tokens, warmup_steps=t.warmup_steps, lr_schedule=t.lr_schedule,
         total_steps=config.steps, temperature=config.generation.temperature,
     )

@@ -46,7 +46,8 @@ class EmulatedTrainEngine:
 
             from areal.engines.fsdp_train import join_process_group
 
-            join_process_group()  # the trainer's rank orders (runtime/ranks.py) travel in this group too
+            # no model on a device: gloo; the trainer's rank orders (runtime/ranks.py) travel in this group too
+            join_process_group("cpu")
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.step = 0  # "optimizer steps" taken; the policy version is the trainer node's
         self.modelled_s = {"logprob": 0.0, "train": 0.0, "weights": 0.0}

@@ -51,12 +51,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
-def join_process_group() -> str:
+def join_process_group(device_type: str = "cuda") -> str:
     """Join the process group torchrun (or Ray) described in the environment, or start a one-rank one.
 
-    Returns the device type the ranks train on: "cuda" (NCCL, one GPU per local rank) or "cpu" (gloo).
+    Returns the device type the ranks train on: "cuda" (NCCL, one GPU per local rank) when `device_type` asks
+    for it and there is a GPU, else "cpu" (gloo).
     """
-    cuda = torch.cuda.is_available()
+    cuda = device_type == "cuda" and torch.cuda.is_available()
     if cuda:
         # a rank per GPU on one node; under Ray each rank sees only its own GPU, so it is device 0
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
@@ -98,7 +99,7 @@ class FSDPTrainEngine:
         lr_schedule: Literal["constant", "cosine"] = "constant",
         total_steps: int | None = None,
         temperature: float = 1.0,
-        device_type: str = "cpu",
+        device: torch.device | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
@@ -109,7 +110,8 @@ class FSDPTrainEngine:
         from torch.distributed.fsdp import fully_shard
 
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        mesh = init_device_mesh(device_type, (self.world,))
+        self.device = device or torch.device("cpu")  # where this rank's shard and its collectives' tensors live
+        mesh = init_device_mesh(self.device.type, (self.world,))
         # one FSDP unit per decoder layer, then the root (embeddings, norm, head): gathers overlap layer by layer
         for layer in _decoder_layers(model):
             fully_shard(layer, mesh=mesh)
@@ -147,7 +149,7 @@ class FSDPTrainEngine:
                         local[i] = logp[int(cu[j]) : int(cu[j + 1])]
         # gather: rank r's values in its plan order, padded to the longest rank's count
         counts = [sum(lengths[i] - 1 for mb in p for i in mb) for p in plan]
-        flat = torch.zeros(max(counts), dtype=torch.float64)
+        flat = torch.zeros(max(counts), dtype=torch.float64, device=self.device)  # NCCL moves only CUDA tensors
         order = [i for mb in mine for i in mb]
         if order:
             flat[: counts[self.rank]] = torch.cat([local[i] for i in order]).double()
@@ -158,7 +160,7 @@ class FSDPTrainEngine:
         for r, p in enumerate(plan):
             at = 0
             for i in (i for mb in p for i in mb):
-                out[i] = gathered[r][at : at + lengths[i] - 1].to(dtype)
+                out[i] = gathered[r][at : at + lengths[i] - 1].to("cpu", dtype)
                 at += lengths[i] - 1
         return out
 
@@ -205,7 +207,7 @@ class FSDPTrainEngine:
                             **stats}.items():
                 sums[name] = sums.get(name, 0.0) + float(v) * weight
         names = sorted(sums)
-        reduced = torch.tensor([sums[n] for n in names], dtype=torch.float64)
+        reduced = torch.tensor([sums[n] for n in names], dtype=torch.float64, device=self.device)
         dist.all_reduce(reduced)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf)
         # the reduced loss and the full norm are the same on every rank: all refuse together or none

@@ -72,7 +72,8 @@ class MicroBatch:
 
     def per_token(self, per_sample: Tensor) -> Tensor:
         """[s, ...] -> [N_mb, ...]: each sample's value repeated over its output tokens."""
-        return torch.repeat_interleave(per_sample, self.cu_seqlens[1:] - self.cu_seqlens[:-1], dim=0)
+        counts = (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).to(per_sample.device)
+        return torch.repeat_interleave(per_sample, counts, dim=0)
 
 
 class TorchTrainEngine:
@@ -91,7 +92,9 @@ class TorchTrainEngine:
         lr_schedule: Literal["constant", "cosine"] = "constant",
         total_steps: int | None = None,
         temperature: float = 1.0,
+        device: torch.device | None = None,
     ) -> None:
+        """`device`: where the model trains (it is moved there); None keeps it where it is."""
         if lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"TorchTrainEngine: lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
         if lr_schedule == "cosine" and (total_steps is None or total_steps <= warmup_steps):
@@ -101,7 +104,7 @@ class TorchTrainEngine:
             )
         if temperature <= 0:
             raise ValueError(f"TorchTrainEngine: temperature must be > 0, got {temperature}")
-        self.model = model
+        self.model = model if device is None else model.to(device)
         self.lr, self.grad_clip = lr, grad_clip
         self.microbatch_tokens = microbatch_tokens
         self.warmup_steps, self.lr_schedule, self.total_steps = warmup_steps, lr_schedule, total_steps
@@ -116,13 +119,16 @@ class TorchTrainEngine:
     # ---- forward passes -------------------------------------------------------------------------
 
     def sequence_logprobs(self, sequences: Sequence[Tensor], no_grad: bool = True) -> list[Tensor]:
-        """For each sequence, log π_θ(token_t | tokens before t) for t = 1..L-1: [L-1] float32."""
+        """For each sequence, log π_θ(token_t | tokens before t) for t = 1..L-1: [L-1] float32.
+
+        With no_grad they come back on the CPU, wherever the model is: they leave the process as a batch."""
         self.model.eval()
         out: list[Tensor] = [torch.empty(0)] * len(sequences)
         lengths = [len(s) for s in sequences]
         with torch.set_grad_enabled(not no_grad):
             for index in pack_microbatches(lengths, self.microbatch_tokens):
                 logp, cu = self._logprobs(sequences, [1] * len(sequences), index)
+                logp = logp.cpu() if no_grad else logp
                 for j, i in enumerate(index):
                     out[i] = logp[int(cu[j]) : int(cu[j + 1])]
         return out

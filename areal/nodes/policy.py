@@ -32,8 +32,9 @@ def first_file(*candidates: Path | None) -> Path | None:
 
 
 def save_weights(state: dict[str, Tensor], path: str) -> None:
-    """Safetensors of a model's full state dict; tied tensors are written once each under their names."""
-    save_file({name: t.detach().contiguous().clone() for name, t in state.items()}, path)
+    """Safetensors of a model's full state dict, wherever it lives; tied tensors are written once each under their
+    names (each is copied, so none aliases another)."""
+    save_file({name: t.detach().to("cpu", copy=True).contiguous() for name, t in state.items()}, path)
 
 
 def load_weights(path: str) -> dict[str, Tensor]:

@@ -141,12 +141,14 @@ class ProximalNode:
 
     def setup(self, context: Any) -> None:
         if self.frozen:
+            from areal.engines.device import torch_device
             from areal.engines.torch_train import TorchTrainEngine
 
             config = context.config
             spec = config.model if self.frozen is True else str(self.frozen)
             model, _ = load_run_policy(config.model_copy(update={"model": spec}))
-            self.engine = TorchTrainEngine(model, temperature=config.generation.temperature)
+            self.engine = TorchTrainEngine(model, temperature=config.generation.temperature,
+                                           device=torch_device(config.trainer.device))
             return
         self.trainer_name = self.model_name or context.pool.name
 

@@ -1,0 +1,69 @@
+"""GPU suite, generation: the torch engine (bf16, SDPA, KV cache, continuous batching) against the bare batched
+forward and transformers' `generate` on the same device and model.
+
+1. A fixed batch (every row the same prompt and output length, no eos): the engine's overhead over a bare loop
+   of cached forwards with argmax, and `generate` at the same batch.
+2. Heavy-tailed output lengths (Pareto, capped): the engine refilling free slots as rows finish (as soon as one
+   is free, at a quarter of the batch, or only when all are: static), against `generate` in static batches that
+   decode until their longest row ends.
+Wall time after a warm-up, with the device synchronised; tokens are output tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from areal.engines import GenRequest, TorchGenerationEngine
+from benchmarks.bench_generation import PAD, bare_forward, engine_run, hf_generate, prompts, tail_lengths
+from benchmarks.gpu.model import Shape, build, peak_gib, reset_peak, shape_facts, timed
+from benchmarks.gpu.section import section_main
+
+
+def sizes(tiny: bool) -> dict:
+    if tiny:
+        return {"batch": 4, "prompt": 8, "new_tokens": 8, "requests": 8, "max_len": 16, "scale": 2.0}
+    return {"batch": 64, "prompt": 64, "new_tokens": 64, "requests": 128, "max_len": 256, "scale": 12.0}
+
+
+def measure(device: torch.device, model_shape: Shape, tiny: bool, variant: str = "") -> dict:
+    n = sizes(tiny)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = build(model_shape, device, dtype)
+    g = torch.Generator().manual_seed(0)
+    fixed = [p[: n["prompt"]] for p in prompts(n["batch"], g, lo=n["prompt"], hi=n["prompt"])]
+    never = model_shape.config["vocab_size"]  # an eos id no row can sample: every row runs its full length
+    engine = TorchGenerationEngine(model, eos_token_id=never, pad_token_id=PAD, max_batch=n["batch"])
+
+    def engine_fixed() -> None:
+        engine.generate([GenRequest(i, p, n["new_tokens"]) for i, p in enumerate(fixed)])
+
+    rows: dict[str, dict] = {}
+    fixed_tokens = n["batch"] * n["new_tokens"]
+    for name, fn in (("bare forward + argmax", lambda: bare_forward(model, fixed, n["new_tokens"])),
+                     ("engine", engine_fixed),
+                     ("transformers generate", lambda: hf_generate(model, fixed, [n["new_tokens"]] * n["batch"],
+                                                                   batch=n["batch"]))):
+        fn()  # warm-up: kernels chosen, caches allocated
+        reset_peak(device)
+        seconds, _ = timed(device, fn)
+        rows[f"fixed: {name}"] = {"tokens": fixed_tokens, "seconds": seconds, "tokens_per_s": fixed_tokens / seconds,
+                                  "peak_gib": peak_gib(device)}
+    tail_prompts = prompts(n["requests"], g, lo=n["prompt"] // 2, hi=n["prompt"])
+    lengths = tail_lengths(n["requests"], g, n["max_len"], n["scale"])
+    total = sum(lengths)
+    runs = {f"engine, refill at {r} free" + (" (static)" if r == n["batch"] else ""):
+            (lambda r=r: engine_run(model, tail_prompts, lengths, r, n["batch"]))
+            for r in dict.fromkeys((1, max(1, n["batch"] // 4), n["batch"]))}
+    runs["transformers generate, static batches"] = lambda: hf_generate(model, tail_prompts, lengths,
+                                                                         batch=n["batch"])
+    for name, fn in runs.items():
+        reset_peak(device)
+        seconds, _ = timed(device, fn)
+        rows[f"tails: {name}"] = {"tokens": total, "seconds": seconds, "tokens_per_s": total / seconds,
+                                  "peak_gib": peak_gib(device)}
+    return {"model": shape_facts(model_shape), "dtype": str(dtype), "sizes": n,
+            "lengths": {"mean": total / len(lengths), "max": max(lengths)}, "rows": rows}
+
+
+if __name__ == "__main__":
+    section_main(measure, __doc__)

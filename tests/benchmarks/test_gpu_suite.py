@@ -1,0 +1,54 @@
+"""The GPU suite's dry run: every section of benchmarks/gpu on the CPU at tiny shapes, through the same processes,
+code paths and tables a lent GPU runs, so the suite cannot rot between the rare sessions that have a GPU."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from benchmarks.gpu.suite import SECTIONS, run_suite
+from benchmarks.gpu.tables import render
+
+
+@pytest.mark.timeout(900)  # about 90 s on 2 idle cores: seven processes import torch; far more on a loaded machine
+def test_every_section_runs_on_the_cpu_and_its_tables_say_what_was_measured(tmp_path):
+    results = run_suite(tmp_path, device="cpu", tiny=True, budget_s=900)
+    assert {k: r.get("error") for k, r in results.items()} == {s.key: None for s in SECTIONS}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "suite.log", "tables.md"]  # ≤ 8 files
+    assert json.loads((tmp_path / "results.json").read_text()) == results
+    tables = (tmp_path / "tables.md").read_text()
+    assert tables == render(results)
+
+    generation = results["generation"]["rows"]
+    assert {r["tokens"] for k, r in generation.items() if k.startswith("tails")} == {
+        round(results["generation"]["lengths"]["mean"] * results["generation"]["sizes"]["requests"])}
+    training = {results[k]["engine"]: results[k]["rows"] for k in ("training torch", "training fsdp")}
+    assert set(training) == {"torch", "fsdp"} and all(r["tokens_per_s"] > 0 for e in training.values()
+                                                       for r in e.values())
+    assert all(r["mfu_datasheet"] is None for e in training.values() for r in e.values())  # no peak on a CPU
+    weights = results["weights"]["rows"]
+    assert set(weights) == {"files", "broadcast-gloo"}  # NCCL is tried only on a GPU
+    assert all(r["latency_s"] > 0 and r["gb_per_s"] > 0 for r in weights.values())
+
+    recipe = results["recipe"]
+    assert recipe["recipe"] == "code_rl.py" and "generation.device=cpu" in recipe["overrides"]
+    assert [r["trained"] for r in recipe["rows"].values()] == [8, 8]  # 2 steps × 2 groups × 2 samples, each mode
+    shown = re.search(r"\| async η=2 \| [\d.]+ \| ([\d.]+)x \|", tables)
+    assert shown and float(shown.group(1)) == pytest.approx(recipe["async_vs_sync"], abs=0.006)
+
+
+def test_a_section_that_fails_is_a_line_saying_why_and_the_others_still_print():
+    tables = render({"generation": {"error": "ran past its 70 s", "wall_s": 70.0},
+                     "weights": {"model": {"shape": "tiny", "params": 10}, "dtype": "float32", "bytes": 4e9,
+                                 "tensors": 3, "rounds": 2, "wall_s": 5.0,
+                                 "rows": {"files": {"latency_s": 2.0, "gb_per_s": 2.0, "trainer_blocked_s": 1.0,
+                                                    "trainer_peak_gib": None}}}})
+    assert "**generation**: ran past its 70 s" in tables
+    assert "| files | 2 | 2 | 1 | — |  |" in tables and "4.00 GB, best of 2" in tables
+
+
+def test_an_unknown_section_is_refused_naming_the_sections(tmp_path):
+    with pytest.raises(SystemExit, match="no section recipes; sections: training torch, generation, recipe"):
+        run_suite(tmp_path, device="cpu", tiny=True, budget_s=10, only=("recipes",))
