@@ -10,7 +10,7 @@ def _cell(value: object, spec: str = ".3g") -> str:
         return "—"
     if isinstance(value, float):
         return format(value, spec)
-    return str(value)
+    return " ".join(str(value).split())  # an error's lines would end the table's row
 
 
 def _table(header: list[str], rows: Iterable[list[object]]) -> list[str]:
