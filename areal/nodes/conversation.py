@@ -13,7 +13,12 @@ template's own closing text (`<|im_end|>\\n`) is added, less what the policy its
 A tokenizer without a chat template (the built-in char tokenizer) renders messages plainly: their
 contents one after another, after the tokenizer's own <bos>: the format its warm start learned.
 
-A request that does not extend the recorded conversation is refused (`ConversationError`): a session
+A reply cut at a stop string is returned without it (as OpenAI does), but the policy sampled the stop
+string and its context holds it. What the agent sends next decides, so that the policy reads exactly what
+the agent sent: a request whose text keeps the stop string (a ReAct agent writing "Observation: ..." after
+a reply cut at "Observation:") extends the trajectory as it is; one without it (the reply sent back as it
+was returned) *retracts* the sampled stop text from the trajectory first (`Retract`), so the next turn
+reads the reply, then what the agent added. Anything else is refused (`ConversationError`): a session
 records one trajectory. This module renders and compares text; it samples nothing.
 """
 
@@ -99,6 +104,15 @@ class ChatFormat:
         return rendered[at + len(_PROBE):] if at >= 0 else ""
 
 
+@dataclass(frozen=True)
+class Added:
+    """What a request adds to the trajectory: `text` after it, once the last turn's sampled stop text is
+    retracted when `retract` says so (the agent sent the reply back without it)."""
+
+    text: str
+    retract: bool = False
+
+
 class ChatState:
     """The conversation a session has recorded, and the text each new request adds to it."""
 
@@ -106,54 +120,74 @@ class ChatState:
         self.chat = chat
         self.known: list[Message] = []  # every message so far, each reply as it was returned
         self.pending_closing = ""  # template text after the last reply that the policy did not sample
+        self.stop_text = ""  # what the policy sampled after the last reply's text, up to any special token
+        self.closing = ""  # the template's whole closing text after the last reply
 
-    def added_text(self, messages: list[Message]) -> str:
-        """The text the environment appends before the policy's next turn (ConversationError if none can)."""
+    def added_text(self, messages: list[Message]) -> Added:
+        """What the environment appends before the policy's next turn (ConversationError if nothing can)."""
         if not self.known:
-            return self.chat.render(messages, generation_prompt=True)
+            return Added(self.chat.render(messages, generation_prompt=True))
         k = len(self.known)
         if len(messages) < k:
             raise ConversationError(f"this session has recorded {k} messages and the request sends {len(messages)}; "
                                     "a session records one trajectory: send the whole conversation, or start a new "
                                     "session for a new one")
-        for i, (old, new) in enumerate(zip(self.known, messages)):
+        known = list(self.known)
+        reply = known[-1]
+        kept_stop = bool(self.stop_text) and messages[k - 1] == Message("assistant", reply.content + self.stop_text)
+        if kept_stop:  # the agent wrote the stop string back into the reply: the policy did read it there
+            known[-1] = messages[k - 1]
+        for i, (old, new) in enumerate(zip(known, messages)):
             if old != new:
                 what = "role" if old.role != new.role else "content"
                 raise ConversationError(f"messages[{i}] differs from what this session recorded (its {what}; a reply "
-                                        "must be sent back exactly as it was returned); a session records one "
-                                        "trajectory: start a new session for a new one")
-        before = self.chat.render(self.known, generation_prompt=False)
+                                        "must be sent back exactly as it was returned, or with the stop string that "
+                                        "ended it appended); a session records one trajectory: start a new session "
+                                        "for a new one")
+        before = self.chat.render(known, generation_prompt=False)
         after = self.chat.render(messages, generation_prompt=True)
         if not after.startswith(before):
             raise ConversationError("the chat template renders this conversation differently from the one recorded "
                                     "(not as an extension of it), so its ids cannot extend the trajectory")
-        return self.pending_closing + after[len(before):]
+        if self.stop_text and not kept_stop:  # the reply came back without its stop string: retract it
+            return Added(self.closing + after[len(before):], retract=True)
+        return Added(self.pending_closing + after[len(before):])
 
-    def record(self, messages: list[Message], reply: str, sampled_tail: str) -> None:
+    def record(self, messages: list[Message], reply: str, sampled_tail: str, stop_text: str) -> None:
         """The policy answered `messages` with `reply` (what the agent is shown), having sampled `sampled_tail`
-        after it (a stop string, an end-of-turn token)."""
+        after it (a stop string, an end-of-turn token), of which `stop_text` is the stop string's text (empty
+        when the reply ended otherwise)."""
         self.known = [*messages, Message("assistant", reply)]
-        closing = self.chat.closing(messages)
-        self.pending_closing = closing[len(sampled_tail):] if closing.startswith(sampled_tail) else closing
+        self.closing = self.chat.closing(messages)
+        self.stop_text = stop_text
+        tail = sampled_tail[len(stop_text):]  # after a kept stop string, what of the closing it sampled
+        self.pending_closing = self.closing[len(tail):] if self.closing.startswith(tail) else self.closing
 
 
 class TextState:
-    """Completion prompts: each must extend the text so far (the previous prompt and the text returned)."""
+    """Completion prompts: each must extend the text so far: the previous prompt and the text returned, with
+    or without the stop string that ended it (see the module doc)."""
 
     def __init__(self) -> None:
-        self.known: str | None = None
-        self.known_ids: list[int] | None = None  # prompts given as ids: the trajectory's ids so far
+        self.known: str | None = None  # the text the policy has read and written, stop strings included
+        self.stop_text = ""  # the last turn's stop string as sampled: the end of `known`, not of the reply
 
-    def added_text(self, prompt: str) -> str:
+    def record(self, prompt: str, reply: str, stop_text: str) -> None:
+        self.known, self.stop_text = prompt + reply + stop_text, stop_text
+
+    def added_text(self, prompt: str) -> Added:
         if self.known is None:
-            return prompt
-        if not prompt.startswith(self.known):
-            same = next((i for i, (a, b) in enumerate(zip(self.known, prompt)) if a != b),
-                        min(len(self.known), len(prompt)))
-            raise ConversationError(f"the prompt does not extend this session's text (it differs at character "
-                                    f"{same} of {len(self.known)}); a session records one trajectory: start a new "
-                                    "session for a new one")
-        return prompt[len(self.known):]
+            return Added(prompt)
+        if prompt.startswith(self.known):
+            return Added(prompt[len(self.known):])
+        replied = self.known[: len(self.known) - len(self.stop_text)]
+        if self.stop_text and prompt.startswith(replied):  # the reply as returned, without its stop string
+            return Added(prompt[len(replied):], retract=True)
+        same = next((i for i, (a, b) in enumerate(zip(self.known, prompt)) if a != b),
+                    min(len(self.known), len(prompt)))
+        raise ConversationError(f"the prompt does not extend this session's text (it differs at character "
+                                f"{same} of {len(self.known)}); a session records one trajectory: start a new "
+                                "session for a new one")
 
     def added_ids(self, prompt: list[int], trajectory: Sequence[int]) -> list[int]:
         if list(prompt[: len(trajectory)]) != list(trajectory):

@@ -24,7 +24,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from areal.nodes.conversation import ChatFormat, ChatState, ConversationError, Message, TextState, messages_from
+from areal.nodes.conversation import (
+    Added,
+    ChatFormat,
+    ChatState,
+    ConversationError,
+    Message,
+    TextState,
+    messages_from,
+)
 from areal.nodes.trajectory import Trajectory
 
 MAX_TURNS = 1024  # completions one episode may sample (request ids are sample_id * MAX_TURNS + turn)
@@ -66,6 +74,7 @@ class EpisodeLLM:
         self._chat = ChatState(self.chat_format)
         self._text = TextState()
         self._mode: str | None = None  # "text", "ids" or "chat": one session speaks one of them
+        self._last: Completion | None = None  # the last turn: what a retraction takes back
         self._busy = False
 
     # -- the three ways to ask for a turn ---------------------------------------------------------
@@ -82,13 +91,13 @@ class EpisodeLLM:
         """Sample a continuation of `prompt`, which must extend this session's text (or ids) so far."""
         if isinstance(prompt, str):
             self._speaks("text")
-            added = self.chat_format.encode(self._text.added_text(prompt), first=not self.trajectory.ids)
+            added, retract = self._environment(self._text.added_text(prompt))
         else:
             self._speaks("ids")
-            added = self._text.added_ids([int(i) for i in prompt], self.trajectory.ids)
-        done = await self._turn(added, max_new_tokens, stop)
+            added, retract = self._text.added_ids([int(i) for i in prompt], self.trajectory.ids), 0
+        done = await self._turn(added, max_new_tokens, stop, retract)
         if isinstance(prompt, str):
-            self._text.known = prompt + done.text
+            self._text.record(prompt, done.text, self._sampled_after(done, skip_special=True))
         return done
 
     async def chat(self, messages: list[dict[str, Any]] | list[Message], *, max_new_tokens: int | None = None,
@@ -97,10 +106,10 @@ class EpisodeLLM:
         self._speaks("chat")
         checked = messages_from([m.as_dict() if isinstance(m, Message) else m for m in messages]
                                 if isinstance(messages, list) else messages)
-        added = self.chat_format.encode(self._chat.added_text(checked), first=not self.trajectory.ids)
-        done = await self._turn(added, max_new_tokens, stop)
-        full = self.tokenizer.decode(done.ids, skip_special_tokens=False)
-        self._chat.record(checked, done.text, full[len(done.text):] if full.startswith(done.text) else "")
+        added, retract = self._environment(self._chat.added_text(checked))
+        done = await self._turn(added, max_new_tokens, stop, retract)
+        self._chat.record(checked, done.text, self._sampled_after(done, skip_special=False),
+                          self._sampled_after(done, skip_special=True))
         return done
 
     def post_reward(self, value: float) -> None:
@@ -111,13 +120,33 @@ class EpisodeLLM:
 
     # -- one turn ----------------------------------------------------------------------------------
 
-    async def _turn(self, added: list[int], max_new_tokens: int | None, stop: list[str] | None) -> Completion:
+    def _environment(self, added: Added) -> tuple[list[int], int]:
+        """The ids a request adds, and how many sampled ids at the trajectory's end it takes back first: the
+        ones that carry the last reply's stop string, when the agent sent the reply back without it. What of
+        the reply those ids also carried is re-added as text, so the context reads the reply, then `added`."""
+        retract, text = 0, added.text
+        if added.retract:
+            ids, reply = self._last.ids, self._last.text
+            keep = next(k for k in range(len(ids), -1, -1)
+                        if reply.startswith(self.tokenizer.decode(ids[:k], skip_special_tokens=True)))
+            retract = len(ids) - keep
+            text = reply[len(self.tokenizer.decode(ids[:keep], skip_special_tokens=True)):] + text
+        return self.chat_format.encode(text, first=not self.trajectory.ids), retract
+
+    def _sampled_after(self, done: Completion, *, skip_special: bool) -> str:
+        """The text the policy sampled after the reply the agent reads: the stop string (and, unless skipped,
+        an end-of-turn token)."""
+        full = str(self.tokenizer.decode(done.ids, skip_special_tokens=skip_special))
+        return full[len(done.text):] if full.startswith(done.text) else ""
+
+    async def _turn(self, added: list[int], max_new_tokens: int | None, stop: list[str] | None,
+                    retract: int = 0) -> Completion:
         if self._busy:
             raise EpisodeError("another turn of this session is in flight; a trajectory takes one turn at a time")
         turn = self.trajectory.turns
         if turn >= MAX_TURNS:
             raise EpisodeError(f"an episode samples at most {MAX_TURNS} completions")
-        context = self.trajectory.ids + added
+        context = self.trajectory.ids[: len(self.trajectory) - retract] + added
         if not context:
             raise EpisodeError("nothing to complete: the first turn needs a prompt")
         limit = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
@@ -135,13 +164,15 @@ class EpisodeLLM:
             result = await self._sample(self.sample_id * MAX_TURNS + turn, context, limit, stop)
         finally:
             self._busy = False
-        # only now, with the turn complete, does anything enter the trajectory
+        # only now, with the turn complete, does anything enter (or leave) the trajectory
+        self.trajectory.retract(retract)
         self.trajectory.add_environment(added, version)
         ids = result.output_ids.tolist()
         self.trajectory.add_sampled(ids, result.logprobs.tolist(), result.versions.tolist())
         reason = "length" if result.finish_reason == "length" else "stop"
-        return Completion(self._reply(ids, stop), ids, result.logprobs.tolist(), result.versions.tolist(), reason,
-                          len(context), turn)
+        self._last = Completion(self._reply(ids, stop), ids, result.logprobs.tolist(), result.versions.tolist(),
+                                reason, len(context), turn)
+        return self._last
 
     def _reply(self, ids: list[int], stop: list[str] | None) -> str:
         """What the agent reads: the decoded ids, cut before the first stop string."""

@@ -15,7 +15,8 @@ episode and talks to the same place.
 
 What is refused, with a 4xx and a message (never silently changed): streaming, n > 1, function
 calling (`tools`), a temperature or top_p other than the run's (the trainer's log-probs assume
-them), penalties, logit bias, top_logprobs, and any field it does not know. Bodies over
+them), penalties, logit bias, top_logprobs (and `logprobs` > 0 on completions: the alternatives to each
+token are not recorded), and any field it does not know. Bodies over
 endpoint.max_request_bytes get 413. It binds 127.0.0.1 unless endpoint.host says otherwise.
 """
 
@@ -104,6 +105,8 @@ class Endpoint:
         limit, stop = self._sampling(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens")
         if "messages" not in body:
             raise RequestError("'messages' is required", param="messages")
+        if body.get("logprobs") not in (None, True, False):
+            raise RequestError("logprobs: true or false (each sampled token's log-prob)", param="logprobs")
         done = await llm.chat(body["messages"], max_new_tokens=limit, stop=stop)
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": done.text},
                                   "finish_reason": done.finish_reason, "logprobs": None}
@@ -121,6 +124,11 @@ class Endpoint:
             if body.get(name, neutral) not in (neutral, None):
                 raise RequestError(f"{name}: not supported (it must be {neutral!r} or absent)", param=name)
         limit, stop = self._sampling(body, "max_tokens")
+        logprobs = body.get("logprobs")
+        if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or logprobs != 0):
+            raise RequestError(f"logprobs={logprobs!r:.20}: only 0 is supported (each sampled token's log-prob; the "
+                               "engine does not record the most likely alternatives); omit it or send 0",
+                               param="logprobs")
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one prompt
@@ -135,11 +143,11 @@ class Endpoint:
         done = await llm.complete(prompt, max_new_tokens=limit, stop=stop)
         choice: dict[str, Any] = {"index": 0, "text": done.text, "finish_reason": done.finish_reason,
                                   "logprobs": None}
-        if body.get("logprobs") not in (None, 0, False):
+        if logprobs == 0:  # the sampled tokens' own log-probs, and no alternatives to each
             tokens = [llm.tokenizer.decode([i], skip_special_tokens=False) for i in done.ids]
             offsets = [sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
-            choice["logprobs"] = {"tokens": tokens, "token_logprobs": done.logprobs, "top_logprobs": None,
-                                  "text_offset": offsets}
+            choice["logprobs"] = {"tokens": tokens, "token_logprobs": done.logprobs,
+                                  "top_logprobs": [{} for _ in tokens], "text_offset": offsets}
         return self._reply(done, llm, "text_completion", "cmpl", choice)
 
     async def _reward(self, request: Any) -> Any:

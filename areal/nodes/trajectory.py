@@ -1,11 +1,12 @@
 """One episode's trajectory: every token it put before the policy, in order, and who wrote each.
 
-An episode's context only ever grows: each turn the policy reads everything so far and its sampled
-ids are appended exactly as sampled; what the environment adds between turns (a tool's output, a
-user message, the closing text a chat template writes after a reply) is tokenised on its own and
-appended. Nothing is ever re-tokenised, so the ids the trainer sees are the ids the policy read and
-wrote, and the log-probs recorded while sampling are of exactly those tokens in exactly that
-context.
+An episode's context grows: each turn the policy reads everything so far and its sampled ids are
+appended exactly as sampled (the one exception: a stop string the agent did not send back is taken
+back before the next turn, so the policy never reads text the agent did not send); what the
+environment adds between turns (a tool's output, a user message, the closing text a chat template
+writes after a reply) is tokenised on its own and appended. Nothing is ever re-tokenised, so the ids
+the trainer sees are the ids the policy read and wrote, and the log-probs recorded while sampling
+are of exactly those tokens in exactly that context.
 
 Per token: the loss mask (1: the policy sampled it; 0: the environment wrote it), the behaviour
 log-prob (0 for environment tokens) and the policy version (the version that sampled a model token;
@@ -54,6 +55,16 @@ class Trajectory:
         self.logprobs += [float(x) for x in logprobs]
         self.versions += [int(v) for v in versions]
         self.turns += 1
+
+    def retract(self, n: int) -> None:
+        """Take back the last `n` ids, which the policy sampled at the end of its last turn: the stop string of a
+        reply the agent sent back without it (nodes/conversation.py), so the context reads what the agent sent."""
+        if n == 0:
+            return
+        if not 0 < n <= len(self.ids) or not all(self.mask[-n:]):
+            raise ValueError(f"only ids the policy sampled last can be taken back; asked for the last {n} of "
+                             f"{len(self.ids)}")
+        del self.ids[-n:], self.mask[-n:], self.logprobs[-n:], self.versions[-n:]
 
     def sample_fields(self) -> dict[str, Tensor]:
         """prompt_ids, output_ids, loss_mask, behav_logp and versions of this one sample (1-D tensors)."""

@@ -53,18 +53,20 @@ def test_token_ids_from_the_endpoint_are_the_sampled_ids_and_the_conversation_is
     ids = [r.choices[0].model_extra["token_ids"] for r in replies]
     assert ids == sampled  # what the endpoint returns is what the engine sampled
     tok = CharTokenizer()
+    first = replies[0].choices[0]
+    # the reply the agent saw was cut before its stop letter, and it sent the reply back so: the sampled letter is
+    # taken back, so the second turn reads the reply, then the follow-up (the plain template: contents in order)
     env = tok.encode("# test failed\n", add_special_tokens=False)
     assert batch["prompt_ids"][0].tolist() == tok.encode("def f(x):\n")
-    assert batch["output_ids"][0].tolist() == ids[0] + env + ids[1]  # the plain template: contents in order
-    assert batch["loss_mask"][0].tolist() == [1] * len(ids[0]) + [0] * len(env) + [1] * len(ids[1])
-    first = replies[0].choices[0]
-    assert [c.logprob for c in first.logprobs.content] == pytest.approx(batch["behav_logp"][0][: len(ids[0])].tolist())
-    # the reply the agent saw was cut before its stop letter, so re-tokenising the conversation would lose the
-    # sampled letter (and anything after it) that the policy did read on the next turn
-    seen = tok.encode(first.message.content, add_special_tokens=False)
-    assert first.finish_reason == "stop" and len(seen) < len(ids[0])
-    rendered = tok.encode("def f(x):\n" + first.message.content + "# test failed\n")
-    assert rendered != batch["prompt_ids"][0].tolist() + ids[0] + env
+    output = batch["output_ids"][0].tolist()
+    kept = output[: len(output) - len(env) - len(ids[1])]
+    assert first.finish_reason == "stop" and kept == ids[0][: len(kept)] and len(kept) < len(ids[0])
+    assert tok.decode(kept, skip_special_tokens=True) == first.message.content
+    assert output == kept + env + ids[1]
+    assert batch["loss_mask"][0].tolist() == [1] * len(kept) + [0] * len(env) + [1] * len(ids[1])
+    logprobs = [c.logprob for c in first.logprobs.content]  # every sampled token's, the one taken back included
+    assert len(logprobs) == len(ids[0]) and logprobs[: len(kept)] == pytest.approx(
+        batch["behav_logp"][0][: len(kept)].tolist())
 
 
 def test_completion_prompts_must_extend_the_session_and_a_posted_reward_is_the_episodes(tmp_path):
@@ -91,6 +93,76 @@ def test_completion_prompts_must_extend_the_session_and_a_posted_reward_is_the_e
     assert ok == 200 and second["choices"][0]["text"] is not None
     assert refused == 400 and "the prompt does not extend this session's text" in error["error"]["message"]
     assert posted == 200 and batch["reward"].tolist() == [0.25] and batch["turns"].tolist() == [2]
+
+
+def test_the_policy_reads_exactly_what_a_react_agent_sent_with_its_stop_strings_kept_or_dropped(tmp_path):
+    """Turn by turn, the context the policy samples from is the tokenised text the agent sent: a ReAct agent that
+    writes the stop string back ("Observation:" after a reply cut at it) is read once, not twice; an agent that
+    sends the reply back without it has the sampled stop text taken back."""
+    contexts: dict[int, list[list[int]]] = {0: [], 1: []}
+    sent: dict[int, list[str]] = {0: [], 1: []}
+    stops: dict[int, list[str]] = {0: [], 1: []}
+
+    async def agent(task, llm):
+        episode = 0 if task["prompt"].startswith("a") else 1
+        async with aiohttp.ClientSession(headers={"X-Areal-Session": llm.api_key}) as http:
+            prompt = task["prompt"]
+            for turn in range(3):
+                sent[episode].append(prompt)
+                body = {"model": "p", "prompt": prompt, "max_tokens": 6, "stop": LETTERS}
+                async with http.post(f"{llm.base_url}/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    choice = (await r.json())["choices"][0]
+                stop_text = CharTokenizer().decode(choice["token_ids"])[len(choice["text"]):]
+                stops[episode].append(stop_text)
+                # episode 0 writes the stop string back, as ReAct does; episode 1 does not
+                prompt += choice["text"] + (stop_text if episode == 0 else "") + f" obs{turn}\n"
+        return 1.0
+
+    runner = runner_on(tmp_path, agent, endpoint=True)
+    sample = runner.sampler.sample
+
+    async def recording(request_id, context, *rest):
+        contexts[request_id // 1024].append(list(context))
+        return await sample(request_id, context, *rest)
+
+    runner.sampler.sample = recording
+    runner.submit(*group(["a = 1\n", "b = 2\n"]))
+    (batch, _), = run_all(runner)
+    tok = CharTokenizer()
+    assert all(any(s for s in stops[e][:2]) for e in (0, 1))  # a reply cut at a stop string, then another turn
+    for episode in (0, 1):
+        assert [tok.decode(c, skip_special_tokens=True) for c in contexts[episode]] == sent[episode]
+        assert [c[0] for c in contexts[episode]] == [tok.bos_token_id] * 3
+    # the trainer gets the last context and the last turn's ids, nothing else: every token once
+    for row, episode in enumerate((0, 1)):
+        trained = tok.decode(batch["prompt_ids"][row].tolist() + batch["output_ids"][row].tolist(),
+                             skip_special_tokens=True)
+        assert trained.startswith(sent[episode][-1])
+
+
+def test_completion_logprobs_give_the_sampled_log_probs_and_alternatives_are_refused_before_any_turn(tmp_path):
+    outcomes = []
+
+    async def agent(task, llm):
+        async with aiohttp.ClientSession(headers={"X-Areal-Session": llm.api_key}) as http:
+            for logprobs in (3, True, 0):
+                body = {"model": "p", "prompt": task["prompt"], "max_tokens": 4, "logprobs": logprobs}
+                async with http.post(f"{llm.base_url}/completions", json=body) as r:
+                    outcomes.append((r.status, await r.json()))
+        return 1.0
+
+    runner = runner_on(tmp_path, agent, endpoint=True)
+    runner.submit(*group(["def f(x):\n"]))
+    (batch, _), = run_all(runner)
+    (three, refused), (true, _), (zero, ok) = outcomes
+    assert three == true == 400 and refused["error"]["param"] == "logprobs"
+    assert "only 0 is supported" in refused["error"]["message"]
+    # the refused requests took no turn: the same first prompt was then answered
+    assert zero == 200 and batch["turns"].tolist() == [1]
+    logprobs = ok["choices"][0]["logprobs"]
+    assert logprobs["token_logprobs"] == pytest.approx(batch["behav_logp"][0].tolist())
+    assert logprobs["top_logprobs"] == [{}] * len(logprobs["tokens"])
 
 
 GOOD = {"model": "p", "messages": [{"role": "user", "content": "def f(x):\n"}], "max_tokens": 3}
