@@ -7,7 +7,8 @@ neighbouring layers is an S-curve through the gap between them; one that skips l
 a lane left of every cluster it passes, and weights run up lanes on the right, so no arrow
 crosses a cluster it does not touch. A label goes where it hits no cluster and no other label,
 sliding along its arrow when the first place is taken. Text widths are estimated (no font
-metrics here), and crossings are reduced only by that ordering.
+metrics here) on the wide side, and bold text inside a shape is also fitted to it (`textLength`),
+so no renderer's font spills it out; crossings are reduced only by that ordering.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ PAD, HEADER = 12, 22  # inside a pool's frame: padding, and its caption's line
 STACK_GAP = 40  # between the boxes of one pool
 LAYER_GAP_MIN, CLUSTER_GAP = 56, 56
 LANE_OFFSET, LANE_GAP = 30, 24
-LINE_H, CHAR_W, PILL_H = 14, 6.7, 18  # 12 px Helvetica: line height, the width of most glyphs
+LINE_H, CHAR_W, PILL_H = 14, 7.0, 18  # 12 px: line height, the width of most glyphs (DejaVu Sans, the widest
+BOLD = 1.18  # of the usual stand-ins for Helvetica), and how much wider bold is
 NARROW, WIDE = set("ijlftrI.,:;!|()[]{}' "), set("mwMW")  # glyphs about half as wide, and half again as wide
 
 KIND_FILL = {
@@ -308,7 +310,7 @@ def _label(route: _Route, blocked: list[Rect]) -> tuple[str, Rect]:
         parts.append(f'<rect class="bound" x="{px:.1f}" y="{py:.1f}" width="{pw:.1f}" height="{PILL_H - 3}" rx="8" '
                      f'fill="{PILL_FILL[ink]}" stroke="{INK[ink]}"/>')
         parts.append(f'<text class="bound" x="{px + 6:.1f}" y="{py + PILL_H - 8:.1f}" font-weight="bold" '
-                     f'fill="{INK[ink]}">{html.escape(a.bound)}</text>')
+                     f'fill="{INK[ink]}"{_fitted(a.bound, pw - 12)}>{html.escape(a.bound)}</text>')
     return '<g class="label">' + "".join(parts) + "</g>", rect
 
 
@@ -318,17 +320,21 @@ def _cluster_svg(f: _Frame, pic: Picture) -> str:
     if c.framed:
         parts.append(f'<rect x="{f.x0:.1f}" y="{f.y:.1f}" width="{f.left + f.right:.1f}" height="{f.height:.1f}" '
                      'rx="10" fill="#f7f8fa" stroke="#8a94a6" stroke-width="1.2"/>')
-        parts.append(f'<text x="{f.x0 + PAD:.1f}" y="{f.y + PAD + 8:.1f}" font-weight="bold" fill="#44506a">'
-                     f"{html.escape(_caption(c))}</text>")
+        parts.append(f'<text x="{f.x0 + PAD:.1f}" y="{f.y + PAD + 8:.1f}" font-weight="bold" fill="#44506a"'
+                     f'{_fitted(_caption(c), f.left + f.right - 2 * PAD)}>{html.escape(_caption(c))}</text>')
     for i, name in enumerate(c.boxes):
         box = pic.boxes[name]
         x, y = f.x - BOX_W / 2, f.box_top(i)
         rx = 18 if box.kind in ("source", "custom") else 4
-        parts.append(f'<g class="node" id="node-{html.escape(name)}"><rect x="{x:.1f}" y="{y:.1f}" width="{BOX_W}" '
-                     f'height="{BOX_H}" rx="{rx}" fill="{KIND_FILL.get(box.kind, "#f2f2f2")}" stroke="#555"/>'
-                     f'<text x="{f.x:.1f}" y="{y + 21:.1f}" text-anchor="middle" font-weight="bold">'
-                     f"{html.escape(name)}</text>"
-                     f'<text x="{f.x:.1f}" y="{y + 38:.1f}" text-anchor="middle">{html.escape(box.caption)}</text></g>')
+        # a frozen model's box is dashed: a second model, loaded once, that no trainer moves
+        outline = 'stroke="#555" stroke-width="2" stroke-dasharray="6,3"' if box.frozen else 'stroke="#555"'
+        parts.append(f'<g class="node{" frozen" if box.frozen else ""}" id="node-{html.escape(name)}">'
+                     f'<rect x="{x:.1f}" y="{y:.1f}" width="{BOX_W}" '
+                     f'height="{BOX_H}" rx="{rx}" fill="{KIND_FILL.get(box.kind, "#f2f2f2")}" {outline}/>'
+                     f'<text x="{f.x:.1f}" y="{y + 21:.1f}" text-anchor="middle" font-weight="bold"'
+                     f"{_fitted(name, BOX_W - 12)}>{html.escape(name)}</text>"
+                     f'<text x="{f.x:.1f}" y="{y + 38:.1f}" text-anchor="middle"'
+                     f'{_fitted(box.caption, BOX_W - 12, bold=False)}>{html.escape(box.caption)}</text></g>')
     parts.append("</g>")
     return "".join(parts)
 
@@ -370,7 +376,14 @@ def _document(pic: Picture, extent: list[Rect], body: list[str], heading: bool) 
 def _text_width(text: str, bold: bool = False) -> float:
     """An estimate that errs wide: no font metrics are at hand, and a label cut short is worse than a gap."""
     width = sum(CHAR_W * (0.55 if c in NARROW else 1.45 if c in WIDE else 1.2 if c.isupper() else 1.0) for c in text)
-    return width * (1.08 if bold else 1.0)
+    return width * (BOLD if bold else 1.0)
+
+
+def _fitted(text: str, room: float, bold: bool = True) -> str:
+    """SVG attributes that squeeze text into `room` when the estimate says it may not fit, whatever the font."""
+    if _text_width(text, bold) <= room * 0.9:
+        return ""
+    return f' textLength="{min(room, _text_width(text, bold)):.1f}" lengthAdjust="spacingAndGlyphs"'
 
 
 def _block_width(a: Arrow) -> float:

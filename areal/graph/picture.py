@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from areal.graph.graph import Graph
 
@@ -63,6 +65,17 @@ class Box:
     name: str
     kind: str
     caption: str  # "(generate)", "(generate) ×2" when the declared graph asks for replicas
+    frozen: bool = False  # a model of its own that never trains (a KL reference): drawn apart
+
+
+def _box(node: Any, replicas: bool) -> Box:
+    """A node's box: its kind, or for a frozen model what that model is (a fixed copy, or another one)."""
+    frozen = node.spec.params.get("frozen") if node.kind == "compute-logprob" else None
+    if frozen:
+        which = "the policy" if frozen is True else Path(str(frozen)).name or str(frozen)
+        caption = f"(frozen: {which})"
+        return Box(node.name, node.kind, caption if len(caption) <= 24 else "(frozen: another model)", frozen=True)
+    return Box(node.name, node.kind, f"({node.kind})" + (f" ×{node.pool}" if replicas and node.pool else ""))
 
 
 @dataclass(frozen=True)
@@ -102,7 +115,7 @@ def picture(graph: Graph, view: PlanView | None = None) -> Picture:
 
 def _declared(graph: Graph) -> Picture:
     order = graph.topological()
-    boxes = {n.name: Box(n.name, n.kind, f"({n.kind})" + (f" ×{n.pool}" if n.pool else "")) for n in order}
+    boxes = {n.name: _box(n, replicas=True) for n in order}
     arrows = [Arrow(src, dst, (", ".join(ports),), "data", key=f"data:{src}:{dst}")
               for (src, dst), ports in _port_labels(graph).items()]
     arrows += [Arrow(c.src, c.dst, ("weights",), "weights", key=f"weights:{c.src}:{c.dst}")
@@ -112,7 +125,7 @@ def _declared(graph: Graph) -> Picture:
 
 
 def _running(graph: Graph, view: PlanView) -> Picture:
-    boxes = {n.name: Box(n.name, n.kind, f"({n.kind})") for n in graph.topological()}
+    boxes = {n.name: _box(n, replicas=False) for n in graph.topological()}
     clusters = tuple(Cluster(p.name, p.caption, p.nodes, framed=True) for p in view.pools)
     pool_of = {box: c.name for c in clusters for box in c.boxes}
     members = {c.name: c.boxes for c in clusters}

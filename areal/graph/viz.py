@@ -143,7 +143,9 @@ def write_picture(graph: Graph, out: Path, view: PlanView | None = None) -> str:
 def _dot_box(box: Box) -> str:
     fill, shape, _ = KIND_STYLE.get(box.kind, KIND_STYLE["custom"])
     label = f"{_esc(box.name)}\\n{_esc(box.caption)}"
-    return f'"{_esc(box.name)}" [id="node-{_esc(box.name)}", label="{label}", shape={shape}, fillcolor="{fill}"];'
+    frozen = ', style="filled,dashed", penwidth=2' if box.frozen else ""
+    return (f'"{_esc(box.name)}" [id="node-{_esc(box.name)}", label="{label}", shape={shape}, '
+            f'fillcolor="{fill}"{frozen}];')
 
 
 def _dot_arrow(a: Arrow, pic: Picture, cluster_id: dict[str, str]) -> str:

@@ -166,3 +166,48 @@ def test_terminal_tree_names_each_nodes_pool_and_the_gate():
     assert "reference (compute-logprob) in pool reference" in out
     assert "gate ⇠ tasks (η=2 (async): ≤ 2 versions ahead)" in out
     assert "weights ⇠ actor (η=2 (async): ≤ 2 versions behind)" in out
+
+
+def _view_box(root: ET.Element) -> tuple[float, float, float, float]:
+    x, y, w, h = map(float, root.get("viewBox").split())
+    return x, y, x + w, y + h
+
+
+def test_every_label_lies_inside_the_picture_and_bold_text_inside_its_shape(monkeypatch):
+    """Measured with the layout's own (wide) estimate: a label on a left lane or a weights pill on the right edge
+    is inside the canvas, and bold text in a pill or a box is squeezed to its shape when it might spill."""
+    from areal.graph.layout import BOX_W, _text_width
+
+    monkeypatch.setattr(viz.shutil, "which", lambda _: None)
+    graph, view = _kl_recipe()
+    root = ET.fromstring(viz.to_svg(graph, view))
+    x0, _, x1, _ = _view_box(root)
+    for text in root.iter(f"{SVG}text"):
+        width = float(text.get("textLength") or _text_width(text.text or "", text.get("font-weight") == "bold"))
+        left = float(text.get("x")) - {"end": width, "middle": width / 2}.get(text.get("text-anchor"), 0.0)
+        assert x0 <= left and left + width <= x1, text.text
+    for label in (g for g in root.iter(f"{SVG}g") if g.get("class") == "label"):
+        for pill, text in zip(label.iter(f"{SVG}rect"), (t for t in label.iter(f"{SVG}text")
+                                                         if t.get("class") == "bound"), strict=True):
+            assert float(text.get("textLength")) <= float(pill.get("width")) - 12 + 1e-6
+    long_name = "a_node_with_a_name_far_longer_than_its_box"
+    assert _text_width(long_name, bold=True) > BOX_W
+    from areal.graph.layout import layered_svg
+    from areal.graph.picture import Box, Cluster, Picture
+
+    pic = Picture("long", {long_name: Box(long_name, "custom", "(custom)")},
+                  (Cluster(long_name, "", (long_name,), framed=False),), ())
+    drawn = ET.fromstring(layered_svg(pic))
+    name = next(t for t in drawn.iter(f"{SVG}text") if t.text == long_name)
+    assert float(name.get("textLength")) <= BOX_W - 12
+
+
+def test_a_frozen_reference_is_drawn_as_a_fixed_second_model(monkeypatch):
+    monkeypatch.setattr(viz.shutil, "which", lambda _: None)
+    graph, view = _kl_recipe()
+    root = ET.fromstring(viz.to_svg(graph, view))
+    boxes = {g.get("id"): g for g in root.iter(f"{SVG}g") if (g.get("class") or "").startswith("node")}
+    assert boxes["node-reference"].get("class") == "node frozen"
+    assert "(frozen: the policy)" in _texts(boxes["node-reference"])
+    assert boxes["node-proximal"].get("class") == "node"  # the trainer's own proximal pass is not frozen
+    assert 'style="filled,dashed"' in viz.to_dot(graph, view).split('"reference" [')[1].split("];")[0]
