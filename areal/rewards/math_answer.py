@@ -16,18 +16,22 @@ import re
 from dataclasses import dataclass
 
 from areal.rewards.math_judge import MathJudge, shared_judge
-from areal.rewards.math_rules import hedge_between, refusal
+from areal.rewards.math_rules import hedge_between, hedge_in, refusal
 
 # -- finding the answer ---------------------------------------------------------------------
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
-_ANSWER_MARK = re.compile(r"final\s+answer\s*(?:is)?\s*[:：]?|\banswer\s*(?:is\b\s*[:：]?|[:：])|####", re.IGNORECASE)
+_ANSWER_MARK = re.compile(
+    r"final\s+answer\s*(?:is)?\s*[:：]?|\banswer\s*(?:is\b\s*[:：]?|[:：]|(?=\$))|####", re.IGNORECASE
+)
 # what may stand between boxes that together answer (`$\boxed{2}$ and $x = \boxed{3}$`)
 _BOX_SEPARATOR = re.compile(
-    r"(?:\s|\$|,|;|\\quad|\\qquad|\\text\{\s*(?:and|or)\s*\}|\band\b|\bor\b|\b[a-zA-Z]\s*=)*"
+    r"(?:\s|\$|,|;|\\[()\[\]]|\\quad|\\qquad|\\text\{\s*(?:and|or)\s*\}|\band\b|\bor\b|\b[a-zA-Z]\s*=)*"
 )
 _CONCLUSION = re.compile(r"\b(?:therefore|thus|hence|so|total|altogether|in all)\b", re.IGNORECASE)
 _NUMBER_OR_MATH = re.compile(r"\$[^$]+\$|-?\d+(?:[.,]\d+)*(?:\\?%)?")
+_PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[A-Za-z]{2,}")
+_LAST_VERB = re.compile(r"\s(?:is|are|equals|was|were)\s")
 MAX_GAP_CHARS = 40  # between grouped boxes
 MAX_HEDGE_GAP_CHARS = 80  # between the answer and an earlier box it is offered as an alternative to
 
@@ -45,7 +49,7 @@ def read_completion(text: str) -> Reading:
     if boxes:
         return _boxed_answer(text, boxes)
     for match in reversed(list(_ANSWER_MARK.finditer(text))):
-        answer = _clean_tail(text[match.end():].split("\n", 1)[0])
+        answer = _stated_value(_clean_tail(text[match.end():].split("\n", 1)[0]))
         if answer:
             return Reading(answer)
     closing = _closing_number(text)
@@ -124,6 +128,22 @@ def _clean_tail(tail: str) -> str:
     return re.split(r"\.(?:\s|$)", tail, maxsplit=1)[0].strip().rstrip(".").strip()
 
 
+def _stated_value(text: str) -> str:
+    """The value a sentence states ("The largest $n$ is 34." states 34); a short answer or a hedge as it is."""
+    if len(_prose_words(text)) < 2 or hedge_in(text):
+        return text
+    after = _LAST_VERB.split(text)[-1].strip()
+    if not _prose_words(after):
+        return after
+    values = _NUMBER_OR_MATH.findall(after)
+    return values[0].strip("$").strip() if len(values) == 1 else text
+
+
+def _prose_words(text: str) -> list[str]:
+    """Words of two letters or more outside $...$ and LaTeX commands."""
+    return _PROSE_WORD.findall(re.sub(r"\$[^$]*\$", " ", text))
+
+
 def _closing_number(text: str) -> str | None:
     """The one number (or $...$ span) of a finished closing sentence such as "So the total is 20 dollars."."""
     last = text.strip().rsplit("\n", 1)[-1].strip()
@@ -154,7 +174,7 @@ def _answer_of(text: str) -> str | None:
     """The answer a bare answer or a whole solution gives: its final answer if it marks one, else itself."""
     reading = read_completion(text)
     if reading.answer is None and not _BOXED.search(text):
-        return text.strip()  # a bare answer
+        return _stated_value(text.strip())  # a bare answer, or a sentence that states one
     return reading.answer if reading.reason is None else None
 
 

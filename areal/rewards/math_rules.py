@@ -1,16 +1,25 @@
-"""Answers the math reward refuses whatever their value: hedged answers and restated questions.
+"""Answers the math reward refuses whatever their value: hedged, unevaluated, restated or in the wrong form.
 
 math-verify reads a trailing `\\text{...}` as a unit and drops it, so `5 \\text{ (or possibly 6)}`
 scores as 5; and it compares values, so `17 \\times 23` scores as 391 on "What is 17 x 23?". A
 policy optimised against the reward finds both. These rules read the answer's words and, when
 the reward is given it, the task's prompt; they never look at values (`math_verdict.py` does).
 
-- **Hedged**: a word that qualifies the answer (possibly, approximately, maybe, not, ...), `\\approx`
-  or `?`; and "or"/"either" when the reference is one value (several values may be joined by "or").
+- **Hedged**: a word that qualifies the answer (possibly, approximately, maybe, not, at least, if,
+  ...) unless the reference uses it too, `?`, or an answer that starts with `\\approx` (after an
+  exact value, `\\approx 0.333` is a gloss and the value is judged); and "or"/"either" when the
+  reference is one value (several values may be joined by "or").
+- **Unevaluated**: integers or decimals joined by + - x . / only (`17 \\times 23`) for a reference
+  that is a plain number, with or without the prompt. Powers, roots, factorials and fractions are
+  closed forms and are judged (`2^{10}` for 1024, unless the prompt asks to compute `2^{10}`).
 - **Restated question** (prompt given): an answer written with the prompt's own numbers and
   operators (`23 \\times 17`, `12/3`, `\\frac{6}{8}`) when the reference is a plain number, or an
   expression that appears verbatim in the prompt (`x^2 + 5x + 6` on "Factor $x^2 + 5x + 6$").
   An answer written exactly as the reference is never refused.
+- **Wrong form** (prompt given): a decimal where the prompt asks for a (common) fraction or lowest
+  terms, a fraction not in lowest terms there, or a fraction where it asks for a decimal.
+
+Not caught: a restatement rewritten into other numbers (`\\frac{10!}{3!\\,7!}` on "Compute `\\binom{10}{3}`").
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ from fractions import Fraction
 
 HEDGES = frozenset(
     "possibly perhaps maybe probably likely approximately approx roughly about around nearly almost "
-    "guess unsure not but unless estimate estimated".split()
+    "guess unsure not but unless if assuming assume estimate estimated least most".split()
 )
 ALTERNATIVES = frozenset({"or", "either"})
 # between two boxes "but that was wrong" is a correction, not a hedge; only offered alternatives count
@@ -32,6 +41,16 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _PLAIN_NUMBER = re.compile(r"-?(?:\d+(?:\.\d+)?|\.\d+)(?:\\?%)?")
 _FRACTION = re.compile(r"-?(?:\\frac\{(\d+)\}\{(\d+)\}|(\d+)/(\d+))")
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_APPROXIMATION = re.compile(r"\\approx|≈")
+# integers and decimals joined by + - * x . / only: `17 \\times 23` for 391 (not powers, roots or fractions)
+_ARITHMETIC = re.compile(r"\(?-?\d+(?:\.\d+)?\)?(?:\s?(?:\+|-|\*|\\times|\\cdot|\\div|×|·)\s?\(?-?\d+(?:\.\d+)?\)?)+")
+_DECIMAL = re.compile(r"\d?\.\d")
+_ASKS_FRACTION = re.compile(
+    r"\b(?:common|improper|simplified|reduced)\s+fraction|\bas\s+a\s+fraction|simplest\s+form|lowest\s+terms", re.I
+)
+_ASKS_DECIMAL = re.compile(
+    r"\bas\s+a\s+decimal|\bdecimal\s+form|\bto\s+the\s+nearest\s+(?:tenth|hundredth|thousandth)", re.I
+)
 _COMMANDS = ("\\left", "\\right", "\\displaystyle", "\\!", "\\,", "\\;", "\\ ")
 
 
@@ -40,10 +59,29 @@ def refusal(answer: str, reference: str, prompt: str | None = None) -> tuple[str
     hedge = hedge_in(answer, reference)
     if hedge:
         return "hedged_answer", f"the answer hedges ({hedge!r})"
-    if prompt and _canonical(answer) != _canonical(reference):
-        restated = restatement(answer, reference, prompt)
+    exact = _APPROXIMATION.split(answer, maxsplit=1)[0]  # `\\frac{1}{3} \\approx 0.333` answers 1/3
+    if _is_number_literal(_canonical(reference)) and _ARITHMETIC.fullmatch(_canonical(exact)):
+        return "unevaluated_answer", f"the answer {exact.strip()!r} is arithmetic left undone"
+    if prompt and _canonical(exact) != _canonical(reference):
+        restated = restatement(exact, reference, prompt)
         if restated:
             return "restated_question", restated
+        form = wrong_form(exact, reference, prompt)
+        if form:
+            return "wrong_form", form
+    return None
+
+
+def wrong_form(answer: str, reference: str, prompt: str) -> str | None:
+    """Why `answer` is not in the form the prompt asks for ("as a common fraction", "as a decimal"), else None."""
+    a, r = _canonical(answer), _canonical(reference)
+    if _ASKS_FRACTION.search(prompt) and not _DECIMAL.search(r):
+        if _DECIMAL.search(a):
+            return f"the prompt asks for a fraction; {answer.strip()!r} is a decimal"
+        if _FRACTION.fullmatch(a) and not _is_reduced_fraction(a):
+            return f"the prompt asks for a fraction in lowest terms; {answer.strip()!r} is not"
+    if _ASKS_DECIMAL.search(prompt) and not _FRACTION.search(r) and _FRACTION.search(a):
+        return f"the prompt asks for a decimal; {answer.strip()!r} is a fraction"
     return None
 
 
@@ -55,10 +93,10 @@ def hedge_in(answer: str, reference: str = "") -> str | None:
         lowered = word.lower()
         if lowered not in own and (lowered in HEDGES or (lowered in ALTERNATIVES and not several)):
             return word
-    for mark in ("\\approx", "?"):
-        if mark in answer and mark not in reference:
-            return mark
-    return None
+    if "?" in answer and "?" not in reference:
+        return "?"
+    starts = _APPROXIMATION.match(answer.strip().strip("$").strip())
+    return starts.group(0) if starts else None  # an approximation alone; after an exact value it is a gloss
 
 
 def hedge_between(gap: str) -> str | None:

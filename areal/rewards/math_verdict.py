@@ -29,13 +29,16 @@ RELATIVE_DIGITS = 30  # two exact values this close relative to their size are t
 
 # -- reading an answer before math-verify ------------------------------------------------------
 
-_GROUP_SEP = r"(?:,\\!\s*|\{,\}|,|\\,|\\!|\\ )"
+_GROUP_SEP = r"(?:,\\!\s*|\s*\{\s*,\s*\}\s*|,|\\,|\\!|\\ )"
 _THOUSANDS = re.compile(rf"(?<![\d.,])(\d{{1,3}})((?:{_GROUP_SEP}\d{{3}})+)(?![\d])")
 _SPACED_THOUSANDS = re.compile(r"-?\d{1,3}(?: \d{3})+(?:\.\d+)?")
 _REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\{(\d+)\}")
 # a whole number then a fraction, standing alone (not `2 \\cdot 3\\frac{1}{2}`): `2\\frac{1}{2}`, `(-1\\frac{3}{4}, 0)`
 _MIXED = re.compile(r"(?:^|(?<=[(\[{,=$])|(?<=[(\[{,=$] ))(-?)(\d+)\s*\\[dt]?frac\{(\d+)\}\{(\d+)\}"
                     r"(?=\s*(?:$|[)\]},$%]|\\%|\\text|\\mbox))")
+_SCIENTIFIC = re.compile(r"(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)")
+_UNICODE = {"π": "\\pi ", "√": "\\sqrt", "×": "\\times ", "·": "\\cdot ", "÷": "\\div ", "−": "-", "≤": "\\le ",
+            "≥": "\\ge ", "≠": "\\neq ", "∞": "\\infty ", "°": "^\\circ"}
 _WORDS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
           "sixteen seventeen eighteen nineteen twenty").split()
 _NUMBER_WORD = re.compile(r"(?:\\text\{)?\s*([A-Za-z]+)\s*\}?")
@@ -44,8 +47,14 @@ _NUMBER_WORD = re.compile(r"(?:\\text\{)?\s*([A-Za-z]+)\s*\}?")
 def read_answer(answer: str) -> str:
     """The answer as math-verify should read it: separators, repeating decimals, mixed numbers and
     number words written out as plain LaTeX numbers."""
-    s = answer.strip().strip("$").strip()
+    s = answer.strip().rstrip(".").strip().strip("$").strip()
+    for char, latex in _UNICODE.items():
+        s = s.replace(char, latex)
+    s = re.sub(r"\\sqrt(\d+)", r"\\sqrt{\1}", s)
     s = s.replace("\\varnothing", "\\emptyset").replace("\\{\\}", "\\emptyset")
+    scientific = _SCIENTIFIC.fullmatch(s)
+    if scientific:  # 1.5e3, not Euler's number: math-verify reads it as 1.5 * e * 3
+        s = f"{scientific.group(1)} \\times 10^{{{scientific.group(2)}}}"
     if _SPACED_THOUSANDS.fullmatch(s):
         s = s.replace(" ", "")
     s = _THOUSANDS.sub(lambda m: m.group(1) + re.sub(r"\D", "", m.group(2)), s)
@@ -87,6 +96,8 @@ def parse_answer(answer: str) -> list[Any]:
 
 def answers_match(reference: str, answer: str) -> bool:
     """Whether `answer` equals `reference` (gold first: math-verify is not symmetric)."""
+    if re.sub(r"\s+", "", read_answer(reference)) == re.sub(r"\s+", "", read_answer(answer)):
+        return True  # written alike: `12:00` is the same time even though math-verify reads it as 12/0
     gold, pred = parse_answer(reference), parse_answer(answer)
     if not gold or not pred:
         return False
@@ -160,18 +171,16 @@ def _is_simple_relation(e: Any) -> bool:
 
 
 def same_number(gold: Any, pred: Any) -> bool:
-    """Exact equality of two numbers; a percentage p% also matches the plain number p, either side."""
+    """Exact equality of two numbers. A percentage p% also matches the plain number p (either side) when
+    |p| > 1: `25\\%` answers "what percent" as 25 does, but `0.25\\%` is not the proportion 0.25."""
     gold_value, gold_written = _percent(gold)
     pred_value, pred_written = _percent(pred)
-    if gold_written is not None and pred_written is not None:
-        return _exactly_equal(gold_value, pred_value)
     if _exactly_equal(gold_value, pred_value):
         return True
-    if gold_written is not None:
-        return _exactly_equal(gold_written, pred_value)
-    if pred_written is not None:
-        return _exactly_equal(gold_value, pred_written)
-    return False
+    if (gold_written is None) == (pred_written is None):
+        return False
+    written, plain = (gold_written, pred_value) if gold_written is not None else (pred_written, gold_value)
+    return bool(abs(written.doit()) > 1) and _exactly_equal(written, plain)
 
 
 def _percent(e: Any) -> tuple[Any, Any]:
@@ -199,10 +208,11 @@ def _exactly_equal(a: Any, b: Any) -> bool:
 
     try:
         a, b = _exact(a), _exact(b)
+        if a.has(sympy.zoo, sympy.nan) or b.has(sympy.zoo, sympy.nan):
+            return False  # a division by zero (`12:00` read as 12/0) equals nothing, itself included
         if a == b:
             return True
-        infinite = (sympy.oo, -sympy.oo, sympy.zoo, sympy.nan)
-        if a.has(*infinite) or b.has(*infinite) or (a.is_Rational and b.is_Rational):
+        if a.has(sympy.oo, -sympy.oo) or b.has(sympy.oo, -sympy.oo) or (a.is_Rational and b.is_Rational):
             return False
         size = max(sympy.Abs(a).evalf(RELATIVE_DIGITS + 20), sympy.Abs(b).evalf(RELATIVE_DIGITS + 20))
         gap = sympy.Abs(a - b).evalf(RELATIVE_DIGITS + 20)
@@ -218,6 +228,8 @@ def _numbers_agree(g: Any, p: Any) -> bool:
     g, p = _unwrap_assignments(g, p) if isinstance(g, sympy.Basic) and isinstance(p, sympy.Basic) else (g, p)
     if _is_number(g) and _is_number(p):
         return same_number(g, p)
+    if _is_expression(g) and _is_expression(p):
+        return _same_function(g, p)
     if isinstance(g, sympy.MatrixBase) and isinstance(p, sympy.MatrixBase):
         return g.shape != p.shape or all(_numbers_agree(a, b) for a, b in zip(g, p))
     if isinstance(g, sympy.Interval) and isinstance(p, sympy.Interval):
@@ -229,6 +241,35 @@ def _numbers_agree(g: Any, p: Any) -> bool:
             by_value = [sorted(s.args, key=lambda x: sympy.re(x.evalf(RELATIVE_DIGITS))) for s in (g, p)]
             return all(same_number(a, b) for a, b in zip(*by_value))
     return True  # nothing numeric to re-check: math-verify's structural verdict stands
+
+
+PROBES = ((7, 11), (13, 17), (19, 23))  # rational points, away from 0, 1 and the usual poles
+
+
+def _is_expression(e: Any) -> bool:
+    import sympy
+
+    return isinstance(e, sympy.Expr) and not isinstance(e, (sympy.MatrixBase, sympy.MatrixExpr)) and bool(
+        e.free_symbols
+    )
+
+
+def _same_function(g: Any, p: Any) -> bool:
+    """Two expressions math-verify called equal also agree exactly at a few points: math-verify's numeric test
+    chops differences below 1e-15, so `x^2 + 10^{-20}` passed for `x^2`."""
+    import sympy
+
+    if g.free_symbols != p.free_symbols:
+        return True  # matched by name (`\\text{Monday}` and the letters M o n d a y): no values to probe
+    symbols = sorted(g.free_symbols, key=str)
+    g, p = _exact(g), _exact(p)
+    for k in range(len(PROBES)):
+        point = {x: sympy.Rational(*PROBES[(k + i) % len(PROBES)]) for i, x in enumerate(symbols)}
+        a, b = g.xreplace(point), p.xreplace(point)
+        if _is_number(a) and _is_number(b) and not (a.has(sympy.zoo, sympy.nan) or b.has(sympy.zoo, sympy.nan)):
+            if not _exactly_equal(a, b):
+                return False
+    return True
 
 
 # -- the child process -------------------------------------------------------------------------
