@@ -120,12 +120,17 @@ def main() -> None:
         print(f"| {name} | {s['agree']}/{len(rows)} ({100 * s['agree'] / len(rows):.1f} %) | {s['false_pos']} "
               f"| {s['false_neg']} | {s['ms']:.1f} / {p95:.1f} |")
     new = stats["areal (new)"]
+    right = {name: [v == r["label"] for v, r in zip(results[name][0], rows)] for name in JUDGES}
     for base in ("areal (old)", "math-verify"):
         b = stats[base]
+        only_base = sum(x and not y for x, y in zip(right[base], right["areal (new)"]))
         print(f"\nareal (new) vs {base}: false positives {new['false_pos']} vs {b['false_pos']}, "
               f"disagreements {len(rows) - new['agree']} vs {len(rows) - b['agree']} "
               f"(x{(len(rows) - new['agree']) / max(1, len(rows) - b['agree']):.2f}), "
-              f"time per answer x{new['ms'] / b['ms']:.2f}")
+              f"time per answer x{new['ms'] / b['ms']:.2f}; pairs only {base} gets right: {only_base}")
+    old_over_mv = [x and not y for x, y in zip(right["areal (old)"], right["math-verify"])]
+    print(f"pairs the old checker gets right and math-verify wrong: {sum(old_over_mv)}, of which areal (new) gets "
+          f"right {sum(x and z for x, z in zip(old_over_mv, right['areal (new)']))}")
     if args.classes:
         print_classes(rows, results)
     if args.misses:

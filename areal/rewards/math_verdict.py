@@ -36,6 +36,7 @@ _REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\{(\d+)\}")
 # a whole number then a fraction, standing alone (not `2 \\cdot 3\\frac{1}{2}`): `2\\frac{1}{2}`, `(-1\\frac{3}{4}, 0)`
 _MIXED = re.compile(r"(?:^|(?<=[(\[{,=$])|(?<=[(\[{,=$] ))(-?)(\d+)\s*\\[dt]?frac\{(\d+)\}\{(\d+)\}"
                     r"(?=\s*(?:$|[)\]},$%]|\\%|\\text|\\mbox))")
+_SPACED_MIXED = re.compile(r"(-?)(\d+) (\d+)/(\d+)")
 _SCIENTIFIC = re.compile(r"(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)")
 _UNICODE = {"π": "\\pi ", "√": "\\sqrt", "×": "\\times ", "·": "\\cdot ", "÷": "\\div ", "−": "-", "≤": "\\le ",
             "≥": "\\ge ", "≠": "\\neq ", "∞": "\\infty ", "°": "^\\circ"}
@@ -52,6 +53,10 @@ def read_answer(answer: str) -> str:
         s = s.replace(char, latex)
     s = re.sub(r"\\sqrt(\d+)", r"\\sqrt{\1}", s)
     s = s.replace("\\varnothing", "\\emptyset").replace("\\{\\}", "\\emptyset")
+    spaced_mixed = _SPACED_MIXED.fullmatch(s)  # `1 1/2`, the plain-text mixed number
+    if spaced_mixed:
+        sign, whole, num, den = spaced_mixed.groups()
+        s = f"{sign}{whole}\\frac{{{num}}}{{{den}}}"
     scientific = _SCIENTIFIC.fullmatch(s)
     if scientific:  # 1.5e3, not Euler's number: math-verify reads it as 1.5 * e * 3
         s = f"{scientific.group(1)} \\times 10^{{{scientific.group(2)}}}"
