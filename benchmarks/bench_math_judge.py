@@ -110,7 +110,7 @@ def main() -> None:
         close()
     positives = sum(r["label"] for r in rows)
     print(f"{args.table.name}: {len(rows)} pairs ({positives} right answers, {len(rows) - positives} wrong)\n")
-    print("| judge | agreement | false positives | false negatives | ms per answer (mean / p95) |")
+    print("| judge | agreement | false positives | false negatives | ms per answer (mean / p95 / max) |")
     print("| --- | --- | --- | --- | --- |")
     stats = {}
     for name in JUDGES:
@@ -118,7 +118,7 @@ def main() -> None:
         s = stats[name] = {**summary(rows, verdicts), "ms": 1e3 * statistics.fmean(seconds)}
         p95 = 1e3 * sorted(seconds)[int(0.95 * (len(seconds) - 1))]
         print(f"| {name} | {s['agree']}/{len(rows)} ({100 * s['agree'] / len(rows):.1f} %) | {s['false_pos']} "
-              f"| {s['false_neg']} | {s['ms']:.1f} / {p95:.1f} |")
+              f"| {s['false_neg']} | {s['ms']:.1f} / {p95:.1f} / {1e3 * max(seconds):.0f} |")
     new = stats["areal (new)"]
     right = {name: [v == r["label"] for v, r in zip(results[name][0], rows)] for name in JUDGES}
     for base in ("areal (old)", "math-verify"):

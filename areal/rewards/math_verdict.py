@@ -36,6 +36,7 @@ _REPEATING = re.compile(r"(-?)(\d*)\.(\d*)\\overline\{(\d+)\}")
 # a whole number then a fraction, standing alone (not `2 \\cdot 3\\frac{1}{2}`): `2\\frac{1}{2}`, `(-1\\frac{3}{4}, 0)`
 _MIXED = re.compile(r"(?:^|(?<=[(\[{,=$])|(?<=[(\[{,=$] ))(-?)(\d+)\s*\\[dt]?frac\{(\d+)\}\{(\d+)\}"
                     r"(?=\s*(?:$|[)\]},$%]|\\%|\\text|\\mbox))")
+_DECIMAL_LITERAL = re.compile(r"-?(\d*)\.(\d+)")
 _SPACED_MIXED = re.compile(r"(-?)(\d+) (\d+)/(\d+)")
 _SCIENTIFIC = re.compile(r"(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)")
 _UNICODE = {"π": "\\pi ", "√": "\\sqrt", "×": "\\times ", "·": "\\cdot ", "÷": "\\div ", "−": "-", "≤": "\\le ",
@@ -106,10 +107,10 @@ def answers_match(reference: str, answer: str) -> bool:
     gold, pred = parse_answer(reference), parse_answer(answer)
     if not gold or not pred:
         return False
-    return _match(gold, pred)
+    return _match(gold, pred, _computed_places(read_answer(reference)))
 
 
-def _match(gold: list[Any], pred: list[Any]) -> bool:
+def _match(gold: list[Any], pred: list[Any], computed_places: int | None = None) -> bool:
     import sympy
     from math_verify import verify
 
@@ -117,6 +118,8 @@ def _match(gold: list[Any], pred: list[Any]) -> bool:
     if isinstance(g, sympy.Basic) and isinstance(p, sympy.Basic):
         g, p = _unwrap_assignments(g, p)
         if _is_number(g) and _is_number(p):
+            if computed_places is not None and not p.atoms(sympy.Float):
+                return _within(g, p, sympy.Rational(1, 10**computed_places))
             return same_number(g, p)
     allow_relation = _is_set(g) and _is_simple_relation(p)
     if not verify(gold, pred, timeout_seconds=None, allow_set_relation_comp=allow_relation):
@@ -186,6 +189,28 @@ def same_number(gold: Any, pred: Any) -> bool:
         return False
     written, plain = (gold_written, pred_value) if gold_written is not None else (pred_written, gold_value)
     return bool(abs(written.doit()) > 1) and _exactly_equal(written, plain)
+
+
+def _computed_places(reference: str) -> int | None:
+    """The decimal places of a reference printed from a computed float (six significant digits or more), else None.
+
+    `0.33` is a rounded answer and `0.000001` a tiny value: both are compared exactly, not to their last place.
+    """
+    decimal = _DECIMAL_LITERAL.fullmatch(reference)
+    if not decimal or len((decimal.group(1) + decimal.group(2)).lstrip("0")) < 6:
+        return None
+    return len(decimal.group(2))
+
+
+def _within(gold: Any, pred: Any, unit: Any) -> bool:
+    """An exact answer against a reference printed from a float (`0.6666666666666666` for 2/3): equal to its last
+    printed place, since the shortest round-tripping print of a float is not always correctly rounded."""
+    import sympy
+
+    try:
+        return bool(sympy.Abs(_exact(gold) - _exact(pred)).evalf(RELATIVE_DIGITS + 20) <= unit)
+    except (ArithmeticError, TypeError, ValueError, RecursionError):
+        return False
 
 
 def _percent(e: Any) -> tuple[Any, Any]:

@@ -97,3 +97,9 @@ def test_a_division_by_zero_equals_nothing_but_the_same_text():
 def test_spellings_read_as_numbers():
     assert answers_match("1000", "1e3") and answers_match(r"\sqrt{2}", "√2") and answers_match("3", r"\text{three}")
     assert answers_match("1000000", r"1\,000\,000") and answers_match("1000000", "1 000 000")
+
+
+def test_a_reference_printed_from_a_float_is_equal_to_its_last_place_and_a_rounded_one_exactly():
+    assert answers_match("0.6666666666666666", r"\frac{2}{3}") and answers_match("2.23606797749979", r"\sqrt{5}")
+    assert not answers_match("0.6666666666666666", "0.6666667")  # a rounded answer is still compared exactly
+    assert not answers_match("0.33", r"\frac{1}{3}") and not answers_match("0.000001", "0")
