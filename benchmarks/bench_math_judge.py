@@ -58,8 +58,9 @@ def judges() -> tuple[dict[str, Callable[[dict], bool]], Callable[[], None]]:
 
     from areal.rewards.math_answer import MathReward
 
-    old = _old_math_judge.MathReward(timeout_s=2.0)
-    new = MathReward(timeout_s=2.0)
+    # math-verify's own default limit for both: verdicts, not this shared machine's load, decide the table
+    old = _old_math_judge.MathReward(timeout_s=5.0)
+    new = MathReward(timeout_s=5.0)
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
     def math_verify_alone(row: dict) -> bool:

@@ -43,6 +43,7 @@ _UNICODE = {"π": "\\pi ", "√": "\\sqrt", "×": "\\times ", "·": "\\cdot ", "
             "≥": "\\ge ", "≠": "\\neq ", "∞": "\\infty ", "°": "^\\circ"}
 _WORDS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
           "sixteen seventeen eighteen nineteen twenty").split()
+_NUMBER_THEN_WORDS = re.compile(r"(-?\d[\d.]*(?:\\?%)?)\s+([A-Za-z][A-Za-z ]*)")
 _NUMBER_WORD = re.compile(r"(?:\\text\{)?\s*([A-Za-z]+)\s*\}?")
 
 
@@ -66,6 +67,9 @@ def read_answer(answer: str) -> str:
     s = _THOUSANDS.sub(lambda m: m.group(1) + re.sub(r"\D", "", m.group(2)), s)
     s = _REPEATING.sub(_repeating_fraction, s)
     s = _MIXED.sub(_mixed_fraction, s)
+    worded = _NUMBER_THEN_WORDS.fullmatch(s)  # `10 dollars`, `12 apples each`: a number and its unit in words
+    if worded and not {"or", "and"} & set(worded.group(2).lower().split()):
+        s = worded.group(1)
     word = _NUMBER_WORD.fullmatch(s)
     if word and word.group(1).lower() in _WORDS:
         s = str(_WORDS.index(word.group(1).lower()))
@@ -291,6 +295,8 @@ def _same_function(g: Any, p: Any) -> bool:
 
     if g.free_symbols != p.free_symbols:
         return True  # matched by name (`\\text{Monday}` and the letters M o n d a y): no values to probe
+    if any(e.has(sympy.Sum, sympy.Product, sympy.Integral, sympy.Limit, sympy.Derivative) for e in (g, p)):
+        return True  # evaluating a symbolic sum or integral at a point can take longer than the check may
     symbols = sorted(g.free_symbols, key=str)
     g, p = _exact(g), _exact(p)
     for k in range(len(PROBES)):

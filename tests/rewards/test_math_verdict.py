@@ -103,3 +103,8 @@ def test_a_reference_printed_from_a_float_is_equal_to_its_last_place_and_a_round
     assert answers_match("0.6666666666666666", r"\frac{2}{3}") and answers_match("2.23606797749979", r"\sqrt{5}")
     assert not answers_match("0.6666666666666666", "0.6666667")  # a rounded answer is still compared exactly
     assert not answers_match("0.33", r"\frac{1}{3}") and not answers_match("0.000001", "0")
+
+
+def test_a_number_and_its_unit_in_words_is_the_number():
+    assert answers_match(r"\$10", "10 dollars") and answers_match("12", "12 apples each")
+    assert read_answer("2 or 3") == "2 or 3"  # alternatives are not a unit
