@@ -32,6 +32,7 @@ _CONCLUSION = re.compile(r"\b(?:therefore|thus|hence|so|total|altogether|in all)
 _NUMBER_OR_MATH = re.compile(r"\$[^$]+\$|-?\d+(?:[.,]\d+)*(?:\\?%)?")
 _PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[A-Za-z]{2,}")
 _LAST_VERB = re.compile(r"\s(?:is|are|equals|was|were)\s")
+MAX_BOXES = 16  # the last boxes read: enough for a listed answer and the box before it
 MAX_GAP_CHARS = 40  # between grouped boxes
 MAX_HEDGE_GAP_CHARS = 80  # between the answer and an earlier box it is offered as an alternative to
 
@@ -64,9 +65,13 @@ def extract_answer(text: str) -> str | None:
 
 
 def _boxes(text: str) -> list[tuple[int, int, str | None]]:
-    """(start, end, content) of every box; content None when its braces never close."""
+    """(start, end, content) of the last boxes; content None when its braces never close.
+
+    Only the last MAX_BOXES are read, each in one pass to its closing brace: a completion of
+    thousands of unclosed boxes costs this process linear time, not quadratic.
+    """
     found = []
-    for match in _BOXED.finditer(text):
+    for match in list(_BOXED.finditer(text))[-MAX_BOXES:]:
         content, end = _boxed_content(text, match.end())
         found.append((match.start(), end, content))
     return found

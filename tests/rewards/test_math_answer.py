@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -54,6 +55,12 @@ def test_an_unclosed_last_box_is_no_answer_and_never_replaced_by_an_earlier_one(
     assert "never closes" in reading.detail
     assert read_completion(r"\boxed{7} and then \boxed{}").reason == "no_answer"
     assert extract_answer(r"So the answer is \boxed{4}}.") == "4"  # a stray brace after a closed box
+
+
+def test_thousands_of_unclosed_boxes_are_read_in_linear_time():
+    start = time.monotonic()
+    assert read_completion("\\boxed{" * 20_000).reason == "no_answer"
+    assert time.monotonic() - start < 2.0  # every box scanned to the end would take minutes
 
 
 def test_an_earlier_box_offered_as_an_alternative_is_a_hedge():
