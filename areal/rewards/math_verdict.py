@@ -327,8 +327,9 @@ def serve() -> None:
         try:
             equal = answers_match(request["reference"], request["answer"])
             reply = {"verdict": "equal" if equal else "different"}
-        except MemoryError:
-            reply = {"verdict": "different", "error": "MemoryError"}  # past the child's memory limit: not shown equal
+        except (MemoryError, RecursionError, ArithmeticError, ValueError) as exc:
+            # the answer's doing (past the memory limit, nested too deep, a 5000-digit numeral): not shown equal
+            reply = {"verdict": "different", "error": f"{type(exc).__name__}: {exc}"[:300]}
         except Exception as exc:  # a judge bug: reported as check_failed, never as a silent wrong answer
             reply = {"verdict": "failed", "error": f"{type(exc).__name__}: {exc}"[:300]}
         out.write(json.dumps(reply) + "\n")

@@ -49,3 +49,12 @@ def test_a_pathological_answer_scores_0_with_its_reason_and_the_batch_goes_on():
     assert results[1].detail == "no verdict within 1 s: the judge process was killed"
     # a timeout is the answer's doing, not the machinery's: scored 0, not a failed sample
     assert out["reward"].tolist() == [1.0, 0.0, 1.0] and out[FAILED] == {}
+
+
+def test_an_answer_sympy_or_python_refuses_is_a_wrong_answer_not_a_broken_judge():
+    judge = MathJudge()
+    try:
+        too_long = judge.check("1", r"0.\overline{" + "3" * 6000 + "}", timeout_s=10.0)  # past int's 4300 digits
+    finally:
+        judge.close()
+    assert too_long.outcome == "different" and too_long.detail.startswith("ValueError: Exceeds the limit")
