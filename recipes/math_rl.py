@@ -1,8 +1,9 @@
 """Math RL on arithmetic problems or your own, fully asynchronous.   areal run recipes/math_rl.py
 
 The policy answers each problem G times; `math_reward` takes the last \\boxed{} (or "Answer: X")
-of each completion and checks it against the reference answer (equal numbers, else sympy in a
-child process under a timeout); leave-one-out (RLOO) advantages feed a decoupled PPO update.
+of each completion, refuses hedged answers and answers that restate the prompt, and judges the
+rest against the reference with math-verify, numbers compared exactly, in a child process killed
+at the time limit (docs/math.md); leave-one-out (RLOO) advantages feed a decoupled PPO update.
 Your own data and model: `--set data.path=problems.jsonl --set model=/path/to/hf-checkpoint`,
 one {"problem": ..., "answer": ...} per line (docs/data.md), and a longer
 `--set generation.max_new_tokens=1024`. Without `data.path` it trains on built-in arithmetic,
@@ -37,7 +38,7 @@ def loo_advantage(batch):
 g = Graph("math-rl")
 g.source("tasks", math_tasks("train"), heldout=math_tasks("test"))  # task_id, prompt, answer
 g.add(generate("rollout"), pool=1)  # prompt_ids, output_ids, behav_logp, versions, completion
-g.add(reward("score", math_reward(timeout_s=2.0)), pool=1)  # reward
+g.add(reward("score", math_reward(timeout_s=2.0, use_prompt=True)), pool=1)  # reward
 g.add(loo_advantage)  # advantage
 g.add(compute_logprob("proximal"))  # prox_logp
 g.add(ppo_update("actor"))  # steps the optimizer, publishes version + 1

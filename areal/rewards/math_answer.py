@@ -1,45 +1,112 @@
-"""The math reward: pull the final answer out of a completion and decide if it equals the reference.
+"""The math reward: find the final answer in a completion, refuse hedges and restated questions, then judge.
 
-Cheap checks run here: the normalised strings are equal, or both are numbers (integers, decimals,
-fractions, percentages, scientific notation) with equal values. Anything else (\\sqrt, \\pi,
-algebra, intervals) goes to the sympy check of `math_symbolic`, which runs in a child process
-under a timeout. Number parsing here bounds exponents, so nothing in this process can hang.
+Which answer: the last `\\boxed{}` (or `\\fbox{}`), together with the boxes just before it when only
+separators stand between them (`\\boxed{2}` and `\\boxed{3}` answer "2, 3"); a last box that never
+closes is no answer, never replaced by an earlier box. Without a box, the last "final answer is X",
+"answer: X", "answer is X" or "#### X"; else a closing sentence with one number ("Therefore there
+are 5 ways."). Refusals (`math_rules.py`) need no judge; the judge (`math_verdict.py`: math-verify,
+with numbers compared exactly) runs in a child process killed at each answer's time limit
+(`math_judge.py`), so a pathological expression scores 0 with reason "check_timeout" and the run
+goes on.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from fractions import Fraction
 
-from areal.rewards.math_symbolic import REL_TOL, SymbolicChecker, shared_checker
+from areal.rewards.math_judge import MathJudge, shared_judge
+from areal.rewards.math_rules import hedge_between, hedge_in, refusal
 
-MAX_EXPONENT = 400  # 1e400 is still exact; 1e1000000000 would hang Fraction before any timeout could help
-
-# -- extraction -----------------------------------------------------------------------------
+# -- finding the answer ---------------------------------------------------------------------
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*")
-_ANSWER_MARK = re.compile(r"final\s+answer\s*(?:is)?\s*[:：]?|\banswer\s*[:：]|####", re.IGNORECASE)
+_ANSWER_MARK = re.compile(
+    r"final\s+answer\s*(?:is)?\s*[:：]?|\banswer\s*(?:is\b\s*[:：]?|[:：]|(?=\$))|####", re.IGNORECASE
+)
+# what may stand between boxes that together answer (`$\boxed{2}$ and $x = \boxed{3}$`)
+_BOX_SEPARATOR = re.compile(
+    r"(?:\s|\$|,|;|\\[()\[\]]|\\quad|\\qquad|\\text\{\s*(?:and|or)\s*\}|\band\b|\bor\b|\b[a-zA-Z]\s*=)*"
+)
+_CONCLUSION = re.compile(r"\b(?:therefore|thus|hence|so|total|altogether|in all)\b", re.IGNORECASE)
+_NUMBER_OR_MATH = re.compile(r"\$[^$]+\$|-?\d+(?:[.,]\d+)*(?:\\?%)?")
+_PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[A-Za-z]{2,}")
+_LAST_VERB = re.compile(r"\s(?:is|are|equals|was|were)\s")
+MAX_BOXES = 16  # the last boxes read: enough for a listed answer and the box before it
+MAX_GAP_CHARS = 40  # between grouped boxes
+MAX_HEDGE_GAP_CHARS = 80  # between the answer and an earlier box it is offered as an alternative to
+
+
+@dataclass(frozen=True)
+class Reading:
+    answer: str | None  # the final answer as written, or None
+    reason: str | None = None  # why it scores 0 without a judge: "no_answer" or "hedged_answer"
+    detail: str = ""
+
+
+def read_completion(text: str) -> Reading:
+    """The final answer of a completion, or why there is none (see the module docstring)."""
+    boxes = list(_boxes(text))
+    if boxes:
+        return _boxed_answer(text, boxes)
+    for match in reversed(list(_ANSWER_MARK.finditer(text))):
+        answer = _stated_value(_clean_tail(text[match.end():].split("\n", 1)[0]))
+        if answer:
+            return Reading(answer)
+    closing = _closing_number(text)
+    if closing is not None:
+        return Reading(closing)
+    return Reading(None, "no_answer", "no \\boxed{}, no 'answer:' line and no closing sentence with one number")
 
 
 def extract_answer(text: str) -> str | None:
-    """The last \\boxed{...} or \\fbox{...}; else the last "final answer is X", "Answer: X" or "#### X"."""
-    for match in reversed(list(_BOXED.finditer(text))):
-        content = _boxed_content(text, match.end())
-        if content is not None and content.strip():
-            return content.strip()
-    for match in reversed(list(_ANSWER_MARK.finditer(text))):
-        answer = _clean_tail(text[match.end():].split("\n", 1)[0])
-        if answer:
-            return answer
-    return None
+    """The final answer of a completion (`read_completion`), or None."""
+    return read_completion(text).answer
 
 
-def _boxed_content(text: str, i: int) -> str | None:
-    """The balanced {...} at text[i] (escaped \\{ \\} do not count), or the one token of `\\boxed 5`."""
+def _boxes(text: str) -> list[tuple[int, int, str | None]]:
+    """(start, end, content) of the last boxes; content None when its braces never close.
+
+    Only the last MAX_BOXES are read, each in one pass to its closing brace: a completion of
+    thousands of unclosed boxes costs this process linear time, not quadratic.
+    """
+    found = []
+    for match in list(_BOXED.finditer(text))[-MAX_BOXES:]:
+        content, end = _boxed_content(text, match.end())
+        found.append((match.start(), end, content))
+    return found
+
+
+def _boxed_answer(text: str, boxes: list[tuple[int, int, str | None]]) -> Reading:
+    start, _, content = boxes[-1]
+    if content is None:
+        return Reading(None, "no_answer", "the last \\boxed{ never closes (a truncated answer); earlier boxes "
+                                          "are not taken in its place")
+    if not content.strip():
+        return Reading(None, "no_answer", "the last \\boxed{} is empty")
+    group, first = [content.strip()], len(boxes) - 1
+    while first > 0:
+        _, end, previous = boxes[first - 1]
+        gap = text[end:boxes[first][0]]
+        if previous is None or len(gap) > MAX_GAP_CHARS or not _BOX_SEPARATOR.fullmatch(gap):
+            break
+        if previous.strip() and previous.strip() not in group:
+            group.insert(0, previous.strip())
+        first -= 1
+    if first > 0:
+        gap = text[boxes[first - 1][1]:boxes[first][0]]
+        hedge = hedge_between(gap) if len(gap) <= MAX_HEDGE_GAP_CHARS else None
+        if hedge:
+            detail = f"an earlier box is offered as an alternative ({hedge!r})"
+            return Reading(", ".join(group), "hedged_answer", detail)
+    return Reading(", ".join(group))
+
+
+def _boxed_content(text: str, i: int) -> tuple[str | None, int]:
+    """(the balanced {...} at text[i] (escaped \\{ \\} do not count), its end), or the token of `\\boxed 5`."""
     if i < len(text) and text[i] != "{":
         token = re.match(r"[^\s$]+", text[i:])
-        return token.group(0) if token else None
+        return (token.group(0), i + token.end()) if token else (None, i)
     depth, j = 0, i
     while j < len(text):
         ch = text[j]
@@ -51,9 +118,9 @@ def _boxed_content(text: str, i: int) -> str | None:
         elif ch == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1 : j]
+                return text[i + 1 : j], j + 1
         j += 1
-    return None
+    return None, len(text)
 
 
 def _clean_tail(tail: str) -> str:
@@ -66,141 +133,108 @@ def _clean_tail(tail: str) -> str:
     return re.split(r"\.(?:\s|$)", tail, maxsplit=1)[0].strip().rstrip(".").strip()
 
 
-# -- normalisation and numbers --------------------------------------------------------------
-
-_UNIT = re.compile(r"(?<=\S)\s*\\(?:text|mbox|mathrm)\{[^{}]*\}(?:\^\{?\d\}?)?\s*$")
-_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
-
-
-def normalise(answer: str) -> str:
-    """A canonical string: no $, \\left/\\right, spacing commands, units, trailing period or spaces."""
-    s = answer.strip()
-    whole_box = re.fullmatch(r"\\(?:boxed|fbox)\s*(\{.*\})", s, re.DOTALL)
-    if whole_box and _boxed_content(whole_box.group(1), 0) == whole_box.group(1)[1:-1]:
-        s = whole_box.group(1)[1:-1]
-    s = s.replace("$", "").replace("\\%", "%").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = re.sub(r"\\[!,;:]", "", s).replace("\\ ", " ").replace("~", " ")
-    s = re.sub(r"\\(?:left|right)(?![a-zA-Z])", "", s)
-    s = re.sub(r"\^\s*\{?\\circ\}?|°", "", s)
-    s = _UNIT.sub("", s)
-    s = _TEXT.sub(r"\1", s)
-    s = s.strip().rstrip(".").strip()
-    s = s.replace("{,}", ",")
-    if re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?", s):
-        s = s.replace(",", "")
-    assignment = re.fullmatch(r"[a-zA-Z]\s*=\s*([^=]+)", s)
-    if assignment:
-        s = assignment.group(1)
-    choice = re.fullmatch(r"\(([A-Za-z])\)", s)
-    if choice:
-        s = choice.group(1)
-    # keep one space only where it separates a command from a letter (\pi r); drop the rest
-    s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z0-9])", r"\1 ", s)
-    return re.sub(r"(?<![a-zA-Z])\s+|\s+(?![a-zA-Z0-9])", "", s)
+def _stated_value(text: str) -> str:
+    """The value a sentence states ("The largest $n$ is 34." states 34); a short answer or a hedge as it is."""
+    if len(_prose_words(text)) < 2 or hedge_in(text):
+        return text
+    after = _LAST_VERB.split(text)[-1].strip()
+    if not _prose_words(after):
+        return after
+    values = _NUMBER_OR_MATH.findall(after)
+    return values[0].strip("$").strip() if len(values) == 1 else text
 
 
-_PLAIN = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+def _prose_words(text: str) -> list[str]:
+    """Words of two letters or more outside $...$ and LaTeX commands."""
+    return _PROSE_WORD.findall(re.sub(r"\$[^$]*\$", " ", text))
 
 
-def _plain(s: str) -> Fraction | None:
-    if len(s) > 200 or not _PLAIN.fullmatch(s):
+def _closing_number(text: str) -> str | None:
+    """The one number (or $...$ span) of a finished closing sentence such as "So the total is 20 dollars."."""
+    last = text.strip().rsplit("\n", 1)[-1].strip()
+    if not last.endswith("."):
         return None
-    exponent = re.search(r"[eE]([+-]?\d+)$", s)
-    if exponent and abs(int(exponent.group(1))) > MAX_EXPONENT:
+    sentence = re.split(r"(?<=[.!?])\s+", last)[-1]
+    values = _NUMBER_OR_MATH.findall(sentence)
+    if not _CONCLUSION.search(sentence) or len(values) != 1:
         return None
-    return Fraction(s)
+    return values[0].strip("$").strip()
 
 
-def number(s: str) -> tuple[Fraction, bool] | None:
-    """(value, is_percentage) of a normalised numeric answer, else None; exact for every form it takes."""
-    percent = s.endswith("%")
-    s = s[:-1] if percent else s
-    frac = re.fullmatch(r"([+-]?)\\frac(?:\{([^{}]+)\}\{([^{}]+)\}|(\d)(\d))", s)
-    ratio = re.fullmatch(r"([+-]?[\d.]+)/([+-]?[\d.]+)", s)
-    times = re.fullmatch(r"([+-]?[\d.]+)(?:\\times|\\cdot|\*)10\^\{?([+-]?\d+)\}?", s)
-    value: Fraction | None
-    if frac:
-        num, den = _plain(frac.group(2) or frac.group(4)), _plain(frac.group(3) or frac.group(5))
-        value = None if num is None or not den else (-num if frac.group(1) == "-" else num) / den
-    elif ratio:
-        num, den = _plain(ratio.group(1)), _plain(ratio.group(2))
-        value = None if num is None or not den else num / den
-    elif times:
-        mantissa, exponent = _plain(times.group(1)), int(times.group(2))
-        value = None if mantissa is None or abs(exponent) > MAX_EXPONENT else mantissa * Fraction(10) ** exponent
-    else:
-        value = _plain(s)
-    return None if value is None else (value, percent)
+# -- scoring -----------------------------------------------------------------------------------
 
 
-def _numbers_equal(a: tuple[Fraction, bool], b: tuple[Fraction, bool]) -> bool:
-    """Equal values; a percentage p% also matches p/100 (and p), whichever side wrote the %."""
-    left = {a[0], a[0] / 100} if a[1] else {a[0]}
-    right = {b[0], b[0] / 100} if b[1] else {b[0]}
-    return any(x == y or abs(x - y) <= REL_TOL * max(abs(x), abs(y)) for x in left for y in right)
+def answers_equivalent(predicted: str, reference: str, timeout_s: float = 2.0, prompt: str | None = None) -> bool:
+    """Whether a predicted answer means the reference (either may be a whole solution with a box).
+
+    A `prompt` lets restated questions be refused. Checks share one judge process for the whole program.
+    """
+    answer = _answer_of(predicted)
+    if answer is None or refusal(answer, _answer_of(reference) or reference, prompt):
+        return False
+    return shared_judge().check(_answer_of(reference) or reference, answer, timeout_s).outcome == "equal"
 
 
-# -- comparison -----------------------------------------------------------------------------
-
-
-def _compare(predicted: str, reference: str, timeout_s: float, checker: SymbolicChecker) -> str:
-    """"equal", "different", "timeout" or "failed" (the symbolic checker died)."""
-    p, r = normalise(predicted), normalise(reference)
-    if not p or not r:
-        return "different"
-    if p == r:
-        return "equal"
-    p_num, r_num = number(p), number(r)
-    if p_num is not None and r_num is not None:
-        return "equal" if _numbers_equal(p_num, r_num) else "different"
-    return checker.check(p, r, timeout_s)
-
-
-def answers_equivalent(predicted: str, reference: str, timeout_s: float = 2.0) -> bool:
-    """Whether two answers mean the same: strings, then numbers, then sympy within `timeout_s`."""
-    return _compare(predicted, reference, timeout_s, shared_checker()) == "equal"
+def _answer_of(text: str) -> str | None:
+    """The answer a bare answer or a whole solution gives: its final answer if it marks one, else itself."""
+    reading = read_completion(text)
+    if reading.answer is None and not _BOXED.search(text):
+        return _stated_value(text.strip())  # a bare answer, or a sentence that states one
+    return reading.answer if reading.reason is None else None
 
 
 @dataclass(frozen=True)
 class MathResult:
     reward: float
-    reason: str | None  # None if correct; "no_answer", "wrong_answer", "check_timeout" or "check_failed"
-    extracted: str | None  # the answer pulled from the completion
+    # None if correct; "no_answer", "hedged_answer", "restated_question", "wrong_answer",
+    # "check_timeout" (the judge was killed at the time limit) or "check_failed" (the judge broke)
+    reason: str | None
+    extracted: str | None  # the answer found in the completion
+    detail: str = ""  # what the reason refers to, for logs
 
 
 _REASONS = {"different": "wrong_answer", "timeout": "check_timeout", "failed": "check_failed"}
 
 
 class MathReward:
-    """Scores completions against reference answers: 1.0 when the extracted answer is equivalent.
+    """Scores completions against reference answers: 1.0 when the final answer equals the reference.
 
     A reference that holds a \\boxed{} or "#### X" (a MATH solution, a GSM8K answer) is reduced to
-    that answer first. Symbolic checks run one at a time in this reward's own child process.
+    that answer first. With `use_prompt`, the reward also reads each task's prompt (an input port
+    `prompt`) and refuses answers that restate it. Judgements run one at a time in this reward's
+    own child process, each within `timeout_s`.
     """
 
-    input_names = ("completion", "answer")
-
-    def __init__(self, timeout_s: float = 2.0) -> None:
+    def __init__(self, timeout_s: float = 2.0, use_prompt: bool = False) -> None:
         if not timeout_s > 0:
             raise ValueError(f"math_reward: timeout_s must be > 0, got {timeout_s!r}")
         self.timeout_s = timeout_s
-        self.checker = SymbolicChecker()
+        self.input_names = ("completion", "answer", "prompt") if use_prompt else ("completion", "answer")
+        self.judge = MathJudge()
 
-    def __call__(self, completions: list[str], answers: list[str]) -> list[MathResult]:
-        if len(completions) != len(answers):
-            raise ValueError(f"math_reward: {len(completions)} completions but {len(answers)} answers")
-        return [self.score(c, a) for c, a in zip(completions, answers)]
+    def __call__(
+        self, completions: list[str], answers: list[str], prompts: list[str] | None = None
+    ) -> list[MathResult]:
+        if len(completions) != len(answers) or (prompts is not None and len(prompts) != len(answers)):
+            counts = f"{len(completions)} completions but {len(answers)} answers"
+            raise ValueError(f"math_reward: {counts}" + (f" and {len(prompts)} prompts" if prompts is not None else ""))
+        return [self.score(c, a, p) for c, a, p in zip(completions, answers, prompts or [None] * len(answers))]
 
-    def score(self, completion: str, answer: str) -> MathResult:
-        extracted = extract_answer(completion)
-        if extracted is None:
-            return MathResult(0.0, "no_answer", None)
+    def score(self, completion: str, answer: str, prompt: str | None = None) -> MathResult:
+        reading = read_completion(completion)
+        if reading.answer is None or reading.reason is not None:
+            return MathResult(0.0, reading.reason, reading.answer, reading.detail)
         reference = extract_answer(answer) or answer
-        verdict = _compare(extracted, reference, self.timeout_s, self.checker)
-        return MathResult(1.0 if verdict == "equal" else 0.0, _REASONS.get(verdict), extracted)
+        refused = refusal(reading.answer, reference, prompt)
+        if refused:
+            return MathResult(0.0, refused[0], reading.answer, refused[1])
+        verdict = self.judge.check(reference, reading.answer, self.timeout_s)
+        if verdict.outcome == "equal":
+            return MathResult(1.0, None, reading.answer)
+        return MathResult(0.0, _REASONS[verdict.outcome], reading.answer, verdict.detail)
 
     def close(self) -> None:
-        self.checker.close()
+        self.judge.close()
 
     def __enter__(self) -> MathReward:
         return self
@@ -209,6 +243,6 @@ class MathReward:
         self.close()
 
 
-def math_reward(timeout_s: float = 2.0) -> MathReward:
-    """The math reward a recipe plugs in: `reward("score", math_reward(timeout_s=2.0))`."""
-    return MathReward(timeout_s)
+def math_reward(timeout_s: float = 2.0, use_prompt: bool = False) -> MathReward:
+    """The math reward a recipe plugs in: `reward("score", math_reward(timeout_s=2.0, use_prompt=True))`."""
+    return MathReward(timeout_s, use_prompt)
