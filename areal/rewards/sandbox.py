@@ -31,6 +31,7 @@ SANDBOX_UID = 913_713  # a uid no account uses: every process running as it belo
 # the modules that run inside the jail, from source, in import order
 JAIL_MODULES = ("seccomp_filter", "job_meter", "harness")
 AUTOGROUP_SETTING = Path("/proc/sys/kernel/sched_autogroup_enabled")
+CGROUP_CPU_IN_JAIL = "/run/areal/cgroup-cpu"  # where a worker's cgroup CPU counter is bound, read-only
 
 
 class SandboxError(ArealError):
@@ -318,8 +319,11 @@ def as_uid(uid: int) -> dict:
     return {"user": uid, "group": uid, "extra_groups": []}
 
 
-def bwrap_argv(bwrap: str, python: str, limits: Limits, info_fd: int | None) -> list[str]:
-    """The command line that starts `python -I` inside a fresh bubblewrap sandbox."""
+def bwrap_argv(
+    bwrap: str, python: str, limits: Limits, info_fd: int | None, cgroup_cpu: Path | None = None
+) -> list[str]:
+    """The command line that starts `python -I` inside a fresh bubblewrap sandbox, with the
+    worker cgroup's CPU counter `cgroup_cpu` bound read-only at CGROUP_CPU_IN_JAIL."""
     # --as-pid-1: our interpreter is the namespace's init, so there is no bwrap init for the
     # outer bwrap to leave behind as a zombie when it exits
     argv = [bwrap, "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-ipc"]
@@ -337,6 +341,8 @@ def bwrap_argv(bwrap: str, python: str, limits: Limits, info_fd: int | None) -> 
         argv += ["--ro-bind", prefix, prefix]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmpfs_bytes)]
     argv += ["--tmpfs", "/tmp", "--chdir", "/tmp"]
+    if cgroup_cpu is not None:
+        argv += ["--ro-bind", str(cgroup_cpu), CGROUP_CPU_IN_JAIL]
     if info_fd is not None:
         argv += ["--info-fd", str(info_fd)]
     return [*argv, python, "-I"]
