@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from areal.rewards.sandbox import Limits
-from tests.rewards.conftest import job_pids, path_scorer, pids_with_marker, run_one
+from tests.rewards.conftest import PATHS, job_pids, path_scorer, pids_with_marker, run_one
 
 DONE = {"kind": "stdio", "inputs": [""], "outputs": ["done"]}
 # 1.5 s of CPU in children of 50 ms each, their parent letting the kernel reap them (the filter
@@ -69,8 +69,15 @@ def filter_off(scorer):
     return scorer
 
 
-def test_cpu_of_every_process_a_test_started_counts_reaped_or_not(each_path):
-    result = run_one(each_path, hidden_work(), DONE)
+# a short limit: its backstop (3 x limit + 1 s) is 7 limits away, so even a loaded machine's
+# share of a CPU reaches the CPU limit first, and the detail says which clock ended the test
+SHORT_S = 0.25
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_cpu_of_every_process_a_test_started_counts_reaped_or_not(path):
+    with path_scorer(path, timeout_s=SHORT_S) as scorer:
+        result = run_one(scorer, hidden_work(), DONE)
     assert (result.reward, result.reason) == (0.0, "timeout")
     assert "s of CPU" in result.detail, result.detail  # the CPU count caught it, not the wall clock
 
@@ -78,7 +85,7 @@ def test_cpu_of_every_process_a_test_started_counts_reaped_or_not(each_path):
 @pytest.mark.parametrize("path", ["pooled", "one-shot"])
 def test_the_worker_cgroup_counts_children_the_kernel_reaped(path):
     # with the filter off the kernel does reap them, uncounted by any process: the cgroup still counts them
-    with filter_off(path_scorer(path)) as scorer:
+    with filter_off(path_scorer(path, timeout_s=SHORT_S)) as scorer:
         result = run_one(scorer, hidden_work(), DONE)
     assert (result.reward, result.reason) == (0.0, "timeout")
     assert "s of CPU" in result.detail, result.detail
@@ -187,5 +194,5 @@ def test_a_runner_that_stops_reporting_ends_its_test_as_a_timeout_in_bounded_tim
     # the first test's record is kept; the frozen one and those after it are timeouts, not dropped
     assert (result.reward, result.passed, result.reason) == (0.25, 1, "timeout"), result
     # the supervisor's deadline is one test's backstop and a second past the last record, then it
-    # waits at most 2 s for PID 1; the job's whole budget would be four backstops
-    assert took < limits.backstop_s + 1 + 2 + 3, took
+    # waits at most 2 s for PID 1 (the rest: a loaded machine); the job's whole budget is four backstops
+    assert took < limits.backstop_s + 1 + 2 + 5, took
