@@ -27,9 +27,8 @@ over all its processes (`job_meter.py`); the filter denies setsid, so all of the
 process's session, which is one CPU autogroup. When the test ends, every process it started is
 killed (as PID 1: everything in the namespace but this process, setsid or not; on the plain
 path, where this process is a subreaper, the session and this process's children) and reaped
-before the next test starts. A record says how a test ended in
-the program's terms; the host refuses any other status, so nothing from here can report a
-machinery failure.
+before the next test starts. A record says how a test ended in the program's terms; the host
+refuses any other status, so nothing from here can report a machinery failure.
 
 Stdlib only, run from source next to its helpers `seccomp_filter` and `job_meter`: the pooled
 worker (`sandbox_server.py`) calls `run_job` once per job, the plain path runs `main` once. It

@@ -210,6 +210,7 @@ def _supervise(tmpfs: str, job_r: int, reply_w: int) -> None:
     pidfd = os.pidfd_open(runner)
     os.kill(runner, signal.SIGKILL)
     gone = bool(select.select([pidfd], [], [], KILL_WAIT_S)[0])
+    os.close(pidfd)
     wait_status = os.waitpid(runner, 0)[1] if gone else None
     reply = {
         "event": "done",
