@@ -129,6 +129,45 @@ def sandbox() -> None:
 
 
 @app.command()
+def samples(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="The run directory."),
+    status: str | None = typer.Option(None, "--status", metavar="trained|failed|filtered|pending"),
+    step: int | None = typer.Option(None, "--step", metavar="N", help="Samples trained at step N."),
+    where: list[str] = typer.Option([], "--where", metavar="COND",
+                                    help="FIELD OP VALUE, e.g. 'score.reward<1' (OP: == != < <= > >= ~); repeatable"),
+    limit: int = typer.Option(20, "--limit", "-n", metavar="N", help="How many to show (0: all)."),
+    offset: int = typer.Option(0, "--offset", metavar="N", help="Skip the first N matches (paging)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per sample instead of a table."),
+) -> None:
+    """What happened to each sample: its prompt, completion, every node's outputs, when it was trained and at what
+    lag, or why it failed or was filtered.
+
+    Examples:
+
+      areal samples runs/code-rl-20261122-101500 --step 12
+
+      areal samples runs/code-rl-20261122-101500 --status failed -n 0
+
+      areal samples runs/code-rl-20261122-101500 --where 'score.reward<1' --where 'rollout.completion~return'
+    """
+    from dataclasses import asdict
+
+    from areal.runtime.sample_records import read_samples, select
+    from areal.runtime.samples_view import samples_table
+
+    records = read_samples(run_dir)
+    chosen = select(records.values(), status=status, step=step, where=where)
+    page = chosen[offset : offset + limit] if limit else chosen[offset:]
+    if as_json:
+        import json
+
+        for record in page:
+            typer.echo(json.dumps(asdict(record), default=str))
+        return
+    Console().print(samples_table(records.values(), chosen, page, offset))
+
+
+@app.command()
 def plot(
     runs: list[Path] = typer.Argument(..., metavar="RUN_DIR...", help="One or more run directories to overlay."),
     out: Path = typer.Option(Path("areal-plot.png"), "-o", "--out", metavar="FILE", help="PNG to write."),

@@ -118,6 +118,16 @@ class EvalConfig(_Section):
                                "default: the only port named 'reward'")
 
 
+class RecordsConfig(_Section):
+    """What happened to each sample, written where it happened (runtime/sample_log.py; read by `areal samples`)."""
+
+    samples: bool = Field(True, description="write samples/WORKER.jsonl: each node's declared outputs per sample, "
+                          "its prompt, what was trained at which step and lag, what failed or was filtered and why")
+    max_mb: PositiveFloat = Field(64.0, description="the most one worker writes (MB); past it the file says it was "
+                                  "cut and stops growing")
+    max_chars: PositiveInt = Field(2000, description="a text value (a prompt, a completion) longer than this is cut")
+
+
 class CheckpointConfig(_Section):
     interval_steps: NonNegativeInt = Field(10, description="checkpoint every N steps; 0 = only at exit")
     keep: PositiveInt = 2
@@ -195,6 +205,7 @@ class RunConfig(_Section):
     data: DataConfig = DataConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    records: RecordsConfig = RecordsConfig()
     faults: FaultConfig = FaultConfig()
     transport: TransportConfig = TransportConfig()
     endpoint: EndpointConfig = EndpointConfig()

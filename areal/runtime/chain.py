@@ -22,6 +22,7 @@ from areal.graph.node import Node
 from areal.graph.roles import DROPPED, FAILED, METRICS
 from areal.runtime.outputs import NodeContractError, checked_outputs, empty_outputs
 from areal.runtime.plan import IMPLICIT, Plan
+from areal.runtime.sample_log import SampleLog
 
 Report = Callable[..., None]  # the worker's control.send
 
@@ -45,9 +46,11 @@ def guard(node: str, fn: Any, *args: Any) -> Any:
 
 
 class Chain:
-    def __init__(self, nodes: list[Node], impls: list[Any], plan: Plan, report: Report) -> None:
+    def __init__(self, nodes: list[Node], impls: list[Any], plan: Plan, report: Report,
+                 log: SampleLog | None = None) -> None:
         self.steps = [(n, impl, plan.binding(n.name)) for n, impl in zip(nodes, impls)]
         self.report = report
+        self.log = log  # each sample's outputs and removals, in this worker's samples/ file
         self.busy_s = 0.0
 
     def run(self, batch: Batch, held_out: bool, start: int = 0, stop: int | None = None) -> tuple[Batch, dict]:
@@ -80,6 +83,8 @@ class Chain:
             raise NodeContractError(f"{n.describe()}: returned {DROPPED} rows, which only a node declared with "
                                     "role='filter' may drop")
         declared, non_finite = checked_outputs(n, view, {k: v for k, v in out.items() if k in n.outputs})
+        if self.log is not None and not held_out:
+            self.log.outputs(n.name, batch, declared)
         batch = batch.merge({f"{n.name}.{port}": value for port, value in declared.items()})
         batch = self.fail(n, batch, {**non_finite, **failed}, held_out)
         if held_out:
@@ -99,6 +104,8 @@ class Chain:
         bad = sorted(int(r) for r in rows)
         if bad[0] < 0 or bad[-1] >= batch.size:
             raise NodeContractError(f"{n.describe()}: {kind} rows {bad} outside the batch of {batch.size}")
-        self.report(kind, node=n.name, sample_ids=batch["sample_id"][bad].tolist(),
-                    reasons=[str(rows[r]) for r in bad], **extra)
+        ids, reasons = batch["sample_id"][bad].tolist(), [str(rows[r]) for r in bad]
+        self.report(kind, node=n.name, sample_ids=ids, reasons=reasons, **extra)
+        if self.log is not None and not extra.get("eval"):
+            self.log.removed(n.name, kind, ids, reasons)
         return batch.select([i for i in range(batch.size) if i not in rows])

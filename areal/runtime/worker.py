@@ -51,6 +51,7 @@ from areal.runtime.outbox import Outbox
 from areal.runtime.outputs import NodeContractError
 from areal.runtime.plan import Plan
 from areal.runtime.ranks import RankOrders, rank_environment
+from areal.runtime.sample_log import SampleLog
 from areal.runtime.security import RunKey
 from areal.runtime.staleness import staleness_histogram
 
@@ -86,7 +87,10 @@ class Worker:
                                         resume_dir, self.control)
                 guard(n.name, impl.setup, context)
             self.impls.append(impl)
-        self.chain = Chain(self.nodes, self.impls, plan, self.control.send)
+        records = self.config.records
+        rank_follower = bool(self.pool.rendezvous) and replica > 0  # rank 0 records what its trainer's ranks did
+        log = SampleLog(plan.run_dir, self.worker_id, records) if records.samples and not rank_follower else None
+        self.chain = Chain(self.nodes, self.impls, plan, self.control.send, log)
         # map nodes that follow a trained model's weights (a critic's value pass): model -> their impls
         self.followers = {m: [impl for n, impl in zip(self.nodes, self.impls) if recipe.graph.model_of(n) == m]
                           for m in {recipe.graph.model_of(n) for n in self.nodes} - {None, self.pool.name}}
@@ -280,6 +284,10 @@ class Worker:
         failed = fields.pop(FAILED, None)  # a stream node's per-row reasons (None: the sample is fine)
         if failed is not None:
             fields[FAILED] = {row: why for row, why in enumerate(failed) if why}
+        if self.chain.log is not None and not meta.eval:
+            texts = {port: batch[field] for port, field in self.plan.binding(head.name).items()
+                     if head.inputs[port].dtype == "json"}
+            self.chain.log.inputs(head.name, batch, texts)
         batch, _ = self.chain.absorb(head, batch, out, fields, meta.eval)
         batch, metrics = self.chain.run(batch, held_out=meta.eval, start=1)
         self._report_metrics(metrics)
@@ -343,6 +351,10 @@ class Worker:
             binding = self.plan.binding(self.nodes[-1].name)
             stats |= dict(guard(self.nodes[-1].name, trainer, self.chain.view(batch, binding)))
             end = time.monotonic()
+            if self.chain.log is not None:
+                oldest = [int(r.min()) if len(r) else step for r in batch[binding["versions"]].rows()] \
+                    if "versions" in binding else [step] * batch.size
+                self.chain.log.trained(self.nodes[-1].name, step + 1, batch["sample_id"].tolist(), oldest)
             self.chain.busy_s += end - middle
             stats |= {"prox_s": middle - start, "update_s": end - middle}
         else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
