@@ -230,6 +230,9 @@ class Worker:
     # -- the three loops ------------------------------------------------------------------
 
     def _map_loop(self) -> None:
+        routed = [m for m in self.followers if self.pool.name in self.plan.followers(m)]
+        while any(m not in self._latest_weights for m in routed) and not self.stopping:
+            self._wait(100)  # the controller answers "ready" with each followed model's version: run nothing before
         while not self.stopping:
             self._wait(int(self.config.faults.heartbeat_s * 1000))
             self._follow_weights()
