@@ -130,6 +130,9 @@ class Controller:
         self._plan_path = self.run_dir / "plan.json"
         self.sealing = Sealing(self.run_dir, Path(plan.weights_dir), self.trainers, config.checkpoint.keep)
         self._lost_in_a_row = 0  # groups freed since a trainer last trained a sample
+        self._census_seq = 0
+        self._census_due: set[str] = set()  # trainers asked what they hold; the re-issue waits for their answers
+        self._census_scope: set[int] = set()  # the groups started before the crash: those the re-issue covers
         self._dynamic = any(is_dynamic(c.endpoints) for c in plan.channels)  # Ray: workers bind where they land
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -272,14 +275,43 @@ class Controller:
                     self._listen(0)
                     self._check_processes()
 
-    def _reissue(self, only: set[int] | None = None) -> None:
-        """Send again every started group no trainer holds (or those in `only`): a crash may have lost it.
-        Trainers drop the copies they have; held-out rounds in flight go again too, unless `only` is given."""
+    def _census(self) -> None:
+        """After a crash: ask every trainer what it holds once it has drained its inputs, then re-issue the rest
+        of the groups started before the crash (those started since went to live workers).
+
+        A trainer busy in a long update reports in its heartbeats only the groups it gathered before it; those
+        queued for it since are not lost, and re-issuing them would generate (and filter, and free) them again.
+        """
+        self._census_seq += 1
+        self._census_scope |= self.admission.issued.keys()
+        asked = [w for w in self.workers.values() if w.ready and self.plan.pool(w.pool).role == "train"
+                 and not (self.plan.pool(w.pool).rendezvous and w.replica > 0)]  # rank 0 takes a trainer's data
+        self._census_due = {w.worker_id for w in asked}
+        for w in asked:
+            self.control.send(w.worker_id, "census", seq=self._census_seq)
+        if not self._census_due:
+            self._reissue_after_crash()
+
+    def _on_census(self, worker: WorkerProcess, m: msg.Census) -> None:
+        worker.holding = set(m.holding)
+        if m.seq == self._census_seq and worker.worker_id in self._census_due:
+            self._census_due.discard(worker.worker_id)
+            if not self._census_due and not self._stopping:
+                self._reissue_after_crash()
+
+    def _reissue_after_crash(self) -> None:
+        """Send again every group started before the crash that no trainer holds, and the held-out rounds in
+        flight: the dead worker may have held any of them. Trainers drop the copies they have."""
+        scope, self._census_scope = self._census_scope, set()
+        self._reissue(scope)
+        for batch, meta in self.heldout.in_flight() if self.heldout is not None else []:
+            self._send_source(batch, meta)
+
+    def _reissue(self, only: set[int]) -> None:
+        """Send again the groups in `only` that no trainer holds (nor consumed)."""
         held = set().union(*(w.holding for w in self.workers.values()))
         for batch, meta in self.admission.reissue(held, only):
             self.accounting.reissued += 1
-            self._send_source(batch, meta)
-        for batch, meta in (self.heldout.in_flight() if self.heldout is not None and only is None else []):
             self._send_source(batch, meta)
 
     # -- evaluation -----------------------------------------------------------------------
@@ -483,7 +515,7 @@ class Controller:
                     self.config.faults.max_restarts, self.config.faults.window_s)
         self.metrics.write({"kind": "restart", "worker": w.worker_id, "why": cause, "wall_s": self._elapsed()})
         self._spawn(w.pool, w.replica)
-        self._reissue()
+        self._census()
 
     def _elapsed(self) -> float:
         return max(time.monotonic() - self.state.started_at, 1e-9)
@@ -492,6 +524,7 @@ class Controller:
 HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], None]] = {
     msg.Ready: Controller._on_ready,
     msg.Heartbeat: Controller._on_heartbeat,
+    msg.Census: Controller._on_census,
     msg.Stopped: Controller._on_heartbeat,
     msg.VersionPublished: Controller._on_version,
     msg.SamplesFailed: Controller._on_failed,

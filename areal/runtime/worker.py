@@ -117,6 +117,7 @@ class Worker:
         self._busy_at_beat = 0.0
         self._latest_weights: dict[str, dict[str, Any]] = {}  # model -> the newest "weights" message
         self.holding: set[int] = set()  # trainer: groups gathered for coming steps (not re-issued after a crash)
+        self.census: int | None = None  # trainer: the controller asked what it holds (after a crash upstream)
         self.next_group = _resumed_next_group(resume_dir, pool_name)  # trainer: the oldest group not consumed
 
     def _join_weights_group(self) -> None:
@@ -164,6 +165,8 @@ class Worker:
                 if message.get("disconnect"):
                     outbox.disconnect(int(message["replica"]), message["disconnect"])
                 outbox.connect(int(message["replica"]), message["connect"])
+            elif kind == "census":  # answered by the train loop once it has drained what is queued for it
+                self.census = int(message["seq"])
             elif kind == "frontier" and self.join is not None:
                 self.join.forget_below(int(message["group"]))
             elif kind == "weights":
@@ -302,6 +305,9 @@ class Worker:
                     continue
                 waiting[meta.group] = batch
                 self.holding.add(meta.group)
+            if self.census is not None:
+                self.control.send("census", seq=self.census, holding=sorted(self.holding))
+                self.census = None
             while self.version < self.config.steps and (step := _next_step(waiting, self.next_group, per_step)):
                 parts = [waiting.pop(g) for g in step]  # oldest first: group ids are admission order
                 self.holding.difference_update(step)

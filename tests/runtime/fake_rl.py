@@ -8,10 +8,11 @@ import os
 import torch
 
 from areal import Float, Graph, Int, RunConfig, node
-from tests.runtime.fake_nodes import Counting, FakeGenerate, FakeTrainer
+from tests.runtime.fake_nodes import Counting, FakeGenerate, FakeTrainer, every_third_group
 
 RAISE_ON_GROUP = int(os.environ["FAKE_RAISE_ON_GROUP"]) if "FAKE_RAISE_ON_GROUP" in os.environ else None
 ADVANTAGE_POOL = int(os.environ.get("FAKE_ADVANTAGE_POOL", "0")) or None  # its own process when set
+FILTER = bool(os.environ.get("FAKE_FILTER"))  # drop every third group whole, beside the advantage
 HELDOUT = [{"prompt": f"h{i}"} for i in range(int(os.environ.get("FAKE_HELDOUT", "0")))] or None
 
 
@@ -44,4 +45,6 @@ g = Graph("fake-rl")
 g.source("tasks", Counting(), heldout=HELDOUT)
 g.add(FakeGenerate, name="rollout")
 g.add(advantage, pool=ADVANTAGE_POOL)
+if FILTER:
+    g.add(every_third_group)
 g.add(FakeTrainer, name="actor")
