@@ -506,6 +506,7 @@ class Controller:
 
     def _on_worker_death(self, w: WorkerProcess, why: str) -> None:
         """Restart the worker and re-issue what it may have held, or stop the run naming the node."""
+        w.process.kill()  # what the dead worker started (its process group) dies with it
         stop = self.restarts.verdict(w.pool, w.worker_id, why, w.last_error, w.ready, w.fatal, self.run_dir,
                                      w.log_path, log_tail(w.log_path))
         if stop is not None:

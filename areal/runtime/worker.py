@@ -51,6 +51,7 @@ from areal.runtime.outbox import Outbox
 from areal.runtime.outputs import NodeContractError
 from areal.runtime.plan import Plan
 from areal.runtime.ranks import RankOrders, rank_environment
+from areal.runtime.reaper import guard_process_group
 from areal.runtime.security import RunKey
 from areal.runtime.staleness import staleness_histogram
 
@@ -474,6 +475,7 @@ def main(argv: list[str]) -> int:
     version = int(argv[3]) if len(argv) > 3 else 0
     resume_dir = Path(argv[4]) if len(argv) > 4 else None
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {pool_name}[{replica}] %(levelname)s %(message)s")
+    guard_process_group()  # before anything the worker starts: its children die with it
     plan = Plan.from_json(Path(plan_path).read_text())
     torch.set_num_threads(plan.pool(pool_name).threads)
     control = ControlClient(plan.control_endpoint, f"{pool_name}[{replica}]", run_key(plan))
