@@ -4,15 +4,16 @@ This module is the event loop. What it decides with lives next to it: admission 
 and the gate), versions (one per trained model, and what followers hold), evaluation (held-out
 rounds), faults (what a dead worker gets), checkpoint (sealing what the trainers wrote),
 accounting (where every sample is). Workers' messages are typed (messages.py) and dispatched
-by class through `HANDLERS`. On Ctrl-C, SIGTERM or a worker's error it stops every worker, asks
-the trainers for a final checkpoint when the run is healthy, and kills whatever is left by pid.
+by class through `HANDLERS`. On an ending signal (signals.py) or a worker's error it stops every
+worker, asks the trainers for a final checkpoint when the run is healthy, and kills whatever is
+left by pid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-import signal
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from areal.runtime.outbox import Outbox
 from areal.runtime.placement import WorkerHandle, launcher_for, worker_spec
 from areal.runtime.plan import Plan
 from areal.runtime.security import RunKey
+from areal.runtime.signals import EndingSignals
 from areal.runtime.steps import StepRecorder
 from areal.runtime.versions import Versions
 from areal.runtime.wiring import Wiring
@@ -150,34 +152,29 @@ class Controller:
         (self.run_dir / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         self.source_out = {c.dst: Outbox(c, self.plan, key) for c in self.plan.outputs_of(self.source_node.name)}
         self.wiring = Wiring(self.plan, self.source_node.name, self.source_out, self.control.send)
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         error: BaseException | None = None
-        try:
-            for pool in self.plan.pools[1:]:
-                for replica in range(pool.replicas):
-                    self._spawn(pool.name, replica)
-            self._await_ready()
-            self.state.startup_s = time.monotonic() - self.state.started_at
-            self.state.started_at = time.monotonic()  # throughput counts from here: startup is reported apart
-            self.state.status = "running"
-            self._loop()
-        except BaseException as err:
-            error = err
-        finally:
-            self._shutdown(healthy=error is None or isinstance(error, KeyboardInterrupt))
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            for outbox in self.source_out.values():
-                outbox.close()
-            self.control.close()
-            self.metrics.close()
-            _remove_socket_files(self.plan)
+        with EndingSignals(stopping=lambda: self._stopping):
+            try:
+                for pool in self.plan.pools[1:]:
+                    for replica in range(pool.replicas):
+                        self._spawn(pool.name, replica)
+                self._await_ready()
+                self.state.startup_s = time.monotonic() - self.state.started_at
+                self.state.started_at = time.monotonic()  # throughput counts from here: startup is reported apart
+                self.state.status = "running"
+                self._loop()
+            except BaseException as err:
+                error = err
+            finally:
+                self._shutdown(healthy=error is None or isinstance(error, KeyboardInterrupt))
+                for outbox in self.source_out.values():
+                    outbox.close()
+                self.control.close()
+                self.metrics.close()
+                _remove_socket_files(self.plan)
         if error is not None:
             raise error
         return self.state
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
 
     def _spawn(self, pool: str, replica: int) -> None:
         worker_id = f"{pool}[{replica}]"
@@ -542,6 +539,12 @@ HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], Non
 
 def _remove_socket_files(plan: Plan) -> None:
     """Every ipc socket file of the run: a worker killed by a signal never removes the one it bound."""
+    folders = set()
     for endpoint in plan.bound_endpoints():
         if endpoint.startswith("ipc://"):
-            Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
+            path = Path(endpoint.removeprefix("ipc://"))
+            path.unlink(missing_ok=True)
+            folders.add(path.parent)
+    for folder in folders:
+        with contextlib.suppress(OSError):  # not empty: someone else's files, left alone
+            folder.rmdir()

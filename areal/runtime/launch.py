@@ -8,6 +8,7 @@ recorded in its plan.json.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from areal.runtime.compile import compile_plan
 from areal.runtime.controller import Controller
 from areal.runtime.progress import live_table, summary_table
 from areal.runtime.resume import ResumePoint, refuse_changes, resume_point
+from areal.runtime.signals import Stopped
 
 log = logging.getLogger("areal")
 
@@ -58,7 +60,11 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
     except RunError as err:
         console.print(f"[red]run failed:[/] {err}", highlight=False)
         code = 1
-    except KeyboardInterrupt:
+    except Stopped as stop:
+        said = "interrupted" if stop.signum == signal.SIGINT else f"stopped by {stop.name}"
+        console.print(f"[yellow]{said}[/]: workers stopped, checkpoint kept", highlight=False)
+        code = stop.exit_code
+    except KeyboardInterrupt:  # raised before the controller's own handlers were in place
         console.print("[yellow]interrupted[/]: workers stopped, last checkpoint kept")
         code = 130
     console.print(summary_table(controller))
