@@ -38,6 +38,7 @@ from areal.runtime.metrics import MetricsWriter
 from areal.runtime.outbox import Outbox
 from areal.runtime.placement import WorkerHandle, launcher_for, worker_spec
 from areal.runtime.plan import Plan
+from areal.runtime.rundir import RunDirLock
 from areal.runtime.security import RunKey
 from areal.runtime.signals import EndingSignals
 from areal.runtime.steps import StepRecorder
@@ -84,12 +85,15 @@ class RunState:
 
 class Controller:
     def __init__(self, plan: Plan, graph: Graph, config: RunConfig, *, saved: dict[str, Any] | None = None,
-                 resume_dir: Path | None = None, on_event: Callable[[Controller], None] | None = None) -> None:
-        """`saved` is a checkpoint's controller.json when resuming: versions, source cursor, accounting."""
+                 resume_dir: Path | None = None, on_event: Callable[[Controller], None] | None = None,
+                 lock: RunDirLock | None = None) -> None:
+        """`saved` is a checkpoint's controller.json when resuming: versions, source cursor, accounting; `lock`
+        holds the run directory (rundir.py), released when the run ends."""
         self.plan = plan
         self.graph = graph
         self.config = config
         self.run_dir = Path(plan.run_dir)
+        self.lock = lock
         self.resume_dir = resume_dir
         self.on_event = on_event or (lambda _: None)
         self.source_node = graph.nodes[plan.pools[0].nodes[0]]
@@ -140,6 +144,15 @@ class Controller:
     # -- lifecycle ----------------------------------------------------------------------
 
     def run(self) -> RunState:
+        """Start the workers and answer events until the last step, a signal or an error; then stop every worker.
+        The run directory's lock is released last."""
+        try:
+            return self._run()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _run(self) -> RunState:
         private_folder(self.run_dir / "sockets")
         (self.run_dir / "logs").mkdir(exist_ok=True)
         key = None

@@ -24,6 +24,7 @@ from areal.runtime.compile import compile_plan
 from areal.runtime.controller import Controller
 from areal.runtime.progress import live_table, summary_table
 from areal.runtime.resume import ResumePoint, refuse_changes, resume_point
+from areal.runtime.rundir import RunDirLock, claim_run_dir
 from areal.runtime.signals import Stopped
 
 log = logging.getLogger("areal")
@@ -34,8 +35,9 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
     """`recipe_path` None with `resume`: the recipe the run recorded."""
     console = console or Console(stderr=True)
     overrides = list(overrides or [])
-    point = None
+    point = lock = None
     if resume is not None:
+        lock = claim_run_dir(resume, resuming=True)  # before anything reads or clears the run's files
         point = resume_point(resume, recipe_path)
         for line in point.skipped:
             console.print(f"[yellow]skipped checkpoint[/] {line}", highlight=False, soft_wrap=True)
@@ -49,7 +51,7 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
             view.update(live_table(controller))
 
     assert recipe_path is not None
-    controller = build_controller(recipe_path, overrides, run_dir, point, console, _throttled(refresh))
+    controller = build_controller(recipe_path, overrides, run_dir, point, console, _throttled(refresh), lock)
     code = 0
     try:
         if live:
@@ -73,8 +75,9 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
 
 def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Path | None,
                      resume: ResumePoint | None = None, console: Console | None = None,
-                     on_event: Any = None) -> Controller:
-    """Load, compile and wire a run without starting it (tests drive the controller directly)."""
+                     on_event: Any = None, lock: RunDirLock | None = None) -> Controller:
+    """Load, compile and wire a run without starting it (tests drive the controller directly). The run directory
+    is locked here (unless `lock` holds it already) until the controller's run ends."""
     recipe = load_recipe(recipe_path, overrides)
     if resume is not None:
         refuse_changes(resume.run_dir, recipe.config)
@@ -85,18 +88,25 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
             console.print(report, highlight=False, soft_wrap=True)
     checkpoint, saved = (resume.checkpoint, resume.saved) if resume is not None else (None, None)
     folder = Path(run_dir or recipe.config.run_dir or _default_run_dir(recipe))
-    folder.mkdir(parents=True, exist_ok=True)
+    lock = lock or claim_run_dir(folder, resuming=resume is not None)
     _log_to(folder / "logs" / "controller.log")
     plan = compile_plan(recipe.graph, recipe.config, recipe=str(recipe.path), overrides=tuple(overrides),
                         run_dir=folder.resolve())
     # the controller resolves the task sources: a bad data.path fails here, before a model warm-start
-    controller = Controller(plan, recipe.graph, recipe.config, saved=saved, resume_dir=checkpoint, on_event=on_event)
+    controller = Controller(plan, recipe.graph, recipe.config, saved=saved, resume_dir=checkpoint, on_event=on_event,
+                            lock=lock)
     _prepare_models(recipe)
     return controller
 
 
 def _default_run_dir(recipe: Recipe) -> Path:
-    return Path("runs") / f"{recipe.graph.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """runs/GRAPH-TIME, with a suffix when a run started in the same second has that name."""
+    base = Path("runs") / f"{recipe.graph.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder, n = base, 1
+    while folder.exists():
+        n += 1
+        folder = base.with_name(f"{base.name}-{n}")
+    return folder
 
 
 def _check_engines(recipe: Recipe) -> None:
