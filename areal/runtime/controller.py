@@ -38,7 +38,7 @@ from areal.runtime.metrics import MetricsWriter
 from areal.runtime.outbox import Outbox
 from areal.runtime.placement import WorkerHandle, launcher_for, worker_spec
 from areal.runtime.plan import Plan
-from areal.runtime.rundir import RunDirLock
+from areal.runtime.rundir import RunDirLock, WriteFailed, write_atomically, writing
 from areal.runtime.security import RunKey
 from areal.runtime.signals import EndingSignals
 from areal.runtime.steps import StepRecorder
@@ -153,21 +153,22 @@ class Controller:
                 self.lock.release()
 
     def _run(self) -> RunState:
-        private_folder(self.run_dir / "sockets")
-        (self.run_dir / "logs").mkdir(exist_ok=True)
-        key = None
-        if self.plan.secured:  # TCP: the workers read the key the controller makes for this run
-            key = RunKey.create()
-            key.write(self.run_dir)
+        with writing(self.run_dir / "sockets", self.run_dir):
+            private_folder(self.run_dir / "sockets")
+            (self.run_dir / "logs").mkdir(exist_ok=True)
+            key = RunKey.create() if self.plan.secured else None  # TCP: the workers read the key made for this run
+            if key is not None:
+                key.write(self.run_dir)
         self.control = ControlServer(self.plan.control_endpoint, key)
         self.plan = dataclasses.replace(self.plan, control_endpoint=self.control.endpoint)
-        self._plan_path.write_text(self.plan.to_json())
-        (self.run_dir / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         self.source_out = {c.dst: Outbox(c, self.plan, key) for c in self.plan.outputs_of(self.source_node.name)}
         self.wiring = Wiring(self.plan, self.source_node.name, self.source_out, self.control.send)
         error: BaseException | None = None
         with EndingSignals(stopping=lambda: self._stopping):
             try:
+                write_atomically(self._plan_path, self.plan.to_json(), self.run_dir)
+                write_atomically(self.run_dir / "config.json", self.config.model_dump_json(indent=2) + "\n",
+                                 self.run_dir)
                 for pool in self.plan.pools[1:]:
                     for replica in range(pool.replicas):
                         self._spawn(pool.name, replica)
@@ -179,12 +180,14 @@ class Controller:
             except BaseException as err:
                 error = err
             finally:
-                self._shutdown(healthy=error is None or isinstance(error, KeyboardInterrupt))
+                unwritten = self._shutdown(healthy=error is None or isinstance(error, KeyboardInterrupt))
                 for outbox in self.source_out.values():
                     outbox.close()
                 self.control.close()
                 self.metrics.close()
                 _remove_socket_files(self.plan)
+        if unwritten is not None and (error is None or isinstance(error, KeyboardInterrupt)):
+            error = unwritten  # the exit checkpoint failed: the run did not end as it says
         if error is not None:
             raise error
         return self.state
@@ -232,7 +235,8 @@ class Controller:
                 self._listen(100)
                 self._check_processes()
 
-    def _shutdown(self, healthy: bool) -> None:
+    def _shutdown(self, healthy: bool) -> WriteFailed | None:
+        """Stop every worker (with an exit checkpoint when healthy); the first write that failed meanwhile."""
         self._stopping = True
         self.state.status = "stopping"
         self.on_event(self)
@@ -246,17 +250,21 @@ class Controller:
             fields = {"checkpoint": str(checkpoint)} if checkpoint and trainer else {}
             self.control.send(w.worker_id, "stop", **fields)
         deadline = time.monotonic() + STOP_TIMEOUT_S
+        unwritten = None
         while any(w.process.poll() is None for w in self.workers.values()) and time.monotonic() < deadline:
             try:
                 self._listen(100)
             except RunError as err:
                 log.error("while stopping: %s", err)
+                if isinstance(err, WriteFailed):
+                    unwritten = unwritten or err
         for w in self.workers.values():
             if w.process.poll() is None:
                 log.warning("killing %s (pid %d): it did not stop within %.0f s", w.worker_id, w.process.pid,
                             STOP_TIMEOUT_S)
             w.process.kill()
         self.state.status = "stopped"
+        return unwritten
 
     # -- the source -----------------------------------------------------------------------
 

@@ -60,7 +60,7 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
         else:
             controller.run()
     except RunError as err:
-        console.print(f"[red]run failed:[/] {err}", highlight=False)
+        console.print(f"[red]run failed:[/] {err}", highlight=False, soft_wrap=True)  # a command in it stays whole
         code = 1
     except Stopped as stop:
         said = "interrupted" if stop.signum == signal.SIGINT else f"stopped by {stop.name}"

@@ -5,12 +5,18 @@ process ends, however it ends) and writes the holder's pid into it, so a second 
 directory in use fails at once, naming the pid, instead of deleting the first run's sockets or
 mixing its metrics and checkpoints into the other's. A directory where a run was started (it has
 a plan.json) is refused to a fresh run: only `--resume` continues it.
+
+`writing` turns a write into the run directory that fails (a full disk, a folder made read-only)
+into a run error that names the file and the way on, instead of a traceback: checkpoints are
+sealed by rename, so nothing a resume reads is torn.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -58,3 +64,27 @@ def claim_run_dir(folder: Path, resuming: bool) -> RunDirLock:
     file.flush()
     return RunDirLock(folder, file)
 
+
+class WriteFailed(RunError):
+    """A write into the run directory failed; the message names the file and says how to go on."""
+
+
+@contextmanager
+def writing(path: Path, run_dir: Path) -> Iterator[None]:
+    """Raise WriteFailed naming the file (the one the OS names, else `path`) when a write in the block fails."""
+    try:
+        yield
+    except OSError as err:
+        why = err.strerror or str(err)
+        again = (f"continue with `areal run --resume {run_dir}`" if (run_dir / "plan.json").exists()
+                 else "start the run again")
+        raise WriteFailed(f"cannot write {err.filename or path}: {why}; free space (or restore write access to "
+                       f"{run_dir}), then {again}") from None
+
+
+def write_atomically(path: Path, text: str, run_dir: Path) -> None:
+    """`path` holds `text` whole, or keeps what it held: a full disk never leaves it cut short."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with writing(path, run_dir):
+        tmp.write_text(text)
+        os.replace(tmp, path)
