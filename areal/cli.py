@@ -53,6 +53,12 @@ def run(
         None, "--run-dir", metavar="DIR", help="Where to write metrics, checkpoints, logs."
     ),
     resume: Path | None = typer.Option(None, "--resume", metavar="RUN_DIR", help="Continue the run in this directory."),
+    allow_recipe_change: bool = typer.Option(
+        False, "--allow-recipe-change", help="With --resume: go on under a recipe edited since the run was made."
+    ),
+    start_over: bool = typer.Option(
+        False, "--start-over", help="With --resume: no checkpoint can be read; start the run over from version 0."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress view; print the summary only."),
 ) -> None:
     """Train the graph a recipe declares.
@@ -70,7 +76,8 @@ def run(
     from areal.runtime.launch import run_recipe
 
     overrides = list(set_) + ([f"mode={mode}"] if mode else [])
-    code = run_recipe(recipe, overrides=overrides, run_dir=run_dir, resume=resume, live=not quiet)
+    code = run_recipe(recipe, overrides=overrides, run_dir=run_dir, resume=resume, live=not quiet,
+                      allow_recipe_change=allow_recipe_change, start_over=start_over)
     raise typer.Exit(code)
 
 

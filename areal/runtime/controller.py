@@ -38,6 +38,7 @@ from areal.runtime.metrics import MetricsWriter
 from areal.runtime.outbox import Outbox
 from areal.runtime.placement import WorkerHandle, launcher_for, worker_spec
 from areal.runtime.plan import Plan
+from areal.runtime.resume import RECIPE_COPY
 from areal.runtime.rundir import RunDirLock, WriteFailed, write_atomically, writing
 from areal.runtime.security import RunKey
 from areal.runtime.signals import EndingSignals
@@ -169,6 +170,7 @@ class Controller:
                 write_atomically(self._plan_path, self.plan.to_json(), self.run_dir)
                 write_atomically(self.run_dir / "config.json", self.config.model_dump_json(indent=2) + "\n",
                                  self.run_dir)
+                write_atomically(self.run_dir / RECIPE_COPY, Path(self.plan.recipe).read_text(), self.run_dir)
                 for pool in self.plan.pools[1:]:
                     for replica in range(pool.replicas):
                         self._spawn(pool.name, replica)

@@ -45,11 +45,47 @@ def test_a_checkpoint_cut_short_is_skipped_by_name_and_the_older_one_resumes_exa
     assert sorted(ids) == list(range(6 * B * G))
 
 
-def test_resume_refuses_a_change_to_what_shapes_sample_ids_naming_each(tmp_path):
+def test_resume_refuses_a_change_to_what_shapes_sample_ids_and_reports_every_other(tmp_path, capsys):
     recipe, run = _run(tmp_path, "steps=2")
     with pytest.raises(ConfigError, match=r"batch_size 2 -> 4; group_size 3 -> 2: these shape sample ids"):
         run_recipe(recipe, overrides=["steps=4", "batch_size=4", "group_size=2"], resume=run, live=False)
-    assert run_recipe(recipe, overrides=["steps=3", "staleness=0"], resume=run, live=False) == 0  # these may change
+    capsys.readouterr()
+    # these may change, and each change is said
+    assert run_recipe(recipe, overrides=["steps=3", "staleness=0", "trainer.lr=0.002"], resume=run, live=False) == 0
+    said = capsys.readouterr().err
+    assert "resuming with changed settings:" in said
+    for change in ("staleness 1 -> 0", "steps 2 -> 3", "trainer.lr 0.0003 -> 0.002"):
+        assert f"  {change}\n" in said
+    assert "checkpoint.interval_steps" not in said  # the recorded overrides are applied again: not a change
+
+
+def test_resume_refuses_an_edited_recipe_showing_the_edit_unless_allowed(tmp_path, capsys):
+    recipe, run = _run(tmp_path, "steps=2")
+    text = recipe.read_text()
+    recipe.write_text(text.replace("staleness=1", "staleness=0"))
+    with pytest.raises(RecipeError, match=r"(?s)the recipe .*fake_rl\.py was edited since the run was made:.*"
+                                          r"-config = RunConfig\(batch_size=2, group_size=3, staleness=1, steps=6\).*"
+                                          r"\+config = RunConfig\(batch_size=2, group_size=3, staleness=0, steps=6\).*"
+                                          r"--allow-recipe-change"):
+        run_recipe(recipe, overrides=["steps=3"], resume=run, live=False)
+    capsys.readouterr()
+    assert run_recipe(recipe, overrides=["steps=3"], resume=run, live=False, allow_recipe_change=True) == 0
+    said = capsys.readouterr().err
+    assert "resuming under the edited recipe" in said and "staleness 1 -> 0" in said
+    assert run_recipe(recipe, overrides=["steps=4"], resume=run, live=False) == 0  # the edit is the record now
+
+
+def test_resume_with_every_checkpoint_unreadable_is_refused_naming_each_unless_told_to_start_over(tmp_path):
+    recipe, run = _run(tmp_path, "steps=4", "checkpoint.keep=3")
+    for step in (2, 4):
+        (run / "checkpoints" / f"step-{step:06d}" / "controller.json").write_text("{")
+    with pytest.raises(RecipeError, match=r"(?s)no checkpoint can be read:\n  .*step-000002: controller\.json is "
+                                          r"unreadable.*\n  .*step-000004: controller\.json is unreadable.*"
+                                          r"--start-over"):
+        run_recipe(recipe, overrides=[], resume=run, live=False)
+    assert [s["version"] for s in _records(run, "step")] == [1, 2, 3, 4]  # nothing was touched
+    assert run_recipe(recipe, overrides=["steps=2"], resume=run, live=False, start_over=True) == 0
+    assert [s["version"] for s in _records(run, "step")] == [1, 2]  # the run started over, its metrics with it
 
 
 def test_resume_refuses_another_recipe_and_names_a_damaged_plan(tmp_path):
