@@ -197,6 +197,9 @@ def eval_(
     chat_template: str = typer.Option("auto", "--chat-template", metavar="auto|off",
                                       help="auto: prompts become user messages when the tokenizer has a template."),
     step: int | None = typer.Option(None, "--step", metavar="N", help="A run directory's checkpoint (default newest)."),
+    trained: str | None = typer.Option(None, "--model", metavar="NAME",
+                                       help="A run directory that trained several models: the trainer node whose "
+                                            "model to score (e.g. actor)."),
     out: Path | None = typer.Option(None, "-o", "--out", metavar="FILE.json",
                                     help="Where to write the results (default: evals/BENCHMARK-TIME.json)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars; print the summary only."),
@@ -217,22 +220,28 @@ def eval_(
 
     from areal.runtime.evaluate import EvalSettings, evaluate, parse_options
     from areal.runtime.progress import eval_progress, eval_table
+    from areal.runtime.signals import EndingSignals, Stopped
 
     settings = EvalSettings(
         benchmark=benchmark, samples=samples, ks=tuple(sorted(set(k or {1, samples}))), temperature=temperature,
         top_p=top_p, max_new_tokens=max_new_tokens, max_batch=max_batch, seed=seed, chat_template=chat_template,
         limit=limit, task=task, count=count, options=parse_options(option), step=step, threads=threads,
+        trained=trained,
     )
     out = out or Path("evals") / f"{benchmark}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     console = Console()
-    with eval_progress(console, quiet) as report:
-        document = evaluate(model, settings, out, report)
+    try:  # SIGTERM or SIGHUP stop it as Ctrl-C does, each said by its name; nothing is written
+        with EndingSignals(stopping=lambda: False), eval_progress(console, quiet) as report:
+            document = evaluate(model, settings, out, report)
+    except Stopped as stop:
+        err_console.print(stop.said)
+        raise typer.Exit(stop.exit_code) from None
     console.print(eval_table(document))
     console.print(f"wrote {out}")
 
 
 def main() -> None:
-    """Exit 0 on success, 1 when a run failed, 2 on a user error, 130 on an interrupt."""
+    """Exit 0 on success, 1 when a run failed, 2 on a user error, 128 + N when signal N ended it (130: Ctrl-C)."""
     try:
         code = app(standalone_mode=False)  # without standalone mode, click returns typer.Exit's code
     except ArealError as err:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -68,8 +67,7 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
         console.print(f"[red]run failed:[/] {err}", highlight=False, soft_wrap=True)  # a command in it stays whole
         code = 1
     except Stopped as stop:
-        said = "interrupted" if stop.signum == signal.SIGINT else f"stopped by {stop.name}"
-        console.print(f"[yellow]{said}[/]: workers stopped, checkpoint kept", highlight=False)
+        console.print(f"[yellow]{stop.said}[/]: workers stopped, checkpoint kept", highlight=False)
         code = stop.exit_code
     except KeyboardInterrupt:  # raised before the controller's own handlers were in place
         console.print("[yellow]interrupted[/]: workers stopped, last checkpoint kept")

@@ -37,6 +37,11 @@ class Stopped(KeyboardInterrupt):
     def exit_code(self) -> int:
         return 128 + self.signum
 
+    @property
+    def said(self) -> str:
+        """What the user is told: Ctrl-C is an interrupt; any other signal is named."""
+        return "interrupted" if self.signum == signal.SIGINT else f"stopped by {self.name}"
+
 
 class EndingSignals:
     """While entered: the first ending signal raises `Stopped`; later ones, or any while `stopping()`, are ignored."""
@@ -63,7 +68,7 @@ class EndingSignals:
         if not first:
             log.warning("%s while stopping: ignored, the run is already stopping", signal.Signals(signum).name)
             return
-        log.warning("%s: stopping the run (exit checkpoint, then cleanup)", signal.Signals(signum).name)
+        log.info("%s: stopping the run (exit checkpoint, then cleanup)", signal.Signals(signum).name)
         raise Stopped(signum)
 
 
