@@ -121,10 +121,10 @@ def check_changes(run_dir: Path, config: RunConfig) -> list[str]:
 
 
 def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested config as dotted keys -> leaf values (lists and empty maps are leaves)."""
+    """A nested config as dotted keys -> leaf values (lists are leaves; an empty map has none)."""
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        if isinstance(value, dict) and value:
+        if isinstance(value, dict):
             flat |= _flat(value, f"{prefix}{key}.")
         else:
             flat[f"{prefix}{key}"] = value

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from areal.errors import ConfigError, RunError
-from areal.runtime.launch import run_recipe
+from areal.runtime.launch import build_controller
 from areal.runtime.rundir import claim_run_dir
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
@@ -28,14 +28,16 @@ def test_a_locked_run_directory_is_refused_naming_the_holder_and_free_once_relea
     claim_run_dir(tmp_path / "run", resuming=False).release()
 
 
-def test_a_fresh_run_in_a_used_directory_is_refused_and_resume_continues_it(tmp_path):
-    recipe = tmp_path / "fake_rl.py"
-    shutil.copy(RECIPE, recipe)
+def test_a_fresh_run_in_a_directory_a_run_was_started_in_is_refused_but_resume_takes_it(tmp_path):
     run = tmp_path / "run"
-    assert run_recipe(recipe, overrides=["steps=2"], run_dir=run, live=False) == 0
-    with pytest.raises(ConfigError, match=r"holds a run already .*continue it with `areal run --resume "):
-        run_recipe(recipe, overrides=["steps=3", "seed=7"], run_dir=run, live=False)
-    assert run_recipe(recipe, overrides=["steps=3"], resume=run, live=False) == 0
+    run.mkdir()
+    (run / "plan.json").write_text("{}")  # what a started run leaves
+    with pytest.raises(ConfigError, match=rf"run directory {run} holds a run already .*continue it with "
+                                          rf"`areal run --resume {run}`"):
+        claim_run_dir(run, resuming=False)
+    claim_run_dir(run, resuming=True).release()
+    with pytest.raises(ConfigError, match="holds a run already"):
+        build_controller(RECIPE, ["steps=2"], run)  # what `areal run --run-dir` calls
 
 
 def test_a_second_run_on_a_directory_in_use_fails_at_once_and_the_first_goes_on(tmp_path):

@@ -30,8 +30,8 @@ def _disk_full(src: str, dst: str, **_: object) -> None:
     raise OSError(errno.ENOSPC, NO_SPACE, str(dst))
 
 
-@pytest.mark.parametrize("overrides", [["steps=4", "checkpoint.interval_steps=2"], ["steps=2"]],
-                         ids=["interval-checkpoint", "exit-checkpoint"])
+@pytest.mark.parametrize("overrides", [pytest.param(["steps=4", "checkpoint.interval_steps=2"], marks=pytest.mark.slow),
+                                       ["steps=2"]], ids=["interval-checkpoint", "exit-checkpoint"])
 def test_a_checkpoint_that_cannot_be_written_fails_the_run_naming_the_file_and_resume_goes_on(
         tmp_path, monkeypatch, capsys, overrides):
     recipe, run = _recipe(tmp_path), tmp_path / "run"
