@@ -11,7 +11,6 @@ left by pid.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
@@ -562,12 +561,6 @@ HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], Non
 
 def _remove_socket_files(plan: Plan) -> None:
     """Every ipc socket file of the run: a worker killed by a signal never removes the one it bound."""
-    folders = set()
     for endpoint in plan.bound_endpoints():
         if endpoint.startswith("ipc://"):
-            path = Path(endpoint.removeprefix("ipc://"))
-            path.unlink(missing_ok=True)
-            folders.add(path.parent)
-    for folder in folders:
-        with contextlib.suppress(OSError):  # not empty: someone else's files, left alone
-            folder.rmdir()
+            Path(endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
