@@ -89,9 +89,8 @@ class Versions:
                 send(w.worker_id, "weights", model=model, version=version, path=path, broadcast=broadcast)
 
     def catch_up(self, worker: Follower, send: Callable[..., Any]) -> None:
-        """A (re)started follower must not run before it holds the version it is to hold."""
-        model = self.plan.pool(worker.pool).model
-        if model and worker.pool in self.plan.followers(model):
+        """A (re)started follower must not run before it holds the version it is to hold, of every model it follows."""
+        for model in [trainer for trainer, follower in self.plan.weights_routes if follower == worker.pool]:
             version = self.sampled(model)
             path = self.path(model, version)
             # with transport.weights=broadcast the generators took the policy when the weights group formed
