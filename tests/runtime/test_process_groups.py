@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from areal.runtime.launch import build_controller
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
@@ -56,6 +58,7 @@ def _kill_all(pids: list[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow  # the guard the kill -9 test checks takes them too; this checks the controller's own kill
 def test_a_killed_workers_tools_die_before_its_replacement_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_ADVANTAGE_POOL", "1")
     monkeypatch.setenv("FAKE_TOOLS", "1")

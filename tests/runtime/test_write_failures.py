@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -30,12 +31,11 @@ def _disk_full(src: str, dst: str, **_: object) -> None:
     raise OSError(errno.ENOSPC, NO_SPACE, str(dst))
 
 
-@pytest.mark.parametrize("overrides", [pytest.param(["steps=4", "checkpoint.interval_steps=2"], marks=pytest.mark.slow),
-                                       ["steps=2"]], ids=["interval-checkpoint", "exit-checkpoint"])
-def test_a_checkpoint_that_cannot_be_written_fails_the_run_naming_the_file_and_resume_goes_on(
-        tmp_path, monkeypatch, capsys, overrides):
-    recipe, run = _recipe(tmp_path), tmp_path / "run"
-    monkeypatch.setattr(checkpoint.shutil, "copyfile", _disk_full)  # the controller copies the policy into it
+# checkpoint.py's own view of shutil, with the copy of the policy into a checkpoint failing (nothing else is touched)
+FULL_DISK_SHUTIL = SimpleNamespace(copyfile=_disk_full, rmtree=shutil.rmtree)
+
+
+def _fails_naming_the_policy_file(recipe: Path, run: Path, capsys, overrides: list[str]) -> None:
     assert run_recipe(recipe, overrides=overrides, run_dir=run, live=False) == 1
     said = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert f"run failed: cannot write {run.resolve()}/checkpoints/.step-000002." in said
@@ -43,7 +43,21 @@ def test_a_checkpoint_that_cannot_be_written_fails_the_run_naming_the_file_and_r
             f"then continue with `areal run --resume {run.resolve()}`") in said
     assert "Traceback" not in said
     assert not list((run / "checkpoints").glob("step-*"))  # nothing torn: the staging folder is all there is
-    monkeypatch.undo()
+
+
+def test_an_exit_checkpoint_that_cannot_be_written_fails_the_run_naming_the_file(tmp_path, monkeypatch, capsys):
+    recipe = _recipe(tmp_path)
+    monkeypatch.setattr(checkpoint, "shutil", FULL_DISK_SHUTIL)  # the controller copies the policy into it
+    _fails_naming_the_policy_file(recipe, tmp_path / "run", capsys, ["steps=2"])
+
+
+@pytest.mark.slow
+def test_an_interval_checkpoint_that_cannot_be_written_fails_the_run_and_resume_goes_on(tmp_path, monkeypatch,
+                                                                                       capsys):
+    recipe, run = _recipe(tmp_path), tmp_path / "run"
+    monkeypatch.setattr(checkpoint, "shutil", FULL_DISK_SHUTIL)
+    _fails_naming_the_policy_file(recipe, run, capsys, ["steps=4", "checkpoint.interval_steps=2"])
+    monkeypatch.undo()  # room again
     assert run_recipe(recipe, overrides=["steps=4"], resume=run, live=False) == 0
     trained = [s for line in (run / "trained.jsonl").read_text().splitlines() for s in json.loads(line)["sample_ids"]]
     assert sorted(set(trained)) == list(range(4 * 2 * 3))
