@@ -43,6 +43,12 @@ class Heartbeat(Message):
     tokens: int = 0
 
 
+class Census(Message):
+    KIND: ClassVar[str] = "census"  # a trainer's answer to "census": what it holds once it drained its inputs
+    seq: int
+    holding: list[int] = []
+
+
 class Stopped(Message):
     KIND: ClassVar[str] = "stopped"
     batches: int = 0
@@ -128,7 +134,7 @@ class WorkerError(Message):
 
 
 KINDS: dict[str, type[Message]] = {cls.KIND: cls for cls in (
-    Ready, Heartbeat, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesNoted, HeldOutScored,
+    Ready, Heartbeat, Census, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesNoted, HeldOutScored,
     CheckpointWritten, DuplicateDropped, BatchRefused, NodeMetrics, WorkerError)}
 
 

@@ -82,6 +82,7 @@ class Plan:
     colocated: tuple[tuple[str, ...], ...] = field(default=())
     staleness: int = 0  # η, as configured (shown on the asynchronous edges; the controller reads the config)
     mode: str = "async"  # "async", "sync" (η = 0, no overlap) or "lagged" (sampled exactly η versions old)
+    recipe_sha256: str = ""  # the recipe file's hash when the run started or resumed (an edit is refused on resume)
 
     # -- reading the plan ---------------------------------------------------------------
 

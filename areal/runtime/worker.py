@@ -51,6 +51,7 @@ from areal.runtime.outbox import Outbox
 from areal.runtime.outputs import NodeContractError
 from areal.runtime.plan import Plan
 from areal.runtime.ranks import RankOrders, rank_environment
+from areal.runtime.reaper import guard_process_group
 from areal.runtime.sample_log import SampleLog
 from areal.runtime.security import RunKey
 from areal.runtime.staleness import staleness_histogram
@@ -121,6 +122,7 @@ class Worker:
         self._busy_at_beat = 0.0
         self._latest_weights: dict[str, dict[str, Any]] = {}  # model -> the newest "weights" message
         self.holding: set[int] = set()  # trainer: groups gathered for coming steps (not re-issued after a crash)
+        self.census: int | None = None  # trainer: the controller asked what it holds (after a crash upstream)
         self.next_group = _resumed_next_group(resume_dir, pool_name)  # trainer: the oldest group not consumed
 
     def _join_weights_group(self) -> None:
@@ -168,6 +170,8 @@ class Worker:
                 if message.get("disconnect"):
                     outbox.disconnect(int(message["replica"]), message["disconnect"])
                 outbox.connect(int(message["replica"]), message["connect"])
+            elif kind == "census":  # answered by the train loop once it has drained what is queued for it
+                self.census = int(message["seq"])
             elif kind == "frontier" and self.join is not None:
                 self.join.forget_below(int(message["group"]))
             elif kind == "weights":
@@ -234,6 +238,9 @@ class Worker:
     # -- the three loops ------------------------------------------------------------------
 
     def _map_loop(self) -> None:
+        routed = [m for m in self.followers if self.pool.name in self.plan.followers(m)]
+        while any(m not in self._latest_weights for m in routed) and not self.stopping:
+            self._wait(100)  # the controller answers "ready" with each followed model's version: run nothing before
         while not self.stopping:
             self._wait(int(self.config.faults.heartbeat_s * 1000))
             self._follow_weights()
@@ -307,6 +314,9 @@ class Worker:
                     continue
                 waiting[meta.group] = batch
                 self.holding.add(meta.group)
+            if self.census is not None:
+                self.control.send("census", seq=self.census, holding=sorted(self.holding))
+                self.census = None
             while self.version < self.config.steps and (step := _next_step(waiting, self.next_group, per_step)):
                 parts = [waiting.pop(g) for g in step]  # oldest first: group ids are admission order
                 self.holding.difference_update(step)
@@ -477,6 +487,7 @@ def main(argv: list[str]) -> int:
     version = int(argv[3]) if len(argv) > 3 else 0
     resume_dir = Path(argv[4]) if len(argv) > 4 else None
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {pool_name}[{replica}] %(levelname)s %(message)s")
+    guard_process_group()  # before anything the worker starts: its children die with it
     plan = Plan.from_json(Path(plan_path).read_text())
     torch.set_num_threads(plan.pool(pool_name).threads)
     control = ControlClient(plan.control_endpoint, f"{pool_name}[{replica}]", run_key(plan))
