@@ -138,6 +138,10 @@ class FaultConfig(_Section):
         "restart", description="what a dead worker gets: restart and re-issue its work, or stop the run"
     )
     nodes: dict[str, Literal["restart", "fail-fast"]] = Field(default_factory=dict, description="per-node policy")
+    node_errors: Literal["stop", "restart"] = Field(
+        "stop", description="a Python exception in a node's own code: stop the run at once with the recipe line and "
+        "the node's frames (the same input would raise it again), or restart the worker like a dead one (for errors "
+        "known to be transient, such as a service that timed out)")
     max_restarts: NonNegativeInt = Field(3, description="restarts of one node within window_s before the run stops")
     window_s: PositiveFloat = 300.0
     heartbeat_s: PositiveFloat = Field(1.0, description="worker heartbeat interval")

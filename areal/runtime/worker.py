@@ -86,7 +86,7 @@ class Worker:
             if hasattr(impl, "setup"):
                 context = WorkerContext(recipe.node_config(n.name), plan, self.pool, replica, n.name, version,
                                         resume_dir, self.control)
-                guard(n.name, impl.setup, context)
+                guard(n, impl.setup, context)
             self.impls.append(impl)
         records = self.config.records
         rank_follower = bool(self.pool.rendezvous) and replica > 0  # rank 0 records what its trainer's ranks did
@@ -129,7 +129,7 @@ class Worker:
         """Trainer: form the weights group with the generators and send them the weights it starts from."""
         from areal.engines.weight_group import WeightGroup, group_device
 
-        weights = guard(self.nodes[-1].name, self.impls[-1].policy_weights)
+        weights = guard(self.nodes[-1], self.impls[-1].policy_weights)
         if not self.follower:
             members = self.plan.weights_members()
             self.weights_group = WeightGroup(self.plan.weights_rendezvous, 0, len(members),
@@ -177,7 +177,7 @@ class Worker:
             elif kind == "weights":
                 if message.get("broadcast"):
                     # a collective: the trainer waits in it until every generator has taken its part
-                    guard(self.nodes[0].name, self.impls[0].receive_weights, int(message["version"]))
+                    guard(self.nodes[0], self.impls[0].receive_weights, int(message["version"]))
                     message = {**message, "path": None}  # loaded already: the loop only notes the version
                 self._latest_weights[str(message.get("model", ""))] = message  # with files, only the newest matters
 
@@ -263,7 +263,7 @@ class Worker:
             weights = self._apply_weights(model)
             if weights is not None:
                 policy_version = int(weights["version"])
-                guard(head.name, gen.load_weights, weights.get("path"), policy_version)
+                guard(head, gen.load_weights, weights.get("path"), policy_version)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
             held += self._drain()
             ready = [item for item in held if item[1].admitted_at <= policy_version]
@@ -272,10 +272,10 @@ class Worker:
                 if meta.group in submitted:
                     continue  # re-issued after a crash downstream while still in flight here: that copy answers
                 submitted[meta.group] = batch
-                guard(head.name, gen.submit, self.chain.view(batch, self.plan.binding(head.name)), meta)
+                guard(head, gen.submit, self.chain.view(batch, self.plan.binding(head.name)), meta)
             if gen.pending() > 0:
                 start = time.monotonic()
-                finished = guard(head.name, gen.step)
+                finished = guard(head, gen.step)
                 self.chain.busy_s += time.monotonic() - start
                 for out, meta in finished:
                     self._generated(head, submitted.pop(meta.group), out, meta)
@@ -359,7 +359,7 @@ class Worker:
             stats |= metrics
         if batch is not None and batch.size:
             binding = self.plan.binding(self.nodes[-1].name)
-            stats |= dict(guard(self.nodes[-1].name, trainer, self.chain.view(batch, binding)))
+            stats |= dict(guard(self.nodes[-1], trainer, self.chain.view(batch, binding)))
             end = time.monotonic()
             if self.chain.log is not None:
                 oldest = [int(r.min()) if len(r) else step for r in batch[binding["versions"]].rows()] \
@@ -368,10 +368,10 @@ class Worker:
             self.chain.busy_s += end - middle
             stats |= {"prox_s": middle - start, "update_s": end - middle}
         else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
-            guard(self.nodes[-1].name, trainer.empty_step)
+            guard(self.nodes[-1], trainer.empty_step)
         self.version = step + 1
         path = self._publish()
-        weights = guard(self.nodes[-1].name, trainer.policy_weights) if self.broadcasting else None
+        weights = guard(self.nodes[-1], trainer.policy_weights) if self.broadcasting else None
         if self.follower:
             return  # rank 0 reports the step and decides on checkpoints
         reward = self.plan.reward_field
@@ -405,13 +405,13 @@ class Worker:
         if self.broadcasting:
             return None
         if self.follower:
-            guard(self.nodes[-1].name, trainer.save_weights, None)  # its part of gathering the weights
+            guard(self.nodes[-1], trainer.save_weights, None)  # its part of gathering the weights
             return None
         folder = Path(self.plan.weights_dir) / self.pool.name
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"v{self.version:06d}.safetensors"
         tmp = folder / f".v{self.version:06d}.tmp"
-        guard(self.nodes[-1].name, trainer.save_weights, str(tmp))
+        guard(self.nodes[-1], trainer.save_weights, str(tmp))
         os.replace(tmp, final)  # readers never see a half-written file
         keep = 3 + self.config.sampling_lag  # lagged mode: generators sample from the one η versions old
         for old in folder.glob("v*.safetensors"):
@@ -428,10 +428,10 @@ class Worker:
         if hasattr(trainer, "save_checkpoint"):
             target = folder / f"trainer-{self.pool.name}"
             target.mkdir(parents=True, exist_ok=True)
-            guard(self.nodes[-1].name, trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
+            guard(self.nodes[-1], trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
         if self.broadcasting:  # no weights file to copy: the checkpoint's policy (export, resume) is written here
             policy = None if self.follower else str(folder / f"policy-{self.pool.name}.safetensors")
-            guard(self.nodes[-1].name, trainer.save_weights, policy)
+            guard(self.nodes[-1], trainer.save_weights, policy)
         if not self.follower:
             self.control.send("checkpoint", model=self.pool.name, version=self.version, path=str(folder),
                               next_group=self.next_group)
@@ -491,16 +491,20 @@ def main(argv: list[str]) -> int:
     plan = Plan.from_json(Path(plan_path).read_text())
     torch.set_num_threads(plan.pool(pool_name).threads)
     control = ControlClient(plan.control_endpoint, f"{pool_name}[{replica}]", run_key(plan))
+    worker: Worker | None = None
     try:
-        Worker(plan, pool_name, replica, version, resume_dir, control).run()
+        worker = Worker(plan, pool_name, replica, version, resume_dir, control)
+        worker.run()
         return 0
     except BaseException as err:  # report everything, even KeyboardInterrupt, before exiting non-zero
         node = err.node if isinstance(err, NodeFailure) else None
         text = str(err) if isinstance(err, (NodeFailure, RunError)) else f"{type(err).__name__}: {err}"
         log.error("%s", traceback.format_exc())
-        # a broken contract fails the same way on every retry: the controller stops the run instead of restarting
-        control.send("error", node=node, message=text, traceback=traceback.format_exc(),
-                     fatal=isinstance(err, NodeContractError))
+        # a broken contract, or (unless faults.node_errors=restart) an exception in a node's own code, fails the
+        # same way on every retry: the controller stops the run instead of restarting the worker
+        restartable = worker is not None and worker.config.faults.node_errors == "restart"
+        fatal = isinstance(err, NodeContractError) or (isinstance(err, NodeFailure) and not restartable)
+        control.send("error", node=node, message=text, traceback=traceback.format_exc(), fatal=fatal)
         return 1
     finally:
         control.close()
