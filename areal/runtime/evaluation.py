@@ -28,6 +28,7 @@ class Round:
     batch: Batch
     meta: GroupMeta
     rewards: dict[int, float] = field(default_factory=dict)
+    solved: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
 
@@ -54,11 +55,14 @@ class HeldOut:
         self.pending[round_id] = Round(version, len(self.tasks), batch, meta)
         return batch, meta
 
-    def scored(self, round_id: int, sample_ids: list[int], rewards: list[float]) -> dict[str, Any] | None:
+    def scored(self, round_id: int, sample_ids: list[int], rewards: list[float],
+               solved: list[bool]) -> dict[str, Any] | None:
+        """A round's scored samples: their rewards, and whether each is solved (eval.solved, runtime/solved.py)."""
         pending = self.pending.get(round_id)
         if pending is None:
             return None
         pending.rewards.update((int(s), float(r)) for s, r in zip(sample_ids, rewards))
+        pending.solved.update(int(s) for s, ok in zip(sample_ids, solved) if ok)
         return self._finish(round_id)
 
     def failed(self, sample_ids: list[int]) -> list[dict[str, Any]]:
@@ -78,7 +82,7 @@ class HeldOut:
             return None
         del self.pending[round_id]
         rewards = list(pending.rewards.values())
-        passed = sum(1 for r in rewards if r >= 1.0 - 1e-9)
+        passed = len(pending.solved)
         return {"kind": "eval", "round": round_id, "version": pending.version, "tasks": pending.n // self.samples,
                 "samples": pending.n, "pass@1": passed / max(pending.n, 1),
                 "reward_mean": sum(rewards) / max(pending.n, 1), "failed": len(pending.failed)}

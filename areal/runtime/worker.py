@@ -54,6 +54,7 @@ from areal.runtime.ranks import RankOrders, rank_environment
 from areal.runtime.reaper import guard_process_group
 from areal.runtime.sample_log import SampleLog
 from areal.runtime.security import RunKey
+from areal.runtime.solved import solved
 from areal.runtime.staleness import staleness_histogram
 
 log = logging.getLogger("areal.worker")
@@ -381,6 +382,7 @@ class Worker:
             next_group=self.next_group,
             sample_ids=batch["sample_id"].tolist() if batch is not None else [],
             rewards=batch[reward].tolist() if batch is not None and reward in batch else [],
+            solved=self._solved(batch),
             tokens=_tokens(batch, self.plan.binding(self.nodes[-1].name)),
         )
         if weights is not None:
@@ -441,8 +443,12 @@ class Worker:
             return  # the sampled policy's trainer reports held-out rounds; the others only see them pass
         reward = self.plan.reward_field
         rewards = batch[reward].tolist() if reward in batch else []
-        self.control.send("eval", round=meta.round, task_ids=list(meta.task_ids),
-                          rewards=rewards, sample_ids=batch["sample_id"].tolist())
+        self.control.send("eval", round=meta.round, task_ids=list(meta.task_ids), rewards=rewards,
+                          solved=self._solved(batch), sample_ids=batch["sample_id"].tolist())
+
+    def _solved(self, batch: Batch | None) -> list[bool]:
+        field = self.plan.solved_field
+        return solved(batch[field].tolist(), self.plan.solved_at) if batch is not None and field in batch else []
 
     def _report_metrics(self, metrics: Mapping[str, float]) -> None:
         if metrics:
