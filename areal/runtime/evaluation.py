@@ -16,6 +16,7 @@ from typing import Any
 
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
+from areal.runtime.learning import pass_at_1_error
 
 log = logging.getLogger("areal.controller")
 ROUND_IDS = 1_000_000  # held-out sample ids of one round (the config caps tasks x samples below it)
@@ -83,8 +84,13 @@ class HeldOut:
         del self.pending[round_id]
         rewards = list(pending.rewards.values())
         passed = len(pending.solved)
-        return {"kind": "eval", "round": round_id, "version": pending.version, "tasks": pending.n // self.samples,
+        tasks = pending.n // self.samples
+        per_task = [0] * tasks  # copy i of the round is task i // samples (the order `start` dealt them in)
+        for sid in pending.solved:
+            per_task[(-sid - 1 - round_id * ROUND_IDS) // self.samples] += 1
+        return {"kind": "eval", "round": round_id, "version": pending.version, "tasks": tasks,
                 "samples": pending.n, "pass@1": passed / max(pending.n, 1),
+                "pass@1_se": pass_at_1_error(per_task, self.samples),
                 "reward_mean": sum(rewards) / max(pending.n, 1), "failed": len(pending.failed)}
 
     def in_flight(self) -> list[tuple[Batch, GroupMeta]]:
