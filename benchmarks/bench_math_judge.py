@@ -2,29 +2,35 @@
 
     python benchmarks/bench_math_judge.py [--table benchmarks/data/math_pairs.jsonl] [--classes] [--misses]
 
-A table row is one JSON object per line: `reference`, `label` (true when the completion's final
-answer is right), a `completion` or an `answer` (the benchmark writes it into a completion as
-`So the final answer is $\\boxed{answer}$.`), and optionally `prompt`, `class`, `note`. Every judge
-sees the same completion: the old checker (`benchmarks/_old_math_judge.py`, the reward areal had
-before issue #35), math-verify 0.9 alone as its README uses it (`verify(parse(gold), parse(completion))`,
-gold written as `\\boxed{reference}`, its own timeouts on, in this process), and areal's
-`MathReward` now (with the prompt where the row has one). Prints agreement with the labels,
-false positives (a wrong answer rewarded), false negatives, and the mean time per answer (each
-judge warmed first: child processes started, grammars loaded), then the ratios.
+A table row is one JSON object per line: `reference`, `label` (true when the completion's final answer is
+right), a `completion` or an `answer` (the benchmark writes it into a completion as `So the final answer is
+$\\boxed{answer}$.`), and optionally `prompt`, `class`, `note`. Every judge sees the same completion: the old
+checker (the reward areal had before issue #35, read from this repository's history at OLD_CHECKER, so a clone
+without history cannot run it), math-verify 0.9 alone as its README uses it (`verify(parse(gold),
+parse(completion))`, gold written as `\\boxed{reference}`, its own timeouts on, in this process), and areal's
+`MathReward` now (with the prompt where the row has one). Prints agreement with the labels, false positives (a
+wrong answer rewarded), false negatives, and the mean time per answer (each judge warmed first: child
+processes started, grammars loaded), then the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
-TABLE = Path(__file__).resolve().parent / "data" / "math_pairs.jsonl"
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "benchmarks" / "data" / "math_pairs.jsonl"
+OLD_CHECKER = "b17f1f2"  # the last commit with areal's own checker (areal/rewards/math_symbolic.py)
 JUDGES = ("areal (old)", "math-verify", "areal (new)")
 
 
@@ -50,16 +56,29 @@ def completion_of(row: dict) -> str:
     return row["completion"] if "completion" in row else f"So the final answer is $\\boxed{{{row['answer']}}}$."
 
 
-def judges() -> tuple[dict[str, Callable[[dict], bool]], Callable[[], None]]:
+def old_checker(folder: Path) -> ModuleType:
+    """areal's math reward as it was at OLD_CHECKER (math_answer.py and its sympy child, math_symbolic.py),
+    written into `folder` and imported from there; the child runs its file as a script, as it did."""
+    for name in ("math_answer", "math_symbolic"):
+        done = subprocess.run(["git", "show", f"{OLD_CHECKER}:areal/rewards/{name}.py"], cwd=ROOT,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"the old checker is read from git history ({OLD_CHECKER}): {done.stderr.strip()} "
+                             "(a clone made with --depth has no history: fetch it, or leave this judge out)")
+        text = done.stdout.replace("areal.rewards.math_symbolic", "old_math_symbolic")
+        (folder / f"old_{name}.py").write_text(text)
+    sys.path.insert(0, str(folder))
+    return importlib.import_module("old_math_answer")
+
+
+def judges(folder: Path) -> tuple[dict[str, Callable[[dict], bool]], Callable[[], None]]:
     """Each judge as row -> rewarded?, and a function that closes their child processes."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import _old_math_judge  # type: ignore[import-not-found]
     from math_verify import parse, verify
 
     from areal.rewards.math_answer import MathReward
 
     # math-verify's own default limit for both: verdicts, not this shared machine's load, decide the table
-    old = _old_math_judge.MathReward(timeout_s=5.0)
+    old = old_checker(folder).MathReward(timeout_s=5.0)
     new = MathReward(timeout_s=5.0)
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
@@ -104,11 +123,12 @@ def main() -> None:
     parser.add_argument("--misses", action="store_true", help="list the rows where areal's new judge disagrees")
     args = parser.parse_args()
     rows = load_table(args.table)
-    scorers, close = judges()
-    try:
-        results = {name: run(rows, scorers[name]) for name in JUDGES}
-    finally:
-        close()
+    with tempfile.TemporaryDirectory(prefix="areal-old-checker-") as folder:
+        scorers, close = judges(Path(folder))
+        try:
+            results = {name: run(rows, scorers[name]) for name in JUDGES}
+        finally:
+            close()
     positives = sum(r["label"] for r in rows)
     print(f"{args.table.name}: {len(rows)} pairs ({positives} right answers, {len(rows) - positives} wrong)\n")
     print("| judge | agreement | false positives | false negatives | ms per answer (mean / p95 / max) |")
