@@ -28,7 +28,7 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # an error names paths and lines: never broken across lines
 _state = {"debug": False}
 
 

@@ -30,7 +30,7 @@ def test_a_failed_run_exits_1_with_the_node_named(tmp_path):
     proc = start(tmp_path, "steps=4", "faults.policy=fail-fast", env={"FAKE_RAISE_ON_GROUP": "2"})
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 1, err[-2000:]
-    assert "run failed" in err and "node 'advantage' raised ValueError: bad group 2" in err
+    assert "run failed" in err and "node 'advantage' (custom) raised ValueError: bad group 2" in err
 
 
 def test_a_finished_run_exits_0(tmp_path):

@@ -154,7 +154,7 @@ class SandboxLayers:
                    f"adopting orphans; {share}")
         rlimits = (
             f"CPU {int(limits.timeout_s) + 1} s, AS {limits.memory_mb} MB, FSIZE {limits.max_file_bytes >> 20} MB, "
-            f"NPROC {limits.max_processes}, NOFILE {limits.max_open_files}, MEMLOCK 0, MSGQUEUE 0, CORE 0"
+            f"NPROC {limits.max_processes}{'' if self.namespaces else f' more than uid {self.uid} runs at its start'}, NOFILE {limits.max_open_files}, MEMLOCK 0, MSGQUEUE 0, CORE 0"
         )
         lines = [("code sandbox", isolation), ("verdict", verdict), ("processes", processes),
                  ("seccomp", seccomp), ("cgroup", cgroup), ("memory", memory), ("cpu", cpu), ("clock", clock),

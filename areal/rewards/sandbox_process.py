@@ -55,8 +55,14 @@ def output_cap(limits: Limits, n_tests: int) -> int:
 
 
 def run_plain(job: dict, limits: Limits, layers: SandboxLayers) -> SandboxRun:
-    """Run the harness on one program in a plain process (no namespaces: the weaker opt-in path)."""
+    """Run the harness on one program in a plain process (no namespaces: the weaker opt-in path).
+
+    Without a user namespace of its own, RLIMIT_NPROC counts every thread its uid runs on the
+    machine (the trainer's, the user's shell's, other jobs'), so the job's limit is raised by the
+    count it finds: it may start `max_processes` more, however busy the account is.
+    """
     payload = job_payload(job, limits, layers)
+    payload["max_processes"] += threads_of_uid(layers.uid)
     n_tests = len(job["inputs"])
     budget_s = STARTUP_SLACK_S + tests_budget_s(limits, n_tests)
     with SandboxProcess(layers, limits, boot_source(JAIL_MODULES, "harness.main")) as proc:
@@ -67,6 +73,21 @@ def run_plain(job: dict, limits: Limits, layers: SandboxLayers) -> SandboxRun:
             pass  # the sandbox died at start: the run has no 'ready' record and says why
         out, err, ended = _collect(proc, budget_s, output_cap(limits, n_tests))
     return parse_records(out, err, ended, proc.returncode)
+
+
+def threads_of_uid(uid: int) -> int:
+    """Threads whose real uid is `uid` now: what RLIMIT_NPROC counts outside a user namespace."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = dict(line.split(":", 1) for line in Path(entry.path, "status").read_text().splitlines())
+        except (OSError, ValueError):
+            continue  # gone since the scan, or not ours to read
+        if int(fields["Uid"].split()[0]) == uid:
+            count += int(fields["Threads"])
+    return count
 
 
 class SandboxProcess:

@@ -10,13 +10,15 @@ a pipe a memory store are checked refused on every path.
 from __future__ import annotations
 
 import dataclasses
+import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from areal.rewards import CodeTests, detect_layers
-from areal.rewards.sandbox import Limits, pipe_bytes_bound
-from tests.rewards.conftest import job_pids, run_one
+from areal.rewards.sandbox import Limits, as_uid, pipe_bytes_bound
+from areal.rewards.sandbox_process import threads_of_uid
+from tests.rewards.conftest import job_pids, path_scorer, run_one
 
 HOLD_512_MB = {"kind": "stdio", "inputs": [""], "outputs": ["512"]}
 
@@ -252,7 +254,7 @@ def test_a_correct_program_next_to_a_cpu_hog_still_passes(sandbox):
 
 
 PIPE_AMPLIFIERS = """
-import ctypes, fcntl, mmap, os
+import ctypes, fcntl, mmap, os, tempfile
 libc = ctypes.CDLL(None, use_errno=True)
 r, w = os.pipe()
 os.set_blocking(w, False)
@@ -260,9 +262,10 @@ huge = mmap.mmap(-1, 4 << 20)
 huge[0] = 1
 libc.madvise(ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(huge))), ctypes.c_size_t(4 << 20), 14)
 iov = (ctypes.c_void_p * 2)(ctypes.addressof(ctypes.c_char.from_buffer(huge)), 1)  # one byte of a huge page
-with open("/tmp/page", "wb") as f:
-    f.write(b"x" * 4096)
-src = os.open("/tmp/page", os.O_RDONLY)
+page, name = tempfile.mkstemp()  # its own file: on the plain path /tmp is the machine's
+os.write(page, b"x" * 4096)
+src = os.open(name, os.O_RDONLY)
+os.unlink(name)
 other_r, other_w = os.pipe()
 os.write(other_w, b"x")
 
@@ -338,3 +341,33 @@ def test_pipes_hold_no_more_than_the_report_says_where_no_cgroup_counts_them(sol
     held_mb = int(result.detail.rsplit("got '", 1)[1].split("\\n")[0])
     assert 16 <= held_mb <= pipe_bytes_bound(Limits(memory_mb=256)) >> 20
     assert f"at most {pipe_bytes_bound(Limits(memory_mb=256)) >> 20} MB" in solo.layers.describe(solo.limits)
+
+
+FORKS_FOUR = """
+import os
+for _ in range(4):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+print("forked")
+"""
+
+
+def test_the_plain_path_forks_however_many_threads_its_account_already_runs():
+    """Without a user namespace RLIMIT_NPROC counts every thread of the uid: an account running a
+    trainer's threads would leave a plain job no fork at all, were its limit not raised by them."""
+    scorer = path_scorer("plain")
+    busy = f"import threading, sys; [threading.Thread(target=sys.stdin.read, daemon=True).start() " \
+           f"for _ in range({2 * Limits().max_processes})]; print(flush=True); sys.stdin.read()"
+    neighbour = subprocess.Popen([scorer.layers.python, "-I", "-c", busy], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 **as_uid(scorer.layers.uid))
+    try:
+        neighbour.stdout.readline()  # its threads run
+        assert threads_of_uid(scorer.layers.uid) > Limits().max_processes
+        with scorer:
+            result = run_one(scorer, FORKS_FOUR, {"kind": "stdio", "inputs": [""], "outputs": ["forked"]})
+        assert result.reward == 1.0, result.detail
+    finally:
+        neighbour.kill()
+        neighbour.wait()

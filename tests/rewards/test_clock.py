@@ -85,7 +85,10 @@ def test_cpu_of_every_process_a_test_started_counts_reaped_or_not(path):
 @pytest.mark.parametrize("path", ["pooled", "one-shot"])
 def test_the_worker_cgroup_counts_children_the_kernel_reaped(path):
     # with the filter off the kernel does reap them, uncounted by any process: the cgroup still counts them
-    with filter_off(path_scorer(path, timeout_s=SHORT_S)) as scorer:
+    scorer = path_scorer(path, timeout_s=SHORT_S)
+    if scorer.layers.cgroup is None:
+        pytest.skip(f"no worker cgroups here: {scorer.layers.cgroup_problem}")
+    with filter_off(scorer) as scorer:
         result = run_one(scorer, hidden_work(), DONE)
     assert (result.reward, result.reason) == (0.0, "timeout")
     assert "s of CPU" in result.detail, result.detail

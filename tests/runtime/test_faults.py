@@ -153,7 +153,10 @@ def test_a_node_that_fails_while_setting_up_stops_the_run_at_once_with_its_error
     with pytest.raises(RunError) as caught:
         controller.run()
     message = str(caught.value)
-    assert message.startswith("node 'advantage' raised ValueError: advantage tables missing")
+    line = next(i for i, text in enumerate(RECIPE.read_text().splitlines(), 1) if text.startswith("g.add(advantage"))
+    assert message.startswith(f"{tmp_path / 'fake_rl.py'}:{line}: node 'advantage' (custom) raised ValueError: "
+                              "advantage tables missing\n")
+    assert ", in setup\n" in message and 'raise ValueError(os.environ["FAKE_SETUP_ERROR"])' in message  # its own frame
     assert "while setting up" in message
     assert "restart" not in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text()  # no futile restarts
 
