@@ -9,12 +9,22 @@ claims anything else counts as a crash. Every detail is made one printable line 
 returned or logged: it may hold the program's own bytes. Programs run on a pool of long-lived
 sandbox workers, each in a fresh jail (`sandbox_pool.py`); without bubblewrap, each in one
 plain sandbox process.
+
+How an output is compared (`results_equal`, `normalise_stdout`). A stdio test compares text, as
+stdin/stdout judges do, with trailing whitespace and blank lines ignored. A call test compares
+the returned value, which crosses the sandbox as JSON, with the expected one by kind as well as
+value, because Python's `==` (what HumanEval-style `assert f(x) == y` judges use) lets a wrong
+kind through: `True == 1` and `2.0 == 2`, so `return x >= 0` scored on tests expecting 1. The
+rule: a bool answers only a bool; an int answers an int, not a float; a float is answered by an
+int or a float within 1e-9 (relative or absolute: another order of the same sum), NaN by NaN;
+str and None by themselves; a list (a tuple arrives as one) element by element, a dict key by key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import threading
@@ -45,6 +55,7 @@ _DETAIL_CHARS = 200
 # outcomes a rerun of the same program on the same tests gives again; a timeout or a broken
 # sandbox may be the machine's load or a fault, so those are always run afresh
 _REPEATABLE = (None, "wrong_answer", "syntax_error", "crash")
+FLOAT_TOLERANCE = 1e-9  # relative and absolute: two ways to compute the same float answer
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,29 @@ def printable(text: str, limit: int = _DETAIL_CHARS) -> str:
 def normalise_stdout(text: str) -> str:
     """Strip trailing whitespace per line and trailing blank lines."""
     return "\n".join(line.rstrip() for line in text.splitlines()).rstrip("\n")
+
+
+def results_equal(got: object, expected: object) -> bool:
+    """Whether a call test's returned value answers the expected one: same kind, same value (JSON
+    values; the rule is in the module docstring)."""
+    if isinstance(got, bool) or isinstance(expected, bool):
+        return type(got) is type(expected) and got == expected
+    if isinstance(expected, float):
+        if isinstance(got, float) and math.isnan(got):
+            return math.isnan(expected)
+        try:
+            return isinstance(got, (int, float)) and math.isclose(
+                got, expected, rel_tol=FLOAT_TOLERANCE, abs_tol=FLOAT_TOLERANCE
+            )
+        except OverflowError:  # an int past any float: not close to a finite one
+            return False
+    if isinstance(expected, list):
+        return (isinstance(got, list) and len(got) == len(expected)
+                and all(results_equal(g, e) for g, e in zip(got, expected)))
+    if isinstance(expected, dict):
+        return (isinstance(got, dict) and got.keys() == expected.keys()
+                and all(results_equal(got[key], value) for key, value in expected.items()))
+    return type(got) is type(expected) and got == expected
 
 
 class CodeTests:
@@ -268,6 +302,6 @@ def _verdict(
         value = json.loads(got)
     except (ValueError, RecursionError):
         return "wrong_answer", f"result is not JSON: {got!r:.80}"
-    if value == json.loads(json.dumps(expected)):
+    if results_equal(value, json.loads(json.dumps(expected))):
         return None, ""
     return "wrong_answer", f"expected {expected!r:.80}, got {value!r:.80}"

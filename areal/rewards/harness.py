@@ -14,17 +14,21 @@ memory. Why it still cannot write the verdict, nor stop the clock:
 - in the pooled path this process is PID 1 of the job's PID namespace, which the kernel shields
   from every signal its own namespace sends without a handler, SIGSTOP and SIGKILL included;
 - a test's time is judged on what was measured, not on when this process woke up: CPU seconds
-  summed over the test's processes, and wall time minus the time its first process waited for
-  a CPU (so a neighbour's load does not turn a correct program into a timeout), with a
-  wall-clock backstop (`backstop_s`) for a machine so loaded that even that is unfair.
+  of every process the test started, reaped or not (`job_meter.py`), and wall time minus the
+  time its first process waited for a CPU at its starting priority (so a neighbour's load does
+  not turn a correct program into a timeout, and a program that demotes itself gains nothing),
+  with a wall-clock backstop (`backstop_s`) for a machine so loaded that even that is unfair;
+- nothing it runs can demote, pin or re-limit this process (the filter allows the scheduling and
+  limit calls on the caller only), and the supervisor outside the namespace ends a test whose
+  record is late, whatever happened to this process (`sandbox_server.py`).
 
 Each test runs in a child with rlimits, its input through a pipe, and the job's limits summed
 over all its processes (`job_meter.py`); the filter denies setsid, so all of them stay in this
 process's session, which is one CPU autogroup. When the test ends, every process it started is
 killed (as PID 1: everything in the namespace but this process, setsid or not; on the plain
-path, the session) and reaped before the next test starts. A record says how a test ended in
-the program's terms; the host refuses any other status, so nothing from here can report a
-machinery failure.
+path, where this process is a subreaper, the session and this process's children) and reaped
+before the next test starts. A record says how a test ended in the program's terms; the host
+refuses any other status, so nothing from here can report a machinery failure.
 
 Stdlib only, run from source next to its helpers `seccomp_filter` and `job_meter`: the pooled
 worker (`sandbox_server.py`) calls `run_job` once per job, the plain path runs `main` once. It
@@ -55,6 +59,7 @@ STDERR_TAIL_BYTES = 4096
 TICK_S = 0.05  # how often a running test's processes are measured
 CPUS = len(os.sched_getaffinity(0))  # a test cannot spend more CPU seconds than this per second
 PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -81,6 +86,11 @@ def run_job(job: dict, channel: int, close_in_child: tuple[int, ...], scratch: t
     _set_dumpable(False)  # before any child exists: see the module docstring
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     whole_namespace = os.getpid() == 1
+    if not whole_namespace:  # orphans of the test come to us, not to the host's init, which would reap them
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    # a SIGCHLD ignored here would be inherited, and every test's children reaped by the kernel
+    # uncounted; the filter then refuses any process of the job to set it
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     # opened before the filter, which allows unix sockets only; the plain path's would be the host's
     sockets = job_meter.UnixSockets() if whole_namespace else None
     close_in_child = (*close_in_child, *([sockets.fileno()] if sockets else []))
@@ -101,15 +111,21 @@ def run_job(job: dict, channel: int, close_in_child: tuple[int, ...], scratch: t
         emit({"event": "syntax_error", "detail": _exception_line(exc)})
         return
     meter = functools.partial(job_meter.JobMeter, whole_namespace=whole_namespace, scratch=scratch, sockets=sockets)
+    cgroup_cpu = job.get("cgroup_cpu")  # the worker cgroup's CPU counter, where it has one
     for i, test_input in enumerate(job["inputs"]):
-        record = _run_test(code, test_input, job, close_in_child, meter)
+        clock = job_meter.CgroupCpu(cgroup_cpu) if cgroup_cpu else None
+        record = _run_test(code, test_input, job, close_in_child, functools.partial(meter, cgroup=clock))
         record["i"] = i
         emit(record)
 
 
 def _set_dumpable(dumpable: bool) -> None:
-    if _libc.prctl(PR_SET_DUMPABLE, int(dumpable), 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+    _prctl(PR_SET_DUMPABLE, int(dumpable))
+
+
+def _prctl(option: int, value: int) -> None:
+    if _libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
 
 
 def _exception_line(exc: BaseException) -> str:
@@ -160,6 +176,7 @@ def _child(code, test_input, job: dict, stdin_fd: int, out_w: int, err_w: int, r
         (resource.RLIMIT_NOFILE, job["max_open_files"]),
         (resource.RLIMIT_MEMLOCK, 0),
         (resource.RLIMIT_MSGQUEUE, 0),
+        (resource.RLIMIT_NICE, 0),  # its nice value may go up (its own loss), never back down
     ):
         resource.setrlimit(limit, (value, value))
     sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
@@ -238,7 +255,7 @@ def _watch(
                 break
         left_s = limit_s - _unqueued_s(meter, elapsed, limit_s)
         if left_s <= 0 or elapsed >= backstop_s:
-            verdict = "timeout"
+            verdict, detail = "timeout", _wall_detail(elapsed, limit_s, backstop_s)
             break
         wait_s = min(next_tick - elapsed, left_s, backstop_s - elapsed)
         for fd, _ in poller.poll(max(wait_s, 0.001) * 1000):
@@ -261,10 +278,10 @@ def _watch(
     if verdict == "exited":
         # judged on what it used, not on when this process noticed: see the module docstring
         elapsed = time.monotonic() - started
-        if _unqueued_s(meter, elapsed, limit_s) > limit_s or (
-            elapsed * CPUS > limit_s and meter.cpu_s(meter.processes()) > limit_s
-        ):
-            verdict = "timeout"
+        if _unqueued_s(meter, elapsed, limit_s) > limit_s:
+            verdict, detail = "timeout", _wall_detail(elapsed, limit_s, backstop_s)
+        elif elapsed * CPUS > limit_s and (cpu_s := meter.cpu_s(meter.processes())) > limit_s:
+            verdict, detail = "timeout", _cpu_detail(cpu_s, limit_s)
     wait_status = _end_test(meter)
     if pending:
         os.close(stdin_w)
@@ -276,11 +293,9 @@ def _watch(
         verdict = "output_limit"
     stderr = bufs[err_r].decode("utf-8", "replace")
     out = (bufs[res_r] if job["kind"] == "call" else bufs[out_r]).decode("utf-8", "replace")
-    if verdict == "timeout":
-        return {"status": verdict, "detail": f"still running after {limit_s} s"}
     if verdict == "output_limit":
         return {"status": verdict, "detail": f"more than {cap} bytes of output"}
-    if verdict == "memory":
+    if verdict in ("timeout", "memory"):
         return {"status": verdict, "detail": detail}
     return _classify(wait_status, out, stderr, job["kind"])
 
@@ -303,11 +318,21 @@ def _unqueued_s(meter: job_meter.JobMeter, elapsed: float, limit_s: float) -> fl
     return elapsed if elapsed <= limit_s else elapsed - meter.queued_s()
 
 
+def _wall_detail(elapsed: float, limit_s: float, backstop_s: float) -> str:
+    if elapsed >= backstop_s:
+        return f"still running after {backstop_s:g} s of wall time (the backstop)"
+    return f"still running after {limit_s:g} s"
+
+
+def _cpu_detail(cpu_s: float, limit_s: float) -> str:
+    return f"its processes used {cpu_s:.2f} s of CPU, over the {limit_s:g} s limit"
+
+
 def _over_limits(meter: job_meter.JobMeter, job: dict) -> tuple[str | None, str]:
     """('timeout' | 'memory' | None, why) from one measurement of all the test's processes."""
     pids = meter.processes()
-    if meter.cpu_s(pids) > job["timeout_s"]:
-        return "timeout", ""
+    if (cpu_s := meter.cpu_s(pids)) > job["timeout_s"]:
+        return "timeout", _cpu_detail(cpu_s, job["timeout_s"])
     if (held := meter.memory_bytes(pids)) > job["memory_mb"] << 20:
         return "memory", f"its processes and files held {held >> 20} MB, over the job's {job['memory_mb']} MB"
     return None, ""
@@ -315,20 +340,25 @@ def _over_limits(meter: job_meter.JobMeter, job: dict) -> tuple[str | None, str]
 
 def _end_test(meter: job_meter.JobMeter) -> int:
     """Kill every process the test started, reap them, and return the test's first process's wait status."""
-    if meter.whole_namespace:
-        _quietly(os.kill, -1, signal.SIGKILL)  # as PID 1: every other process of the namespace
-    else:
-        for pid in meter.processes():  # the plain path: the test's session, which it cannot leave
-            _quietly(os.kill, pid, signal.SIGKILL)
+    _kill_all(meter)
     _, wait_status = os.waitpid(meter.pid, 0)
-    while meter.whole_namespace:
-        # orphans are this process's children: reap them all, killing again whatever forked meanwhile
-        _quietly(os.kill, -1, signal.SIGKILL)
+    while True:
+        # orphans are this process's children (PID 1, or a subreaper on the plain path): reap them
+        # all, killing again whatever forked meanwhile
+        _kill_all(meter)
         try:
             os.waitpid(-1, 0)
         except ChildProcessError:
             break
     return wait_status
+
+
+def _kill_all(meter: job_meter.JobMeter) -> None:
+    if meter.whole_namespace:
+        _quietly(os.kill, -1, signal.SIGKILL)  # as PID 1: every other process of the namespace
+    else:
+        for pid in meter.processes():  # the plain path: the test's session, which it cannot leave, and our children
+            _quietly(os.kill, pid, signal.SIGKILL)
 
 
 def _quietly(kill, target: int, sig: int) -> None:

@@ -6,6 +6,8 @@ the model's code, then HumanEval's test program, then a small entry function tha
 its timeout and memory limit): a failed assertion, an exception or a timeout is a failure, and only a
 `check` that returns normally passes. As in HumanEval's own harness, a test passes on the absence of
 an exception: a program that rewrites `check` or the builtins it relies on is not defended against.
+The problem's own `check` is the judge, so its `==` decides (`True` passes where 1 is expected);
+`CodeTests`' stricter rule applies only to the True the entry function returns.
 
 The model's code is found the way each prompt style asks for it (`areal/data/humaneval.py`): the
 last fenced block of a chat reply, else the completion as written. Code that defines the entry point

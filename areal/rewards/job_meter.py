@@ -10,7 +10,14 @@ measures; the harness decides and kills.
 
 "The test's processes" are every process of the job's PID namespace but the runner when the
 runner is its PID 1, else (the plain path, no namespace) the other processes in the runner's
-session, which the seccomp filter keeps them in. Stdlib only: it runs inside the jail, from source.
+session, which the seccomp filter keeps them in, and the runner's children. Every process a
+test ever started is counted, reaped or not: it is alive or a zombie (orphans go to the runner,
+PID 1 or a subreaper, which reaps only when the test ends), or a process of the test reaped it
+and holds its time in its own children's counters. The one way around that, a parent whose
+SIGCHLD is ignored so that the kernel reaps its children and adds their time to no one, is
+denied by the seccomp filter; where a worker has a cgroup, its CPU counter (`CgroupCpu`) counts
+the job whatever happened to its processes, and the larger of the two is the test's CPU.
+Stdlib only: it runs inside the jail, from source.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 KIB = 1024
@@ -76,29 +84,71 @@ def _meminfo(data: bytes, at: int, end: int) -> int:
     return 0
 
 
+class CgroupCpu:
+    """The CPU time of the worker's cgroup since this test began, less the runner's own.
+
+    The cgroup holds the job's processes, its runner, and the worker's server and supervisor, which
+    wait while a test runs; the kernel charges it every process's time, whether that process is
+    alive, a zombie, or was reaped by anyone. `path` is its cpu.stat (v2, usage_usec) or
+    cpuacct.usage (v1, nanoseconds), bound read-only into the jail. Made before the test forks.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.start_ns, self.runner_start_s = self._usage_ns(), time.process_time()
+
+    def spent_s(self) -> float:
+        return (self._usage_ns() - self.start_ns) / 1e9 - (time.process_time() - self.runner_start_s)
+
+    def _usage_ns(self) -> int:
+        data = _read(self.path) or b"0"
+        if data[:1].isdigit():
+            return int(data.split()[0])
+        fields = dict(line.split()[:2] for line in data.splitlines() if line.strip())
+        return int(fields.get(b"usage_usec", 0)) * 1000
+
+
 class JobMeter:
     """Samples of one test, whose first process is `pid`; `scratch` are the job's tmpfs mounts, and
     `sockets` its network namespace's unix sockets (None on the plain path: they would be the host's)."""
 
-    def __init__(self, pid: int, whole_namespace: bool, scratch: tuple[str, ...], sockets: UnixSockets | None) -> None:
+    def __init__(
+        self,
+        pid: int,
+        whole_namespace: bool,
+        scratch: tuple[str, ...],
+        sockets: UnixSockets | None,
+        cgroup: CgroupCpu | None = None,
+    ) -> None:
         self.pid, self.whole_namespace, self.scratch, self.sockets = pid, whole_namespace, scratch, sockets
+        self.cgroup = cgroup
         self.runner, self.session = os.getpid(), b"%d" % os.getsid(0)
+        runner = _stat(self.runner) or []
+        self.priority = (runner[18], runner[40])  # (nice, policy): what the test's first process starts at
+        self.runner_field = b"%d" % self.runner
+        self.queued, self.demoted = 0.0, False
 
     def processes(self) -> list[int]:
         """Pids of the test's processes that are alive or not yet reaped."""
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
         if self.whole_namespace:
             return [pid for pid in pids if pid != self.runner]
-        return [pid for pid in pids if pid != self.runner and (_stat(pid) or [b""] * 6)[5] == self.session]
+        return [pid for pid in pids if pid != self.runner and self._ours(_stat(pid) or [b""] * 6)]
+
+    def _ours(self, fields: list[bytes]) -> bool:
+        """On the plain path: in the runner's session, or its child (an orphan it adopted as subreaper)."""
+        return fields[5] == self.session or fields[3] == self.runner_field
 
     def cpu_s(self, pids: list[int]) -> float:
-        """CPU seconds of `pids`, with the children each has reaped (stat fields 14-17)."""
+        """CPU seconds of `pids`, with the children each has reaped (stat fields 14-17); where the
+        worker has a cgroup, its count if larger (see the module docstring)."""
         ticks = 0
         for pid in pids:
             fields = _stat(pid)
             if fields is not None:
                 ticks += sum(int(f) for f in fields[13:17])
-        return ticks / CLK_TCK
+        counted = ticks / CLK_TCK
+        return counted if self.cgroup is None else max(counted, self.cgroup.spent_s())
 
     def memory_bytes(self, pids: list[int]) -> int:
         """Resident anonymous and shared memory of `pids`, plus the job's tmpfs files and socket queues.
@@ -117,9 +167,20 @@ class JobMeter:
         return used
 
     def queued_s(self) -> float:
-        """Seconds the test's first process has waited on a run queue (0 where not reported)."""
-        fields = (_read(f"/proc/{self.pid}/schedstat") or b"").split()
-        return int(fields[1]) / 1e9 if len(fields) > 1 else 0.0
+        """Seconds the test's first process waited on a run queue while it ran at the runner's priority.
+
+        Only a neighbour's load is forgiven: a process that lowered its own priority (nice, a
+        scheduling policy) queues by its own doing, so its count stops at the first sample that
+        sees it changed, and stays there (an unprivileged process cannot raise it back).
+        """
+        if not self.demoted:
+            fields = _stat(self.pid)
+            if fields is None or (fields[18], fields[40]) != self.priority:
+                self.demoted = True
+            else:
+                sched = (_read(f"/proc/{self.pid}/schedstat") or b"").split()
+                self.queued = int(sched[1]) / 1e9 if len(sched) > 1 else 0.0
+        return self.queued
 
 
 def _read(path: str) -> bytes | None:

@@ -31,6 +31,7 @@ SANDBOX_UID = 913_713  # a uid no account uses: every process running as it belo
 # the modules that run inside the jail, from source, in import order
 JAIL_MODULES = ("seccomp_filter", "job_meter", "harness")
 AUTOGROUP_SETTING = Path("/proc/sys/kernel/sched_autogroup_enabled")
+CGROUP_CPU_IN_JAIL = "/run/areal/cgroup-cpu"  # where a worker's cgroup CPU counter is bound, read-only
 
 
 class SandboxError(ArealError):
@@ -109,38 +110,54 @@ class SandboxLayers:
             verdict = "the runner is not dumpable; records carry only program outcomes, compared outside"
             processes = "a test's session is killed at its end (no PID namespace: a process that leaves it lives on)"
         if self.seccomp:
-            seccomp = f"off ({self.seccomp}): memfd and SysV shared memory are not denied and escape the memory sum"
+            seccomp = (f"off ({self.seccomp}): memfd, SysV shared memory, splice and pipe resizing are not denied and "
+                       "escape the memory sum; a program may demote its runner, and a parent that ignores SIGCHLD "
+                       "hides its children's CPU time where no cgroup counts it")
         else:
-            seccomp = (f"on: {', '.join(seccomp_filter.DENIED)}, clone with namespace flags and sockets other than "
-                       "unix ones denied")
+            seccomp = (f"on: {', '.join(seccomp_filter.DENIED)}, clone with namespace flags, sockets other than "
+                       f"unix ones and F_SETPIPE_SZ denied; {', '.join(seccomp_filter.SELF_ONLY)} on the caller "
+                       "only; SIGCHLD may not be set (no child is reaped uncounted)")
         held = "tmpfs files and unix socket queues" if self.namespaces else "nothing else (no tmpfs of its own)"
         meter = (f"each test's processes (resident memory, a page shared after fork counted in each) and {held} "
                  f"summed every 50 ms, the test killed past {limits.memory_mb} MB")
         share = "one scheduling autogroup per job (setsid denied)" if not self.autogroup else (
             f"no shared autogroup ({self.autogroup}): N busy processes get N shares of the CPU"
         )
-        timing = (f"{limits.timeout_s:g} s of CPU summed over the test's processes, and of wall time not spent "
-                  f"queued for a CPU (backstop {limits.backstop_s:g} s wall)")
+        timing = (f"{limits.timeout_s:g} s of CPU over every process the test started, reaped or not, and of "
+                  f"wall time not spent queued for a CPU at its starting priority (backstop "
+                  f"{limits.backstop_s:g} s wall)")
+        watchdog = (f"the supervisor, outside the job's namespace, ends a test that has not reported after "
+                    f"{limits.backstop_s + 1:g} s, and answers without waiting for a slow namespace to die"
+                    if self.namespaces else "the host ends the job past its wall-clock budget")
+        keeper = ("seccomp off: a program may demote it" if self.seccomp
+                  else "no process of the job can change its scheduling or limits")
+        clock = f"the runner keeps it ({keeper}); {watchdog}; a test that overruns is a timeout, never a dropped sample"
+        pipes = pipe_bytes_bound(limits) >> 20
         if self.cgroup is not None and self.namespaces:
             cgroup = (f"{self.cgroup.describe()}, one per worker: memory.max {limits.memory_mb + WORKER_OVERHEAD_MB} "
                       f"MB (the job's {limits.memory_mb} MB, kernel memory included, and the worker's own), no swap, "
                       f"cpu.max one CPU, pids.max")
             memory = f"the worker's cgroup, and inside it {meter}"
-            cpu = f"the worker's cgroup (one CPU); a test may use {timing}"
+            cpu = (f"the worker's cgroup (one CPU), whose CPU counter is the job's (every process it held); a test "
+                   f"may use {timing}")
         else:
             cgroup = f"none ({self.cgroup_problem or 'the plain path runs without one'})"
             memory = (
                 f"fallback: each process under RLIMIT_AS {limits.memory_mb} MB; {meter}; not covered: pipe "
-                "buffers (at most fs.pipe-user-pages-soft per uid), page tables and other kernel objects, and "
-                f"growth between two samples (at most {limits.max_processes} processes x {limits.memory_mb} MB)"
+                f"buffers (each pipe at most {PIPE_PAGES} pages, as splice, vmsplice, tee, sendfile and "
+                f"F_SETPIPE_SZ are denied: at most {pipes} MB over a job's descriptors, in flight included, and less "
+                f"once the pipes of uid {self.uid}, every job's together, hold {_pipe_soft_pages()} "
+                "(fs.pipe-user-pages-soft), after which a new pipe gets 2), page tables and other kernel objects, "
+                f"and growth between two samples (at most {limits.max_processes} processes x {limits.memory_mb} MB)"
             )
-            cpu = f"fallback: {timing}; {share}"
+            cpu = (f"fallback: {timing}: each process's own and its reaped children's counters, the runner "
+                   f"adopting orphans; {share}")
         rlimits = (
             f"CPU {int(limits.timeout_s) + 1} s, AS {limits.memory_mb} MB, FSIZE {limits.max_file_bytes >> 20} MB, "
             f"NPROC {limits.max_processes}, NOFILE {limits.max_open_files}, MEMLOCK 0, MSGQUEUE 0, CORE 0"
         )
         lines = [("code sandbox", isolation), ("verdict", verdict), ("processes", processes),
-                 ("seccomp", seccomp), ("cgroup", cgroup), ("memory", memory), ("cpu", cpu),
+                 ("seccomp", seccomp), ("cgroup", cgroup), ("memory", memory), ("cpu", cpu), ("clock", clock),
                  ("rlimits per process", rlimits), ("python", self.python)]
         if self.missing:
             lines.append(("missing", f"{', '.join(self.missing)} ({self.problem})"))
@@ -155,6 +172,25 @@ class SandboxLayers:
                 "allowed (a VM, or a container started with them), or pass code_tests(allow_weaker=True) to run "
                 "untrusted code as a plain subprocess"
             )
+
+
+PIPE_PAGES = 16  # a pipe's buffers as made, each holding at most one page of what write() put there
+PIPE_SOFT_SETTING = Path("/proc/sys/fs/pipe-user-pages-soft")
+
+
+def pipe_bytes_bound(limits: Limits) -> int:
+    """The most a job's pipes can hold where no cgroup counts them: a pipe per descriptor its
+    processes may open, and per descriptor in flight on a unix socket (as many as one process
+    may open), each of PIPE_PAGES pages and the spare page a used pipe keeps."""
+    pipes = (limits.max_processes + 1) * limits.max_open_files
+    return pipes * (PIPE_PAGES + 1) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _pipe_soft_pages() -> str:
+    try:
+        return f"{int(PIPE_SOFT_SETTING.read_text())} pages"
+    except (OSError, ValueError):
+        return "fs.pipe-user-pages-soft pages"
 
 
 def sandbox_report() -> str:
@@ -318,8 +354,11 @@ def as_uid(uid: int) -> dict:
     return {"user": uid, "group": uid, "extra_groups": []}
 
 
-def bwrap_argv(bwrap: str, python: str, limits: Limits, info_fd: int | None) -> list[str]:
-    """The command line that starts `python -I` inside a fresh bubblewrap sandbox."""
+def bwrap_argv(
+    bwrap: str, python: str, limits: Limits, info_fd: int | None, cgroup_cpu: Path | None = None
+) -> list[str]:
+    """The command line that starts `python -I` inside a fresh bubblewrap sandbox, with the
+    worker cgroup's CPU counter `cgroup_cpu` bound read-only at CGROUP_CPU_IN_JAIL."""
     # --as-pid-1: our interpreter is the namespace's init, so there is no bwrap init for the
     # outer bwrap to leave behind as a zombie when it exits
     argv = [bwrap, "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-ipc"]
@@ -337,6 +376,8 @@ def bwrap_argv(bwrap: str, python: str, limits: Limits, info_fd: int | None) -> 
         argv += ["--ro-bind", prefix, prefix]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmpfs_bytes)]
     argv += ["--tmpfs", "/tmp", "--chdir", "/tmp"]
+    if cgroup_cpu is not None:
+        argv += ["--ro-bind", str(cgroup_cpu), CGROUP_CPU_IN_JAIL]
     if info_fd is not None:
         argv += ["--info-fd", str(info_fd)]
     return [*argv, python, "-I"]

@@ -4,7 +4,9 @@ A worker runs one program at a time, so its cgroup bounds each job as a whole, k
 included (page tables, pipe and socket buffers), which the in-jail fallback (`job_meter.py`)
 cannot see: memory.max at the job's memory plus the worker's own, no swap, cpu.max of one CPU,
 pids.max. It is an outer layer: the runner's own limits still decide the verdict, and an OOM
-kill by the cgroup is reported to the verdict as the program's memory failure.
+kill by the cgroup is reported to the verdict as the program's memory failure. Its CPU counter
+(v2 cpu.stat, v1 cpuacct.usage) is bound read-only into the jail, where the runner reads it as
+the job's CPU time: the kernel charges every process there, reaped by anyone or not.
 
 Where such a cgroup can be made:
 - cgroup v2, in a subtree this process may write and whose subtree_control enables memory, cpu
@@ -14,28 +16,31 @@ Where such a cgroup can be made:
   leaf so that the cgroup may delegate (systemd-run --user --scope -p Delegate=yes areal ...);
 - cgroup v1 as root: the memory, cpu and pids hierarchies, under our own cgroup in each.
 Anywhere else `find_place()` says why not, and the layers report names the fallback.
+
+Names carry a random token as well as our pid: two areal processes that are each PID 1 of their
+own namespace (two containers, two `unshare` runs) share a pid and may share a parent cgroup.
 """
 
 from __future__ import annotations
 
 import errno
-import itertools
 import os
+import secrets
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 CONTROLLERS = ("memory", "cpu", "pids")
+V1_CONTROLLERS = (*CONTROLLERS, "cpuacct")  # v1 counts CPU time in a controller of its own (often co-mounted)
 WORKER_OVERHEAD_MB = 128  # the worker's server, supervisors and runner, next to the job
 WORKER_PROCESSES = 8  # bwrap, the server, a supervisor and a runner for this job and the next
 CPU_PERIOD_US = 100_000
 OPTIONAL = ("memory.swap.max", "memory.memsw.limit_in_bytes")  # absent without swap accounting
-_names = itertools.count()
 
 
 @dataclass(frozen=True)
 class CgroupPlace:
-    """Where worker cgroups are made: one directory per controller (v2: the same one thrice)."""
+    """Where worker cgroups are made: one directory per controller (v2: the same one for all)."""
 
     version: int
     parents: dict[str, Path]
@@ -97,8 +102,8 @@ def _v2_place() -> CgroupPlace | str:
         return (f"cgroup v2 {own} holds {len(others)} other process(es), so it cannot delegate controllers "
                 "(start areal in a cgroup of its own)")
     try:
-        leaf = here / f"areal-host-{os.getpid()}"
-        leaf.mkdir(exist_ok=True)
+        leaf = here / _unique_name("areal-host")
+        leaf.mkdir()
         (leaf / "cgroup.procs").write_text(str(os.getpid()))
         (here / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in CONTROLLERS))
     except OSError as exc:
@@ -113,7 +118,7 @@ def _delegates(path: Path) -> bool:
 def _v1_place() -> CgroupPlace | str:
     own = _own_cgroups()
     parents = {}
-    for controller in CONTROLLERS:
+    for controller in V1_CONTROLLERS:
         mount = next((p for p, kind, opts in _mounts() if kind == "cgroup" and controller in opts.split(",")), None)
         path = next((p for names, p in own.items() if controller in names.split(",")), None)
         if mount is None or path is None:
@@ -136,7 +141,7 @@ class WorkerCgroup:
 
     def __init__(self, place: CgroupPlace, memory_mb: int, max_processes: int) -> None:
         self.place = place
-        name = f"areal-sandbox-{os.getpid()}-{next(_names)}"
+        name = _unique_name("areal-sandbox")
         self.dirs = {c: parent / name for c, parent in place.parents.items()}
         memory = (memory_mb + WORKER_OVERHEAD_MB) << 20
         if place.version == 2:
@@ -172,6 +177,13 @@ class WorkerCgroup:
                 _write(directory / "cgroup.procs", current, optional=False, gone_ok=True)
             todo += _children(current)
 
+    @property
+    def cpu_usage_file(self) -> Path:
+        """The file that counts the CPU time of every process ever in this cgroup."""
+        if self.place.version == 2:
+            return self.dirs["cpu"] / "cpu.stat"
+        return self.dirs["cpuacct"] / "cpuacct.usage"
+
     def oom_kills(self) -> int:
         """How many processes the kernel has killed in this cgroup for want of memory."""
         directory = self.dirs["memory"]
@@ -185,6 +197,11 @@ class WorkerCgroup:
     def remove(self) -> None:
         for directory in dict.fromkeys(self.dirs.values()):
             _rmdir(directory)
+
+
+def _unique_name(prefix: str) -> str:
+    """PREFIX-PID-TOKEN: the pid for a reader, the token because pids repeat across PID namespaces."""
+    return f"{prefix}-{os.getpid()}-{secrets.token_hex(6)}"
 
 
 def _write(path: Path, value: object, optional: bool, gone_ok: bool = False) -> None:

@@ -4,9 +4,12 @@ Starting bubblewrap and an interpreter per program costs ~90 ms on the 2-core ma
 pays that once and then ~5 ms per program for fresh namespaces (`sandbox_server.py`). Workers
 start on first use, never when a recipe is loaded, and are lent to one thread at a time. A
 worker that dies, sends garbage or stays silent past its job's budget plus GRACE_S is killed
-with its whole namespace, its program is reported as 'killed' or 'sandbox_error' (never a
-silent 0), and the next program gets a fresh worker. With `reuse=False` each worker runs one
-program and is killed (the one-sandbox-per-program path): the same jail, without the reuse.
+with its whole namespace, its program is reported as 'killed', 'sandbox_error' or 'timeout'
+(never a silent 0), and the next program gets a fresh worker. Silence past a job's deadline is
+the program's 'timeout', a 0, not a dropped sample: the pool cannot tell a worker its program
+starved from a broken one, and a policy must not learn that a slow enough program is dropped.
+With `reuse=False` each worker runs one program and is killed (the one-sandbox-per-program
+path): the same jail, without the reuse.
 This module only runs and collects; it trusts nothing the worker sends beyond the framing, and
 scoring stays in `code_reward.py`.
 """
@@ -21,7 +24,7 @@ import struct
 import time
 import weakref
 
-from areal.rewards.sandbox import JAIL_MODULES, Limits, SandboxLayers, SandboxRun, boot_source
+from areal.rewards.sandbox import CGROUP_CPU_IN_JAIL, JAIL_MODULES, Limits, SandboxLayers, SandboxRun, boot_source
 from areal.rewards.sandbox_cgroup import WorkerCgroup
 from areal.rewards.sandbox_process import (
     STARTUP_SLACK_S,
@@ -57,7 +60,8 @@ class SandboxWorker:
         try:
             if layers.cgroup is not None:
                 self.cgroup = WorkerCgroup(layers.cgroup, limits.memory_mb, limits.max_processes)
-            self.sandbox = SandboxProcess(layers, limits, source)
+            cgroup_cpu = None if self.cgroup is None else self.cgroup.cpu_usage_file
+            self.sandbox = SandboxProcess(layers, limits, source, cgroup_cpu)
         except OSError as exc:
             if self.cgroup is not None:
                 self.cgroup.remove()
@@ -66,7 +70,7 @@ class SandboxWorker:
         self._stderr = bytearray()
         try:
             settings = _encode({"tmpfs_bytes": limits.tmpfs_bytes, "tmpfs_files": limits.tmpfs_files, "reuse": reuse})
-            hello = self._exchange(settings, time.monotonic() + STARTUP_SLACK_S, cap=STDERR_TAIL_BYTES)
+            hello = self._exchange(settings, time.monotonic() + STARTUP_SLACK_S, STDERR_TAIL_BYTES, "sandbox_error")
             if hello != {"event": "hello"}:
                 raise WorkerFailure("sandbox_error", f"it sent {hello!r:.80}")
             if self.cgroup is not None:
@@ -78,8 +82,8 @@ class SandboxWorker:
             raise WorkerFailure("sandbox_error", f"sandbox worker did not start: {why}") from None
 
     def run(self, payload: dict, budget_s: float, cap: int) -> dict:
-        """Send one job and wait for its reply, at most `budget_s` + GRACE_S."""
-        return self._exchange(_encode(payload), time.monotonic() + budget_s + GRACE_S, cap)
+        """Send one job and wait for its reply, at most `budget_s` + GRACE_S; silence is the program's timeout."""
+        return self._exchange(_encode(payload), time.monotonic() + budget_s + GRACE_S, cap, "timeout")
 
     def oom_kills(self) -> int:
         """Processes the kernel killed in the worker's cgroup for want of memory (0 without a cgroup)."""
@@ -90,8 +94,9 @@ class SandboxWorker:
         if self.cgroup is not None:
             self.cgroup.remove()
 
-    def _exchange(self, request: bytes, deadline: float, cap: int) -> dict:
-        """Write `request` while reading one reply frame (and the stderr tail) until `deadline`."""
+    def _exchange(self, request: bytes, deadline: float, cap: int, late: str) -> dict:
+        """Write `request` while reading one reply frame (and the stderr tail) until `deadline`,
+        past which the failure's reason is `late`."""
         proc = self.sandbox.proc
         reply = bytearray()
         with selectors.DefaultSelector() as sel:
@@ -102,7 +107,7 @@ class SandboxWorker:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise WorkerFailure("sandbox_error", f"sandbox worker gave no answer in time{self._why()}")
+                    raise WorkerFailure(late, f"sandbox worker gave no answer in time{self._why()}")
                 for key, _ in sel.select(remaining):
                     if key.fileobj is proc.stdin:
                         try:
@@ -178,6 +183,7 @@ class SandboxPool:
             if worker is None:
                 worker = SandboxWorker(self.layers, self.limits, BOOT_SOURCE, self.reuse)
                 self._live.add(worker)
+            payload["cgroup_cpu"] = None if worker.cgroup is None else CGROUP_CPU_IN_JAIL
             oom_kills = worker.oom_kills()
             run = _run_from_reply(worker.run(payload, budget_s, _reply_cap(cap)))
             run.oom_killed = worker.oom_kills() > oom_kills

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 from areal.rewards.sandbox import JAIL_MODULES, Limits, SandboxLayers, SandboxRun, as_uid, boot_source, bwrap_argv
 
@@ -69,14 +70,15 @@ def run_plain(job: dict, limits: Limits, layers: SandboxLayers) -> SandboxRun:
 
 
 class SandboxProcess:
-    """One started sandbox running `source` with piped stdio; `kill()` ends everything in it."""
+    """One started sandbox running `source` with piped stdio; `kill()` ends everything in it.
+    `cgroup_cpu` is its cgroup's CPU counter, bound into it read-only (see `sandbox_cgroup.py`)."""
 
-    def __init__(self, layers: SandboxLayers, limits: Limits, source: str) -> None:
+    def __init__(self, layers: SandboxLayers, limits: Limits, source: str, cgroup_cpu: Path | None = None) -> None:
         self.layers, self.workdir = layers, None
         info_r, info_w = os.pipe() if layers.namespaces else (None, None)
         if layers.namespaces:
             assert layers.bwrap is not None
-            argv = bwrap_argv(layers.bwrap, layers.python, limits, info_fd=info_w)
+            argv = bwrap_argv(layers.bwrap, layers.python, limits, info_fd=info_w, cgroup_cpu=cgroup_cpu)
             cwd, env = "/", {}
         else:
             self.workdir = tempfile.mkdtemp(prefix="areal-sandbox-")

@@ -13,6 +13,13 @@ server answer. Nothing a job leaves (processes, files, SysV or POSIX IPC objects
 outlives it, and a job cannot name, signal or trace the server or its supervisor: they live in
 the parent namespaces. The server itself is PID 1 of the worker's namespace (bwrap --as-pid-1).
 
+Every wait is bounded, so a job always gets an answer, and a slow one is a timeout, never a
+broken worker: the supervisor gives each test until its wall-clock backstop (plus a little) to
+report, from outside the job's namespace where nothing the program does can slow its clock,
+and kills the job when a record is late; after the kill it waits at most KILL_WAIT_S for PID 1
+before answering (a namespace whose processes are slow to die finishes dying after the answer,
+and the server reaps its supervisor later).
+
 Protocol on stdin/stdout: frames of a 4-byte big-endian length and a UTF-8 JSON object, never
 pickle: the worker's settings in and a hello out, then one job in and one answer out, repeated.
 Stdlib only and run from source: the pool's boot code loads the harness and its helpers first,
@@ -45,6 +52,9 @@ CAPABILITY_VERSION_3 = 0x20080522
 HEADER = struct.Struct(">I")
 STDERR_TAIL_BYTES = 4096
 CHANNEL_FD = 3  # the runner's record pipe; the job arrives on the next fd, all others are closed
+RECORD_SLACK_S = 1.0  # past a test's backstop: killing and reaping its processes, then the next fork
+KILL_WAIT_S = 2.0  # how long the answer waits for a killed job's PID 1 to be gone
+PR_SET_PDEATHSIG = 1
 # warm in the server, so a program's `import` of these costs a dict lookup in its forked child
 PRELOADED = ("bisect", "collections", "fractions", "functools", "heapq", "itertools", "math", "re", "string")
 SCRATCH = ("/tmp", "/dev/shm")  # the job's own tmpfs mounts: its files count against its memory
@@ -73,10 +83,12 @@ def serve() -> None:
     tmpfs = f"size={settings['tmpfs_bytes']},nr_inodes={settings['tmpfs_files']},mode=0700"
     jail = _prepare_jail(tmpfs, private=(inbox, outbox))
     _send(outbox, {"event": "hello"})
+    dying: list[int] = []  # supervisors that answered and still wait for their job's PID 1
     while (job := _receive(inbox)) is not None:
-        _send(outbox, _run(jail, job))
+        _send(outbox, _run(jail, job, dying))
         if not settings["reuse"]:
             return
+        dying = [pid for pid in dying if os.waitpid(pid, os.WNOHANG)[0] == 0]
         # the next job's jail is built while the pool reads this answer
         jail = _prepare_jail(tmpfs, private=(inbox, outbox))
 
@@ -124,7 +136,7 @@ def _prepare_jail(tmpfs: str, private: tuple[int, ...]) -> tuple[int, int, int]:
         try:
             for fd in (*private, job_w, reply_r):
                 os.close(fd)
-            _write_all(reply_w, json.dumps(_supervise(tmpfs, job_r)).encode())
+            _supervise(tmpfs, job_r, reply_w)
             status = 0
         except BaseException:
             traceback.print_exc()
@@ -135,8 +147,11 @@ def _prepare_jail(tmpfs: str, private: tuple[int, ...]) -> tuple[int, int, int]:
     return pid, job_w, reply_r
 
 
-def _run(jail: tuple[int, int, int], job: bytes) -> dict:
-    """Hand the job to its waiting supervisor and relay its one reply; a crash is an error reply."""
+def _run(jail: tuple[int, int, int], job: bytes, dying: list[int]) -> dict:
+    """Hand the job to its waiting supervisor and relay its one reply; a crash is an error reply.
+
+    The reply is whole once the supervisor closes its end; a supervisor still waiting then for its
+    job's PID 1 joins `dying`, to be reaped later."""
     pid, job_w, reply_r = jail
     try:
         _write_all(job_w, job)
@@ -144,15 +159,22 @@ def _run(jail: tuple[int, int, int], job: bytes) -> dict:
         pass  # the supervisor died building the jail: its exit status says so below
     os.close(job_w)
     data = _read_all(reply_r)
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        reply = None
+    if isinstance(reply, dict):
+        dying.append(pid)
+        return reply
+    # no whole reply: the supervisor died, and its runner with it (PR_SET_PDEATHSIG), so this wait is short
     _, wait_status = os.waitpid(pid, 0)
-    if wait_status == 0:
-        return json.loads(data)
     status = os.waitstatus_to_exitcode(wait_status)
     return {"event": "error", "detail": f"job supervisor failed with exit status {status} (traceback on stderr)"}
 
 
-def _supervise(tmpfs: str, job_r: int) -> dict:
-    """Build the jail and its runner (PID 1), wait for the job, collect under its clock, kill all."""
+def _supervise(tmpfs: str, job_r: int, reply_w: int) -> None:
+    """Build the jail and its runner (PID 1), wait for the job, collect under its clock, kill all,
+    answer on `reply_w` (then closed), and wait for the runner to be gone."""
     uid, gid = os.getuid(), os.getgid()
     _check(_libc.unshare(JOB_NAMESPACES), "unshare the job's namespaces")
     for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1")):
@@ -165,6 +187,8 @@ def _supervise(tmpfs: str, job_r: int) -> dict:
     runner = os.fork()
     if runner == 0:
         try:
+            # the job dies with its supervisor, whatever ends the supervisor
+            _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "set the parent-death signal")
             _runner(handoff_r, out_w, err_w)
         except BaseException:
             traceback.print_exc()
@@ -179,18 +203,27 @@ def _supervise(tmpfs: str, job_r: int) -> dict:
     except BrokenPipeError:
         pass  # the runner died before reading its job: no 'ready' record, its stderr says why
     os.close(handoff_w)
-    out, err, ended = _collect(out_r, err_r, job["budget_s"], job["max_reply_bytes"])
+    per_record_s = job["backstop_s"] + RECORD_SLACK_S
+    out, err, ended = _collect(out_r, err_r, job["budget_s"], per_record_s, job["max_reply_bytes"])
     # the runner is PID 1 of the job's namespace: the kernel kills everything else in it, and
-    # reaping PID 1 waits until they are all gone
+    # PID 1 exits once they are all gone
+    pidfd = os.pidfd_open(runner)
     os.kill(runner, signal.SIGKILL)
-    _, wait_status = os.waitpid(runner, 0)
-    return {
+    gone = bool(select.select([pidfd], [], [], KILL_WAIT_S)[0])
+    os.close(pidfd)
+    wait_status = os.waitpid(runner, 0)[1] if gone else None
+    reply = {
         "event": "done",
         "out": out.decode("utf-8", "replace"),
         "err": err.decode("utf-8", "replace"),
         "ended": ended,
-        "exit_status": os.waitstatus_to_exitcode(wait_status),
+        # not gone yet: it was killed, and the answer does not wait for the rest of its namespace
+        "exit_status": -signal.SIGKILL if wait_status is None else os.waitstatus_to_exitcode(wait_status),
     }
+    _write_all(reply_w, json.dumps(reply).encode())
+    os.close(reply_w)
+    if wait_status is None:
+        os.waitpid(runner, 0)
 
 
 def _seal_file_systems(tmpfs: str) -> None:
@@ -246,9 +279,11 @@ def _check(result: int, what: str) -> None:
         raise OSError(errno, f"job sandbox: cannot {what}: {os.strerror(errno)}")
 
 
-def _collect(out_r: int, err_r: int, budget_s: float, cap: int) -> tuple[bytes, bytes, str]:
-    """Read the runner's records and stderr tail until EOF, the wall clock or the byte cap."""
-    deadline = time.monotonic() + budget_s
+def _collect(out_r: int, err_r: int, budget_s: float, per_record_s: float, cap: int) -> tuple[bytes, bytes, str]:
+    """Read the runner's records and stderr tail until EOF, the byte cap, the job's wall clock, or a
+    record (one line each) later than `per_record_s` after the one before."""
+    job_deadline = time.monotonic() + budget_s
+    record_deadline = time.monotonic() + per_record_s
     bufs = {out_r: bytearray(), err_r: bytearray()}
     poller = select.poll()
     for fd in bufs:
@@ -256,7 +291,7 @@ def _collect(out_r: int, err_r: int, budget_s: float, cap: int) -> tuple[bytes, 
     open_fds = set(bufs)
     ended = "exited"
     while open_fds and ended == "exited":
-        remaining = deadline - time.monotonic()
+        remaining = min(job_deadline, record_deadline) - time.monotonic()
         if remaining <= 0:
             ended = "timeout"
             break
@@ -271,6 +306,8 @@ def _collect(out_r: int, err_r: int, budget_s: float, cap: int) -> tuple[bytes, 
                 del bufs[fd][:-STDERR_TAIL_BYTES]
             elif len(bufs[fd]) > cap:
                 ended = "output_limit"
+            elif b"\n" in chunk:
+                record_deadline = time.monotonic() + per_record_s
     for fd in bufs:
         os.close(fd)
     return bytes(bufs[out_r]), bytes(bufs[err_r]), ended

@@ -16,7 +16,15 @@ and closes what that check does not cover:
 - sockets other than unix ones: the job's network namespace has nothing to reach, and unix
   sockets are the kind whose buffers the runner can measure (`job_meter.py`);
 - setsid: every process of a test stays in the test's session, which is one scheduling
-  autogroup, so a hundred busy processes get one share of the CPU, not a hundred.
+  autogroup, so a hundred busy processes get one share of the CPU, not a hundred;
+- the runner's clock and meter: a process may change only its own scheduling and limits
+  (setpriority, sched_setaffinity, ioprio_set and prlimit64 on pid 0 only; no scheduling policy
+  at all), so nothing it runs can demote, pin or starve the runner (issue #37);
+- CPU time that leaves no trace: SIGCHLD may not be set (to SIG_IGN or SA_NOCLDWAIT, whose children
+  the kernel reaps without adding their CPU time to anyone's), so every process a test starts is
+  either alive, a zombie, or reaped by a process of the test, whose counters then hold its time;
+- pipes as a memory store: splice, vmsplice, tee, sendfile and F_SETPIPE_SZ, which put pages of any
+  size into a pipe or grow one; left with write(), a pipe holds at most 16 pages of 4 KB.
 
 Denied calls fail with EPERM; a call from another ABI (x32, or int 0x80 on x86_64) kills the
 process, since the numbers above would not apply to it. The filter is hand-written classic BPF
@@ -69,10 +77,29 @@ DENIED = {
     "fspick": (433, 433),
     "mount_setattr": (442, 442),
     "setsid": (112, 157),
+    "sched_setscheduler": (144, 119),
+    "sched_setparam": (142, 118),
+    "sched_setattr": (314, 274),
+    "splice": (275, 76),
+    "vmsplice": (278, 75),
+    "tee": (276, 77),
+    "sendfile": (40, 71),
 }
 CLONE = (56, 220)
 CLONE3 = (435, 435)
 SOCKET = (41, 198)
+# calls allowed only when they name the caller itself: (numbers, ((argument, required value), ...));
+# pid 0 (and PRIO_PROCESS 0, IOPRIO_WHO_PROCESS 0) is the caller, and a pid_t is an argument's low word
+SELF_ONLY = {
+    "setpriority": ((141, 140), ((0, 0), (1, 0))),  # which = PRIO_PROCESS, who = 0
+    "ioprio_set": ((251, 30), ((0, 1), (1, 0))),  # which = IOPRIO_WHO_PROCESS, who = 0
+    "sched_setaffinity": ((203, 122), ((0, 0),)),
+    "prlimit64": ((302, 261), ((0, 0),)),
+}
+RT_SIGACTION = (13, 134)
+FCNTL = (72, 25)
+SIGCHLD = 17
+F_SETPIPE_SZ = 1031
 # machine -> (AUDIT_ARCH_*, column in the tables above)
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
 X32_SYSCALL_BIT = 0x40000000
@@ -83,7 +110,8 @@ AF_UNIX = 1
 
 BPF_LD_W_ABS, BPF_JEQ, BPF_JGE, BPF_JSET, BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x06
 RET_KILL_PROCESS, RET_ERRNO, RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
-OFFSET_NR, OFFSET_ARCH, OFFSET_ARG0 = 0, 4, 16  # struct seccomp_data; arg0's low word (little-endian)
+OFFSET_NR, OFFSET_ARCH = 0, 4  # struct seccomp_data
+ARG_WORDS = 16  # seccomp_data.args[0]; each argument is 8 bytes, low word first (little-endian)
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
 Instruction = tuple[int, "str | None", "str | None", int]  # (code, label if true, label if false, k)
 
@@ -108,14 +136,28 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
             (BPF_LD_W_ABS, None, None, OFFSET_NR),
             *([(BPF_JGE, "kill", None, X32_SYSCALL_BIT)] if machine == "x86_64" else []),
             *[(BPF_JEQ, "deny", None, numbers[column]) for numbers in DENIED.values()],
+            *[(BPF_JEQ, name, None, numbers[column]) for name, (numbers, _) in SELF_ONLY.items()],
+            (BPF_JEQ, "rt_sigaction", None, RT_SIGACTION[column]),
+            (BPF_JEQ, "fcntl", None, FCNTL[column]),
             (BPF_JEQ, "enosys", None, CLONE3[column]),
             (BPF_JEQ, "clone", None, CLONE[column]),
             (BPF_JEQ, "socket", "allow", SOCKET[column]),
         ],
         # clone: no namespace flag
-        "clone": [(BPF_LD_W_ABS, None, None, OFFSET_ARG0), (BPF_JSET, "deny", "allow", CLONE_NAMESPACES)],
+        "clone": [(BPF_LD_W_ABS, None, None, _arg(0)), (BPF_JSET, "deny", "allow", CLONE_NAMESPACES)],
         # socket: unix sockets only (the job's network namespace has nothing else to reach)
-        "socket": [(BPF_LD_W_ABS, None, None, OFFSET_ARG0), (BPF_JEQ, "allow", "deny", AF_UNIX)],
+        "socket": [(BPF_LD_W_ABS, None, None, _arg(0)), (BPF_JEQ, "allow", "deny", AF_UNIX)],
+        **{name: _all_equal(required) for name, (_, required) in SELF_ONLY.items()},
+        # rt_sigaction: SIGCHLD may be read (act == NULL), never set
+        "rt_sigaction": [
+            (BPF_LD_W_ABS, None, None, _arg(0)),
+            (BPF_JEQ, None, "allow", SIGCHLD),
+            (BPF_LD_W_ABS, None, None, _arg(1)),
+            (BPF_JEQ, None, "deny", 0),
+            (BPF_LD_W_ABS, None, None, _arg(1) + 4),
+            (BPF_JEQ, "allow", "deny", 0),
+        ],
+        "fcntl": [(BPF_LD_W_ABS, None, None, _arg(1)), (BPF_JEQ, "deny", "allow", F_SETPIPE_SZ)],
         "allow": [(BPF_RET, None, None, RET_ALLOW)],
         "deny": [(BPF_RET, None, None, RET_ERRNO | errno.EPERM)],
         "enosys": [(BPF_RET, None, None, RET_ERRNO | errno.ENOSYS)],
@@ -131,6 +173,20 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
         assert all(0 <= j <= 255 for j in jumps), "a seccomp jump is out of range"
         out.append((code, *jumps, k))
     return out
+
+
+def _arg(n: int) -> int:
+    """Offset of argument `n`'s low word in struct seccomp_data."""
+    return ARG_WORDS + 8 * n
+
+
+def _all_equal(required: tuple[tuple[int, int], ...]) -> list[Instruction]:
+    """Allow when every (argument, value) holds on the argument's low word, else deny."""
+    block: list[Instruction] = []
+    for i, (arg, value) in enumerate(required):
+        last = i == len(required) - 1
+        block += [(BPF_LD_W_ABS, None, None, _arg(arg)), (BPF_JEQ, "allow" if last else None, "deny", value)]
+    return block
 
 
 class _Filter(ctypes.Structure):

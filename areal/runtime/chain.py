@@ -5,7 +5,9 @@ Each node sees a view: its input ports bound to the fields the plan resolved for
 returns is checked against its ports (runtime/outputs.py) and added under its own name, so no
 node can overwrite another's field. Samples a node fails (its FAILED rows, or a NaN) or a filter
 drops (its DROPPED rows) leave the batch here and are reported with their ids and reasons; the
-numbers a node returns under METRICS are averaged into the step's metrics.
+numbers a node returns under METRICS are averaged into the step's metrics. A node is never called
+with no samples: a batch that lost them all goes on with empty columns of the node's declared types
+(a join downstream still waits for the group).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from areal.errors import RunError
 from areal.graph.batch import Batch
 from areal.graph.node import Node
 from areal.graph.roles import DROPPED, FAILED, METRICS
-from areal.runtime.outputs import NodeContractError, checked_outputs
+from areal.runtime.outputs import NodeContractError, checked_outputs, empty_outputs
 from areal.runtime.plan import IMPLICIT, Plan
 
 Report = Callable[..., None]  # the worker's control.send
@@ -53,6 +55,9 @@ class Chain:
         METRICS (name -> value)."""
         metrics: dict[str, float] = {}
         for n, impl, binding in self.steps[start:stop]:
+            if batch.size == 0:  # every sample failed or was dropped: the node is not called with nothing
+                batch = batch.merge({f"{n.name}.{port}": value for port, value in empty_outputs(n).items()})
+                continue
             view = self.view(batch, binding)
             began = time.monotonic()
             out = dict(guard(n.name, impl, view))

@@ -52,6 +52,19 @@ def checked_outputs(n: Node, batch: Batch, out: Mapping[str, Any]) -> tuple[dict
     return checked, failed
 
 
+def empty_outputs(n: Node) -> dict[str, Any]:
+    """A node's declared outputs over no samples: what a batch that lost every row carries on instead of calling
+    the node with nothing (its fields keep their types for the nodes and joins downstream)."""
+    out: dict[str, Any] = {}
+    for port, ptype in n.outputs.items():
+        if ptype.dtype == "json":
+            out[port] = []
+            continue
+        values = torch.empty(0, *(int(d) for d in ptype.dims if d.isdigit()), dtype=TORCH_DTYPES[ptype.dtype])
+        out[port] = Ragged(values, torch.zeros(1, dtype=torch.int64)) if ptype.level == "token" else values
+    return out
+
+
 def _cast(ptype: PortType, value: Any, rows: int) -> Any:
     """The value as the port declares it; ValueError says how it differs."""
     if ptype.dtype == "json":

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Iterator
@@ -12,20 +13,20 @@ from areal.rewards.sandbox import SANDBOX_UID
 
 
 def sandbox_pids() -> set[int]:
-    """Host pids of every live sandbox process.
+    """Host pids of this test process's live sandbox processes: its descendants, never another run's.
 
     As root, untrusted code runs as a uid no account uses, so those are its processes. As any
     other user it runs as that user, so they are the processes in a PID namespace below ours
     (bubblewrap's init and everything under it). Zombies are left out: a dead namespace init
-    waits there for the host's init to reap it.
+    waits there for the host's init to reap it. A process that left our tree could only be one
+    whose namespace outlived its bubblewrap; the hostile tests look for those by their own
+    random marker (`pids_with_marker`).
     """
     own_depth = len(_nspids(os.getpid()) or [0])
     pids = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in _descendants(os.getpid()):
         try:
-            status = (entry / "status").read_text()
+            status = Path(f"/proc/{pid}/status").read_text()
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
@@ -36,8 +37,22 @@ def sandbox_pids() -> set[int]:
         else:
             sandboxed = len(fields.get("NSpid", "").split()) > own_depth
         if sandboxed:
-            pids.add(int(entry.name))
+            pids.add(pid)
     return pids
+
+
+def _descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            tasks = list(Path(f"/proc/{current}/task").iterdir())
+            children = [int(c) for task in tasks for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        found.update(children)
+        todo += children
+    return found
 
 
 def _nspids(pid: int) -> list[str] | None:
@@ -139,3 +154,30 @@ def host_pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+# the paths a program can run on; the first two take worker cgroups where the machine gives them
+PATHS = ("pooled", "one-shot", "pooled, no cgroup", "plain")
+
+
+def path_scorer(path: str, **kw) -> CodeTests:
+    """A scorer that runs programs on `path` (skips where this machine cannot give it)."""
+    layers = detect_layers()
+    if layers.missing:
+        pytest.skip(f"full sandbox unavailable here: {layers.describe()}")
+    if path == "pooled" and layers.cgroup is None:
+        pytest.skip(f"no worker cgroups here: {layers.cgroup_problem}")
+    scorer = CodeTests(memory_mb=256, workers=1, remember=0, pooled=path != "one-shot", allow_weaker=path == "plain",
+                       **{"timeout_s": 1.0, **kw})
+    if path == "pooled, no cgroup":
+        scorer._layers = dataclasses.replace(layers, cgroup=None, cgroup_problem="off for this test")
+    elif path == "plain":
+        scorer._layers = dataclasses.replace(layers, bwrap=None, namespaces=False, problem="plain path for this test")
+    return scorer
+
+
+@pytest.fixture(scope="module", params=PATHS)
+def each_path(request) -> Iterator[CodeTests]:
+    """The same tests on every path (module-wide: one scorer per path)."""
+    with path_scorer(request.param) as scorer:
+        yield scorer

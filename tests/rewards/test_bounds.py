@@ -3,7 +3,8 @@
 Programs run with memory_mb=256. Each hostile program reports how much it managed to take; it
 passes its test only if it took more than its job may have, so a pass here is the sandbox failing.
 Every scorer here runs without worker cgroups, even where the machine offers them: these bounds
-must hold on the fallback (test_sandbox_cgroup.py checks the cgroups).
+must hold on the fallback (test_sandbox_cgroup.py checks the cgroups); the calls that would make
+a pipe a memory store are checked refused on every path.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from areal.rewards import CodeTests, detect_layers
+from areal.rewards.sandbox import Limits, pipe_bytes_bound
 from tests.rewards.conftest import job_pids, run_one
 
 HOLD_512_MB = {"kind": "stdio", "inputs": [""], "outputs": ["512"]}
@@ -247,3 +249,92 @@ def test_a_correct_program_next_to_a_cpu_hog_still_passes(sandbox):
     hog, neighbour = sandbox([BUSY_CHILDREN, NEIGHBOUR], [hog_tests, WORK])
     assert (hog.reward, hog.reason) == (0.0, "timeout")
     assert (neighbour.reward, neighbour.reason) == (1.0, None), neighbour.detail
+
+
+PIPE_AMPLIFIERS = """
+import ctypes, fcntl, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+r, w = os.pipe()
+os.set_blocking(w, False)
+huge = mmap.mmap(-1, 4 << 20)
+huge[0] = 1
+libc.madvise(ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(huge))), ctypes.c_size_t(4 << 20), 14)
+iov = (ctypes.c_void_p * 2)(ctypes.addressof(ctypes.c_char.from_buffer(huge)), 1)  # one byte of a huge page
+with open("/tmp/page", "wb") as f:
+    f.write(b"x" * 4096)
+src = os.open("/tmp/page", os.O_RDONLY)
+other_r, other_w = os.pipe()
+os.write(other_w, b"x")
+
+def call(result):
+    if result < 0:
+        raise OSError(ctypes.get_errno(), "refused")
+
+routes = {
+    "vmsplice": lambda: call(libc.vmsplice(w, iov, 1, 0)),
+    "splice": lambda: os.splice(src, w, 1),
+    "tee": lambda: call(libc.tee(other_r, w, ctypes.c_size_t(1), 0)),
+    "sendfile": lambda: os.sendfile(w, src, 0, 1),
+    "F_SETPIPE_SZ": lambda: fcntl.fcntl(w, 1031, 1 << 20),
+}
+
+def outcome(route):
+    try:
+        route()
+    except OSError:
+        return "denied"
+    return "open"
+
+print(" ".join(f"{name}:{outcome(route)}" for name, route in routes.items()))
+"""
+
+
+def test_no_call_puts_more_than_a_written_page_into_a_pipe_slot(each_path):
+    expected = " ".join(f"{name}:denied" for name in ("vmsplice", "splice", "tee", "sendfile", "F_SETPIPE_SZ"))
+    result = run_one(each_path, PIPE_AMPLIFIERS, {"kind": "stdio", "inputs": [""], "outputs": [expected]})
+    assert result.reward == 1.0, result.detail
+
+
+PIPE_FLOOD = """
+import os, signal
+r, w = os.pipe()
+children = 0
+for _ in range(14):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        children = -1
+        break
+    children += 1
+held = 0
+try:
+    while True:
+        a, b = os.pipe()
+        os.set_blocking(b, False)
+        try:
+            while True:
+                held += os.write(b, bytes(4096))
+        except BlockingIOError:
+            pass
+        os.close(b)  # the read end alone keeps what was written
+except OSError:
+    pass
+if children < 0:
+    os.write(w, b"%d," % held)
+    signal.pause()
+reports = b""
+while reports.count(b",") < children:
+    reports += os.read(r, 64)
+print((held + sum(int(n) for n in reports.split(b",")[:children])) >> 20)
+"""
+
+
+def test_pipes_hold_no_more_than_the_report_says_where_no_cgroup_counts_them(solo):
+    # 15 processes fill a pipe per descriptor by write(), the one route left, and print the MB they hold
+    result = run_one(solo, PIPE_FLOOD, HOLD_512_MB)
+    assert (result.reward, result.reason) == (0.0, "wrong_answer"), result.detail
+    held_mb = int(result.detail.rsplit("got '", 1)[1].split("\\n")[0])
+    assert 16 <= held_mb <= pipe_bytes_bound(Limits(memory_mb=256)) >> 20
+    assert f"at most {pipe_bytes_bound(Limits(memory_mb=256)) >> 20} MB" in solo.layers.describe(solo.limits)

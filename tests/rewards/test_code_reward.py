@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from areal.rewards import CodeResult, CodeTests, SandboxError, code_reward, code_tests, detect_layers, extract_code
-from areal.rewards.code_reward import normalise_stdout
+from areal.rewards.code_reward import normalise_stdout, results_equal
 
 ADD = {"kind": "call", "fn_name": "add", "inputs": [[1, 2], [3, 4], [-1, 1]], "outputs": [3, 7, 0]}
 SUM = {"kind": "stdio", "inputs": ["1 2\n", "3 4\n"], "outputs": ["3\n", "7"]}
@@ -144,3 +144,43 @@ def test_a_detail_from_inside_is_one_short_printable_line(sandbox):
     assert (result.reward, result.reason) == (0.0, "crash")
     assert result.detail.isprintable() and len(result.detail) <= 200, result.detail
     assert result.detail.startswith("\\x1b[1A\\x1b[2K\\u202e\\x07PASSED all tests")
+
+
+@pytest.mark.parametrize(
+    ("got", "expected", "equal"),
+    [
+        (True, 1, False),  # a predicate does not answer a count
+        (1, True, False),
+        (False, 0, False),
+        (True, True, True),
+        (2.0, 2, False),  # an integer asked for, a float given: / where // was meant
+        (2, 2.0, True),  # a float asked for: an int of that value answers it
+        (0.30000000000000004, 0.3, True),  # the same sum in another order
+        (0.3001, 0.3, False),
+        (1e-17, 0.0, True),
+        (float("nan"), float("nan"), True),
+        (1, float("nan"), False),
+        (10**400, 1.5, False),  # past any float
+        ("1", 1, False),
+        (None, None, True),
+        (None, 0, False),
+        ([1, True], [1, 1], False),
+        ([1, 2.0], [1, 2.0], True),
+        ([1, 2], [1, 2, 3], False),
+        ({"a": [1.0]}, {"a": [1]}, False),
+        ({"a": [1]}, {"a": [1.0]}, True),
+        ({"a": 1}, {"a": 1, "b": 2}, False),
+    ],
+)
+def test_a_result_must_be_of_the_expected_kind_as_well_as_equal(got, expected, equal):
+    assert results_equal(got, expected) is equal
+
+
+def test_a_bool_or_float_returned_where_an_int_is_expected_is_a_wrong_answer(sandbox):
+    tests = {"kind": "call", "fn_name": "count", "inputs": [[1], [6]], "outputs": [1, 6]}
+    programs = ["def count(x):\n    return x >= 0\n", "def count(x):\n    return x / 1\n",
+                "def count(x):\n    return x\n"]
+    predicate, real, right = sandbox(programs, [tests] * 3)
+    assert (predicate.reward, predicate.reason, predicate.detail) == (0.0, "wrong_answer", "expected 1, got True")
+    assert (real.reward, real.detail) == (0.0, "expected 1, got 1.0")
+    assert right.reward == 1.0

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from areal.rewards.sandbox import Limits
+from areal.rewards.sandbox import SANDBOX_UID, Limits
 from tests.rewards.conftest import (
     ProcessWatch,
+    _nspids,
     host_pid_alive,
     job_pids,
     pids_with_marker,
@@ -204,3 +210,33 @@ def test_a_hostile_program_does_not_spoil_its_neighbours_in_the_batch(sandbox):
     results = sandbox([good, bad, good], [CALL_ADD] * 3)
     assert [r.reward for r in results] == [1.0, 0.0, 1.0]
     assert os.getpid() not in sandbox_pids()
+
+
+def test_the_leftover_check_counts_this_test_process_own_sandboxes_only():
+    """Another run's sandbox on the same machine (issue #36): a process in a PID namespace below
+    ours, as the sandbox uid, that this process did not start, must not count as ours."""
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux's unshare is not installed")
+    as_sandbox = f", user={SANDBOX_UID}, group={SANDBOX_UID}, extra_groups=[]" if os.geteuid() == 0 else ""
+    quiet = "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL"
+    starter = ("import subprocess\n"
+               "other = subprocess.Popen(['unshare', '--user', '--pid', '--fork', 'sleep', '60'], "
+               f"start_new_session=True, {quiet}{as_sandbox})\n"
+               "print(other.pid)\n")
+    started = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, timeout=30)
+    if started.returncode != 0:
+        pytest.skip(f"cannot start a stand-in for another run here: {started.stderr.strip()[-200:]}")
+    leader = int(started.stdout)  # its starter has exited: it is no descendant of ours
+    try:
+        deadline = time.monotonic() + 10
+        while not (others := Path(f"/proc/{leader}/task/{leader}/children").read_text().split()):
+            assert time.monotonic() < deadline, "the stand-in never started its namespace"
+            threading.Event().wait(0.01)
+        (other,) = others
+        # what the machine-wide check counted: the sandbox uid as root, a nested PID namespace otherwise
+        status = Path(f"/proc/{other}/status").read_text()
+        nested = len(_nspids(int(other)) or []) > len(_nspids(os.getpid()) or [])
+        assert f"Uid:\t{SANDBOX_UID}\t" in status if os.geteuid() == 0 else nested
+        assert int(other) not in sandbox_pids()
+    finally:
+        os.killpg(leader, signal.SIGKILL)

@@ -9,6 +9,9 @@ controllers are bound to v1 on this machine, so only the logic can be exercised 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,13 +41,23 @@ def tree(pid: int) -> set[int]:
     return found
 
 
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_every_process_of_a_worker_is_in_its_cgroup_under_the_jobs_limits(cgroup_layers):
     with CodeTests(timeout_s=1.0, memory_mb=256, workers=1) as scorer:
         assert run_one(scorer, "print(1)", ONE).reward == 1.0
         (worker,) = scorer._pool._live
         dirs = worker.cgroup.dirs
+        # the tree first: a process that exits before the members are read is no longer running
+        # after, and one forked meanwhile (the next job's jail) is not in the tree
+        processes = tree(worker.pid)
         members = {int(pid) for pid in (dirs["memory"] / "cgroup.procs").read_text().split()}
-        assert tree(worker.pid) <= members and worker.pid in worker_pids(scorer)
+        assert {pid for pid in processes if running(pid)} <= members and worker.pid in worker_pids(scorer)
         if cgroup_layers.cgroup.version == 2:
             limits = [("memory", "memory.max"), ("cpu", "cpu.max"), ("pids", "pids.max")]
         else:
@@ -74,7 +87,8 @@ def fake_v2(tmp_path, monkeypatch):
 def test_a_v2_cgroup_holding_only_us_delegates_after_we_move_into_a_leaf(fake_v2):
     place = sandbox_cgroup.find_place()
     assert place == CgroupPlace(2, dict.fromkeys(("memory", "cpu", "pids"), fake_v2))
-    assert (fake_v2 / f"areal-host-{os.getpid()}" / "cgroup.procs").read_text() == str(os.getpid())
+    (leaf,) = fake_v2.glob(f"areal-host-{os.getpid()}-*")
+    assert (leaf / "cgroup.procs").read_text() == str(os.getpid())
     assert (fake_v2 / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
 
 
@@ -103,3 +117,30 @@ def test_a_process_the_cgroup_killed_is_a_memory_failure_of_the_program():
     run = SandboxRun(ready=True, records={0: {"status": "killed", "detail": "killed by Killed"}}, oom_killed=True)
     out_of_memory = ("memory", "killed by the kernel: the job's cgroup ran out of memory")
     assert _verdicts(run, "call", [3, 4]) == [out_of_memory] * 2
+
+
+TWIN = """
+import importlib.util, os, sys
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("sandbox_cgroup", sys.argv[1])
+sandbox_cgroup = sys.modules["sandbox_cgroup"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sandbox_cgroup)
+place = sandbox_cgroup.CgroupPlace(2, dict.fromkeys(sandbox_cgroup.CONTROLLERS, Path(sys.argv[2])))
+worker = sandbox_cgroup.WorkerCgroup(place, memory_mb=256, max_processes=16)
+print(os.getpid(), worker.dirs["memory"].name)
+"""
+
+
+def test_two_areal_processes_that_are_each_pid_1_of_their_namespace_get_distinct_cgroups(tmp_path):
+    """Two containers sharing a parent cgroup: each areal is PID 1, so a name from the pid alone collides."""
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux's unshare is not installed")
+    argv = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--", sys.executable, "-I", "-c", TWIN,
+            sandbox_cgroup.__file__, str(tmp_path)]
+    twins = [subprocess.run(argv, capture_output=True, text=True, timeout=60) for _ in range(2)]
+    if any("unshare failed" in twin.stderr or "unshare:" in twin.stderr for twin in twins):
+        pytest.skip(f"no unprivileged PID namespaces here: {twins[0].stderr.strip()}")
+    assert [twin.returncode for twin in twins] == [0, 0], [twin.stderr[-500:] for twin in twins]
+    (pid_a, name_a), (pid_b, name_b) = (twin.stdout.split() for twin in twins)
+    assert (pid_a, pid_b) == ("1", "1")
+    assert name_a != name_b and {name_a, name_b} <= {d.name for d in tmp_path.iterdir()}

@@ -146,7 +146,7 @@ def test_a_worker_killed_mid_program_fails_it_as_killed_and_a_fresh_worker_runs_
         ("os.write(1, b'\\x00\\x00\\x00\\x05hello')", "sandbox_error", "sandbox worker sent garbage: "),
         ("os.write(1, b'\\xff\\xff\\xff\\xff')", "sandbox_error", "sandbox worker sent a 4294967295-byte frame"),
         ("os._exit(3)", "killed", "sandbox worker died: fake worker: got a job"),
-        ("pass", "sandbox_error", "sandbox worker gave no answer in time: fake worker: got a job"),
+        ("pass", "timeout", "sandbox worker gave no answer in time: fake worker: got a job"),
     ],
 )
 def test_a_worker_that_misbehaves_is_killed_and_its_program_reported(monkeypatch, action, reason, detail):

@@ -5,7 +5,9 @@ Two judges score every sample side by side, in pools of their own: judge_a gives
 score shows. `combine` joins the branches and names each producer with `take=`: its advantage is
 judge_a's score and its reward judge_b's, which the fake trainer records. FAKE_UNEVEN_WORK gives
 judge_b that much work on odd groups only, so its replicas finish groups out of order. With
-FAKE_FILTER=1 a filter drops every group whose number is a multiple of 3, whole.
+FAKE_FILTER=1 a filter drops every group whose number is a multiple of 3, whole; with FAKE_SPREAD=FILE too, a
+node after it reduces over its rows as natural code does (`r.max() - r.min()`, which no row would break) and
+appends each call's row count to FILE.
 """
 
 import os
@@ -41,6 +43,14 @@ def every_third_group(batch):
     return {DROPPED: {row: "a multiple of 3" for row, g in enumerate(batch["group_id"].tolist()) if g % 3 == 0}}
 
 
+@node(inputs={"reward": Float["S"]}, outputs={"spread": Float["S"]})
+def spread(batch):
+    r = batch["reward"]
+    with open(os.environ["FAKE_SPREAD"], "a") as calls:  # the rows of every call, before anything can raise
+        calls.write(f"{len(r)}\n")
+    return {"spread": (r.max() - r.min()).expand(len(r))}
+
+
 config = RunConfig(batch_size=2, group_size=3, staleness=1, steps=4)
 g = Graph("branched")
 g.source("tasks", Counting())
@@ -50,4 +60,6 @@ g.add(judge_b, pool=1)
 g.add(combine, take={"score": "judge_a.score", "other": "judge_b.score"})
 if os.environ.get("FAKE_FILTER"):
     g.add(every_third_group)
+if os.environ.get("FAKE_SPREAD"):
+    g.add(spread)
 g.add(FakeTrainer, name="actor")

@@ -76,6 +76,20 @@ def test_a_filter_drops_whole_groups_the_source_refills_and_every_step_holds_b_g
     assert summary["started"] == summary["trained"] + summary["failed"] + summary["filtered"] + summary["in_flight"]
 
 
+def test_a_node_after_a_filter_that_drops_whole_groups_is_never_called_with_no_rows(tmp_path, monkeypatch):
+    calls = tmp_path / "spread-calls.txt"
+    monkeypatch.setenv("FAKE_FILTER", "1")
+    monkeypatch.setenv("FAKE_SPREAD", str(calls))
+    controller = _controller(tmp_path, "steps=3")
+    state = controller.run()
+    assert state.version == 3
+    rows = [int(n) for n in calls.read_text().split()]
+    assert rows and 0 not in rows  # groups dropped whole reached `spread` as empty batches, never as calls
+    summary = controller.accounting.summary()
+    assert summary["filtered"] > 0 and summary["failed"] == 0
+    assert summary["started"] == summary["trained"] + summary["filtered"] + summary["in_flight"]
+
+
 def test_a_worker_killed_in_one_branch_is_restarted_and_every_sample_trains_once(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_BRANCH_WORK", "20")
     killed: list[int] = []

@@ -94,3 +94,17 @@ def test_a_node_that_breaks_its_contract_stops_the_run_at_once_without_restarts(
     with pytest.raises(RunError, match=says):
         controller.run()
     assert "restart" not in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text()
+
+
+def test_a_batch_that_lost_every_row_carries_empty_columns_of_each_declared_type():
+    from areal.runtime.outputs import empty_outputs
+
+    @node(inputs={"reward": Float["S"]}, outputs={"a": Float["S"], "b": Int["S", "T"], "c": Json["S"],
+                                                  "d": Float["S", "4"]})
+    def many(batch):
+        raise AssertionError("never called")
+
+    out = empty_outputs(Graph("g").add(many))
+    assert out["a"].shape == (0,) and out["a"].dtype == torch.float32
+    assert isinstance(out["b"], Ragged) and len(out["b"]) == 0 and out["b"].values.dtype == torch.int64
+    assert out["c"] == [] and out["d"].shape == (0, 4)
