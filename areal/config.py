@@ -183,11 +183,10 @@ class RunConfig(_Section):
     batch_size: int = Field(16, ge=1, le=1 << 16, description="B: prompt groups per trainer step")
     group_size: int = Field(8, ge=1, le=1 << 12, description="G: samples generated per prompt")
     staleness: NonNegativeInt = Field(2, description="η: no trained sample is more than η versions behind")
-    staleness_policy: Literal["strict", "admission", "drop", "token", "recycle"] = Field(
+    staleness_policy: Literal["strict", "admission", "drop", "token"] = Field(
         "strict", description="what η bounds and what a group that cannot make it in time costs "
         "(docs/design-notes.md): strict (every trained sample, in admission order), admission (only when a group "
-        "starts), drop (every trained sample: late groups aborted), token (every trained token: older ones "
-        "masked), recycle (token's bound: late groups go to the back of the queue)"
+        "starts), drop (every trained sample: late groups aborted), token (every trained token: older ones masked)"
     )
     mode: Literal["async", "sync", "lagged"] = Field(
         "async", description="sync: η 0, generation waits for training; lagged: as sync, but every sample is drawn "

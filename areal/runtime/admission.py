@@ -53,7 +53,8 @@ class Admission:
             group = self.gate.started
             snapshot = self.cursor()
             task = self._next_task()
-            meta = GroupMeta(group=group, samples=self.group_size, admitted_at=sampled_version)
+            meta = GroupMeta(group=group, samples=self.group_size, admitted_at=sampled_version,
+                             slot=self.gate.started - self.gate.freed)
             batch = self.task_batch([task], [group])
             try:
                 encode(batch, meta.to_wire(), max_frame_bytes=self.plan.max_frame_bytes,

@@ -112,6 +112,7 @@ class Controller:
             self.accounting.trained = set(saved.get("trained_ids", []))
             self.accounting.failed = {int(k): v for k, v in saved.get("failed", {}).items()}
             self.accounting.filtered = {int(k): v for k, v in saved.get("filtered", {}).items()}
+            self.accounting.dropped = {int(k): v for k, v in saved.get("dropped", {}).items()}
             self.accounting.noted = {int(k): v for k, v in saved.get("noted", {}).items()}
         heldout = configured(graph.heldout.get(self.source_node.name), config)
         # the same held-out tasks every round, so pass@1 is comparable across versions
@@ -405,6 +406,14 @@ class Controller:
             raise RunError(f"no sample of the last {self._lost_in_a_row} groups reached a trainer since version "
                            f"{self.state.version} (the last: {why}); the run cannot make progress")
 
+    def _on_dropped(self, worker: WorkerProcess, m: msg.SamplesDropped) -> None:
+        """The staleness policy dropped samples too old to train within η: counted with the tokens they wasted,
+        and a group lost whole frees its slot for another."""
+        reason = f"{m.node}: {m.reason}"
+        self._free(self.accounting.on_dropped(m.sample_ids, m.tokens, reason), reason)
+        self.metrics.write({"kind": "dropped", "sample_ids": m.sample_ids, "tokens": sum(m.tokens), "reason": reason,
+                            "wall_s": self._elapsed()})
+
     def _on_noted(self, worker: WorkerProcess, m: msg.SamplesNoted) -> None:
         self.accounting.on_noted(m.sample_ids, m.reasons)
 
@@ -425,6 +434,7 @@ class Controller:
             "trained_ids": sorted(self.accounting.trained),
             "failed": {str(k): v for k, v in self.accounting.failed.items() if k < first_sample},
             "filtered": {str(k): v for k, v in self.accounting.filtered.items() if k < first_sample},
+            "dropped": {str(k): v for k, v in self.accounting.dropped.items() if k < first_sample},
             "noted": {str(k): v for k, v in self.accounting.noted.items() if k < first_sample},
             "metrics_lines": self.metrics.lines,
             "eval_round": self.heldout.next_round if self.heldout is not None else 0,
@@ -496,6 +506,7 @@ HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], Non
     msg.VersionPublished: Controller._on_version,
     msg.SamplesFailed: Controller._on_failed,
     msg.SamplesFiltered: Controller._on_filtered,
+    msg.SamplesDropped: Controller._on_dropped,
     msg.SamplesNoted: Controller._on_noted,
     msg.HeldOutScored: Controller._on_eval,
     msg.CheckpointWritten: Controller._on_checkpoint,

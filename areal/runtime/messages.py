@@ -80,6 +80,14 @@ class SamplesFiltered(Message):
     reasons: list[str]
 
 
+class SamplesDropped(Message):
+    KIND: ClassVar[str] = "dropped"  # a staleness policy's: too old to train within η (staleness_policy=drop)
+    node: str
+    sample_ids: list[int]
+    tokens: list[int]  # output tokens each had generated: wasted
+    reason: str = ""
+
+
 class SamplesNoted(Message):
     KIND: ClassVar[str] = "noted"  # an over-long or empty generation: counted, and it trains on
     node: str = ""
@@ -128,7 +136,8 @@ class WorkerError(Message):
 
 
 KINDS: dict[str, type[Message]] = {cls.KIND: cls for cls in (
-    Ready, Heartbeat, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesNoted, HeldOutScored,
+    Ready, Heartbeat, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesDropped, SamplesNoted,
+    HeldOutScored,
     CheckpointWritten, DuplicateDropped, BatchRefused, NodeMetrics, WorkerError)}
 
 

@@ -75,5 +75,5 @@ def test_a_sample_counted_both_trained_and_failed_breaks_the_check_at_once():
     accounting = Accounting(group_size=1, counted="actor", started_groups=1)
     accounting.on_failed([0], ["reward: nan"])
     accounting.trained.add(0)  # what on_trained never does: it takes a trained sample out of the failed ones
-    with pytest.raises(RunError, match="1 samples counted both trained and failed or filtered"):
+    with pytest.raises(RunError, match="1 samples counted both trained and failed, filtered or dropped"):
         accounting.check(version=1, groups=[0], now=0.0, grace_s=10.0)
