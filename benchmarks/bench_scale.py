@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "emulated_rl.py"
 PROFILES = ROOT / "areal" / "engines" / "profiles"
 GROUP = 8
+RUNTIME_POLICIES = ("strict", "admission", "drop", "token")  # recycle is modelled only (docs/design-notes.md)
 
 
 def run(overrides: list[str], run_dir: Path, on_started: Callable[[Any], None] | None = None) -> dict[str, Any]:
@@ -93,6 +94,7 @@ def run(overrides: list[str], run_dir: Path, on_started: Callable[[Any], None] |
                                 for pool in cpu_first},
         "wall_s": time.monotonic() - started,
         "machine_busy": busy / total if total else 0.0,  # of all cores, from the first step to the end
+        "steps": steps,
     }
 
 
@@ -267,6 +269,24 @@ class Prices:
     length_ratio: float  # mean trained output length over the mean drawn one
 
     @classmethod
+    def measured(cls, steps: list[dict[str, Any]], overrides: list[str]) -> Prices:
+        """From a run's step records: each trained sample's lag, its tokens (masked, older than η) and the drops; the
+        drawn lengths from the emulated engine's own draws for every sample the run started."""
+        from areal.engines.emulated_device import OutputLengths
+
+        config, _ = recipe_settings(overrides)
+        lags = sum((Counter({int(k): v for k, v in s["staleness"].items()}) for s in steps), Counter())
+        tokens = sum(s["tokens"] for s in steps)  # output tokens of the trained samples, masked ones too
+        masked = sum(s.get("masked_tokens", 0) for s in steps)
+        dropped = steps[-1]["dropped_tokens"]
+        e, limit = config.emulation, config.generation.max_new_tokens
+        lengths = OutputLengths(e.output_tokens_median, e.output_tokens_sigma, config.seed)
+        drawn = statistics.mean(min(lengths.draw(sid, limit + 1), limit) for sid in range(steps[-1]["started"]))
+        trained_mean = tokens / steps[-1]["trained_samples"]
+        return cls(lags, tokens - masked, sum(s.get("stale_tokens", 0) for s in steps), masked + dropped,
+                   tokens + dropped, trained_mean / drawn)
+
+    @classmethod
     def of(cls, outcome: scale_model.Outcome) -> Prices:
         wasted = outcome.masked_tokens + outcome.dropped_tokens
         return cls(Counter(outcome.lags), outcome.trained_tokens, outcome.stale_tokens, wasted,
@@ -299,6 +319,27 @@ def policy_model(args: argparse.Namespace, tmp: Path) -> list[str]:
             rate, outcome = modelled(overrides, generators=n)
             one = one or rate / n  # the first row: one strict generator
             lines.append(f"{n:>10} {policy:>9} {rate / (one * n):>17.0%} {Prices.of(outcome).columns()}")
+    return lines
+
+
+def policy_runs(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """Every staleness policy the runtime has, run on the emulated devices beside its zero-overhead model: the
+    scaling table's runs (real time), as a share of N x the one strict generator this machine measured."""
+    eta = args.policy_eta
+    lines = [f"η = {eta}, σ = {args.sigma}, B = 2 groups of {GROUP} per generator, {args.steps} steps, real time", "",
+             f"{'generators':>10} {'policy':>9} {'samples/s':>10} {'of N x one strict':>17} {'model':>8} "
+             f"{'of model':>9} {PRICES}"]
+    one = None
+    for n in args.generators:
+        for policy in [p for p in args.policies if p in RUNTIME_POLICIES]:
+            overrides = weak_scaling(args, n, f"staleness={eta}", f"emulation.trainer_gpus_per_rank={n}",
+                                     f"staleness_policy={policy}")
+            result = run(overrides, tmp / f"policy-{policy}-{n}")
+            model_rate, _ = modelled(overrides, generators=n)
+            rate = result["samples_per_s"]
+            one = one or rate / n
+            lines.append(f"{n:>10} {policy:>9} {rate:>10.2f} {rate / (one * n):>17.0%} {model_rate:>8.2f} "
+                         f"{rate / model_rate:>8.0%} {Prices.measured(result['steps'], overrides).columns()}")
     return lines
 
 
@@ -335,7 +376,7 @@ def tails(args: argparse.Namespace, tmp: Path) -> list[str]:
 
 
 TABLES = {"overlap": overlap, "scaling": scaling, "ideal": ideal, "ranks": ranks, "tails": tails,
-          "policy_model": policy_model}
+          "policy_model": policy_model, "policy_runs": policy_runs}
 
 
 def main() -> None:

@@ -109,6 +109,7 @@ class CheckpointWritten(Message):
     version: int
     path: str
     next_group: int = 0
+    consumed: list[int] = []  # groups above next_group the trainer consumed (a policy that trains out of order)
 
 
 class DuplicateDropped(Message):

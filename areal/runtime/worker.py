@@ -121,8 +121,8 @@ class Worker:
         self._busy_at_beat = 0.0
         self._latest_weights: dict[str, dict[str, Any]] = {}  # model -> the newest "weights" message
         self.holding: set[int] = set()  # trainer: groups gathered for coming steps (not re-issued after a crash)
-        self.next_group = _resumed_next_group(resume_dir, pool_name)  # trainer: the oldest group not consumed
-        self.consumed: set[int] = set()  # trainer: groups above next_group a step took (out of admission order)
+        # trainer: the oldest group not consumed, and those above it a step took (out of admission order)
+        self.next_group, self.consumed = _resumed_consumption(resume_dir, pool_name)
         self.staleness_policy = POLICIES[self.config.staleness_policy]
         self.enforcing = self.pool.role == "train" and pool_name == plan.policy  # its versions count the lags
 
@@ -457,7 +457,7 @@ class Worker:
             guard(self.nodes[-1].name, trainer.save_weights, policy)
         if not self.follower:
             self.control.send("checkpoint", model=self.pool.name, version=self.version, path=str(folder),
-                              next_group=self.next_group)
+                              next_group=self.next_group, consumed=sorted(self.consumed))
 
     def _report_eval(self, batch: Batch, meta: GroupMeta) -> None:
         if self.pool.name != self.plan.policy and self.plan.policy:
@@ -477,12 +477,13 @@ def _tokens(batch: Batch | None, binding: Mapping[str, str]) -> int:
     return int(batch[field].values.numel()) if batch is not None and field in batch else 0
 
 
-def _resumed_next_group(resume_dir: Path | None, pool: str) -> int:
-    """A resumed trainer's oldest unconsumed group, as its checkpoint recorded; 0 for a fresh run."""
+def _resumed_consumption(resume_dir: Path | None, pool: str) -> tuple[int, set[int]]:
+    """A resumed trainer's oldest unconsumed group and the groups above it it consumed, as its checkpoint recorded;
+    (0, none) for a fresh run."""
     if resume_dir is None:
-        return 0
+        return 0, set()
     state = json.loads((resume_dir / MANIFEST).read_text())
-    return int(state.get("next_group", {}).get(pool, 0))
+    return int(state.get("next_group", {}).get(pool, 0)), {int(g) for g in state.get("consumed", {}).get(pool, [])}
 
 
 def run_key(plan: Plan) -> RunKey | None:

@@ -20,6 +20,8 @@ import pytest
 from areal.runtime import controller as controller_module
 from areal.runtime import messages as msg
 from areal.runtime.launch import build_controller
+from areal.runtime.progress import staleness_line
+from areal.runtime.resume import resume_point
 
 RECIPE = Path(__file__).with_name("policy_rl.py")
 ETA, B, G = 1, 2, 4
@@ -79,6 +81,9 @@ def test_token_trains_no_token_older_than_eta_and_masks_exactly_those(tmp_path, 
     assert max(lags(reported, versions)) > ETA and all(stats["stale_tokens"] == 0 for _, _, stats in reported)
     record = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
     assert record["masked_tokens"] == masked[-1]
+    line = staleness_line(controller)  # the run summary's
+    assert line.startswith("token: every trained token ≤ 1 versions behind") and f"{sum(masked)} masked" in line
+    assert f"max {max(lags(reported, versions))};" in line
 
 
 def test_drop_aborts_late_groups_in_generation_and_trains_none_past_eta(tmp_path, reported):
@@ -122,3 +127,21 @@ def test_a_killed_generator_loses_nothing_and_trains_nothing_twice(tmp_path, rep
     assert len(trained) == 10 * B * G
     if policy == "drop":
         assert max(lags(reported, arrived(controller))) <= ETA
+
+
+@pytest.mark.slow  # two runs: ~30 s
+def test_a_resumed_token_run_trains_every_sample_once_though_groups_were_consumed_out_of_order(tmp_path, reported):
+    controller, _ = run(tmp_path, "token", "steps=6", "checkpoint.interval_steps=3")
+    first = list(reported)
+    point = resume_point(tmp_path / "run")
+    saved = json.loads((point.checkpoint / "controller.json").read_text())
+    assert point.checkpoint.name == "step-000006"
+    resumed = build_controller(point.recipe, [*point.overrides, "steps=12"], tmp_path / "run", point)
+    state = resumed.run()
+    assert state.version == 12 and [v for v, _, _ in reported[len(first):]] == list(range(6, 12))
+    trained = [sid for _, ids, _ in reported for sid in ids]
+    assert len(trained) == len(set(trained)) == 12 * B * G  # none twice, across the resume
+    ahead = set(saved["consumed"]["actor"])  # consumed above the frontier: must not start again
+    assert not ahead & {sid // G for _, ids, _ in reported[len(first):] for sid in ids}
+    s = resumed.accounting.summary()
+    assert s["started"] == s["trained"] + s["failed"] + s["filtered"] + s["dropped"] + s["in_flight"]
