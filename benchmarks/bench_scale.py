@@ -206,8 +206,9 @@ def modelled_rate(overrides: list[str], generators: int) -> float:
     return modelled(overrides, generators)[0]
 
 
-def modelled(overrides: list[str], generators: int) -> tuple[float, scale_model.Outcome]:
-    """`modelled_rate`, and what the model measured besides (lags, stale, masked and dropped tokens, lengths)."""
+def modelled(overrides: list[str], generators: int, policy: str | None = None) -> tuple[float, scale_model.Outcome]:
+    """`modelled_rate`, and what the model measured besides (lags, stale, masked and dropped tokens, lengths);
+    `policy` for one the runtime does not have (recycle), else the config's."""
     from areal.engines.emulated_device import DeviceProfile, OutputLengths
     from areal.engines.emulated_generate import QUANTUM_S
 
@@ -218,7 +219,8 @@ def modelled(overrides: list[str], generators: int) -> tuple[float, scale_model.
         prompts, generators, config.batch_size, config.group_size, config.staleness, config.steps,
         max_batch=config.generation.max_batch, max_new_tokens=config.generation.max_new_tokens,
         trainer_gpus=e.trainer_gpus_per_rank * config.trainer.ranks,
-        quantum_s=QUANTUM_S / e.time_scale if e.time_scale > 0 else float("inf"), policy=config.staleness_policy)
+        quantum_s=QUANTUM_S / e.time_scale if e.time_scale > 0 else float("inf"),
+        policy=policy or config.staleness_policy)
     outcome = scale_model.simulate(schedule)
     return outcome.samples_per_s(config.batch_size * config.group_size) / (e.time_scale or 1.0), outcome
 
@@ -315,8 +317,8 @@ def policy_model(args: argparse.Namespace, tmp: Path) -> list[str]:
     for n in args.model_generators:
         for policy in args.policies:
             overrides = weak_scaling(args, n, f"steps={args.model_steps}", f"staleness={eta}",
-                                     f"emulation.trainer_gpus_per_rank={n}", f"staleness_policy={policy}")
-            rate, outcome = modelled(overrides, generators=n)
+                                     f"emulation.trainer_gpus_per_rank={n}")
+            rate, outcome = modelled(overrides, generators=n, policy=policy)
             one = one or rate / n  # the first row: one strict generator
             lines.append(f"{n:>10} {policy:>9} {rate / (one * n):>17.0%} {Prices.of(outcome).columns()}")
     return lines
