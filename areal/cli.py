@@ -53,6 +53,12 @@ def run(
         None, "--run-dir", metavar="DIR", help="Where to write metrics, checkpoints, logs."
     ),
     resume: Path | None = typer.Option(None, "--resume", metavar="RUN_DIR", help="Continue the run in this directory."),
+    allow_recipe_change: bool = typer.Option(
+        False, "--allow-recipe-change", help="With --resume: go on under a recipe edited since the run was made."
+    ),
+    start_over: bool = typer.Option(
+        False, "--start-over", help="With --resume: no checkpoint can be read; start the run over from version 0."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress view; print the summary only."),
 ) -> None:
     """Train the graph a recipe declares.
@@ -70,7 +76,8 @@ def run(
     from areal.runtime.launch import run_recipe
 
     overrides = list(set_) + ([f"mode={mode}"] if mode else [])
-    code = run_recipe(recipe, overrides=overrides, run_dir=run_dir, resume=resume, live=not quiet)
+    code = run_recipe(recipe, overrides=overrides, run_dir=run_dir, resume=resume, live=not quiet,
+                      allow_recipe_change=allow_recipe_change, start_over=start_over)
     raise typer.Exit(code)
 
 
@@ -126,6 +133,45 @@ def sandbox() -> None:
     from areal.rewards import sandbox_report
 
     Console().print(sandbox_report(), highlight=False, soft_wrap=True)
+
+
+@app.command()
+def samples(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="The run directory."),
+    status: str | None = typer.Option(None, "--status", metavar="trained|failed|filtered|pending"),
+    step: int | None = typer.Option(None, "--step", metavar="N", help="Samples trained at step N."),
+    where: list[str] = typer.Option([], "--where", metavar="COND",
+                                    help="FIELD OP VALUE, e.g. 'score.reward<1' (OP: == != < <= > >= ~); repeatable"),
+    limit: int = typer.Option(20, "--limit", "-n", metavar="N", help="How many to show (0: all)."),
+    offset: int = typer.Option(0, "--offset", metavar="N", help="Skip the first N matches (paging)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per sample instead of a table."),
+) -> None:
+    """What happened to each sample: its prompt, completion, every node's outputs, when it was trained and at what
+    lag, or why it failed or was filtered.
+
+    Examples:
+
+      areal samples runs/code-rl-20261122-101500 --step 12
+
+      areal samples runs/code-rl-20261122-101500 --status failed -n 0
+
+      areal samples runs/code-rl-20261122-101500 --where 'score.reward<1' --where 'rollout.completion~return'
+    """
+    from dataclasses import asdict
+
+    from areal.runtime.sample_records import read_samples, select
+    from areal.runtime.samples_view import samples_table
+
+    records = read_samples(run_dir)
+    chosen = select(records.values(), status=status, step=step, where=where)
+    page = chosen[offset : offset + limit] if limit else chosen[offset:]
+    if as_json:
+        import json
+
+        for record in page:
+            typer.echo(json.dumps(asdict(record), default=str))
+        return
+    Console().print(samples_table(records.values(), chosen, page, offset))
 
 
 @app.command()
@@ -190,6 +236,9 @@ def eval_(
     chat_template: str = typer.Option("auto", "--chat-template", metavar="auto|off",
                                       help="auto: prompts become user messages when the tokenizer has a template."),
     step: int | None = typer.Option(None, "--step", metavar="N", help="A run directory's checkpoint (default newest)."),
+    trained: str | None = typer.Option(None, "--model", metavar="NAME",
+                                       help="A run directory that trained several models: the trainer node whose "
+                                            "model to score (e.g. actor)."),
     out: Path | None = typer.Option(None, "-o", "--out", metavar="FILE.json",
                                     help="Where to write the results (default: evals/BENCHMARK-TIME.json)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars; print the summary only."),
@@ -210,22 +259,28 @@ def eval_(
 
     from areal.runtime.evaluate import EvalSettings, evaluate, parse_options
     from areal.runtime.progress import eval_progress, eval_table
+    from areal.runtime.signals import EndingSignals, Stopped
 
     settings = EvalSettings(
         benchmark=benchmark, samples=samples, ks=tuple(sorted(set(k or {1, samples}))), temperature=temperature,
         top_p=top_p, max_new_tokens=max_new_tokens, max_batch=max_batch, seed=seed, chat_template=chat_template,
         limit=limit, task=task, count=count, options=parse_options(option), step=step, threads=threads,
+        trained=trained,
     )
     out = out or Path("evals") / f"{benchmark}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     console = Console()
-    with eval_progress(console, quiet) as report:
-        document = evaluate(model, settings, out, report)
+    try:  # SIGTERM or SIGHUP stop it as Ctrl-C does, each said by its name; nothing is written
+        with EndingSignals(stopping=lambda: False), eval_progress(console, quiet) as report:
+            document = evaluate(model, settings, out, report)
+    except Stopped as stop:
+        err_console.print(stop.said)
+        raise typer.Exit(stop.exit_code) from None
     console.print(eval_table(document))
     console.print(f"wrote {out}")
 
 
 def main() -> None:
-    """Exit 0 on success, 1 when a run failed, 2 on a user error, 130 on an interrupt."""
+    """Exit 0 on success, 1 when a run failed, 2 on a user error, 128 + N when signal N ended it (130: Ctrl-C)."""
     try:
         code = app(standalone_mode=False)  # without standalone mode, click returns typer.Exit's code
     except ArealError as err:

@@ -77,3 +77,33 @@ def test_sandbox_command_says_which_layers_protect_this_machine():
     assert done.returncode == 0, done.stderr
     for layer in ("code sandbox:", "verdict:", "seccomp:", "memory:", "cpu:", "rlimits per process:"):
         assert layer in done.stdout
+
+
+def test_samples_pages_and_filters_a_runs_records(tmp_path):
+    import json
+
+    import torch
+
+    from areal.config import RecordsConfig
+    from areal.graph.batch import Batch
+    from areal.runtime.sample_log import SampleLog
+
+    log = SampleLog(tmp_path, "rollout[0]", RecordsConfig())
+    batch = Batch({"sample_id": torch.arange(4), "group_id": torch.tensor([0, 0, 1, 1])})
+    log.inputs("rollout", batch, {"prompt": ["def f(x):\n", "def f(x):\n", "def g(y):\n", "def g(y):\n"]})
+    log.outputs("score", batch, {"reward": torch.tensor([1.0, 0.0, 0.5, 0.0])})
+    log.trained("actor", 3, [0, 1], [1, 2])
+    log.removed("score", "failed", [3], ["wrong_answer: expected 5, got 6"])
+    log.close()
+    table = subprocess.run([sys.executable, "-m", "areal.cli", "samples", str(tmp_path), "--where", "score.reward<1"],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert table.returncode == 0, table.stderr
+    assert "4 samples: 2 trained, 1 failed, 1 pending · 3 match, showing 1-3" in table.stdout
+    assert "score: wrong_answer: expected 5, got 6" in table.stdout
+    rows = [json.loads(x) for x in areal("samples", str(tmp_path), "--step", "3", "--json").stdout.splitlines()]
+    assert [(r["sample_id"], r["lag"], r["fields"]["rollout.prompt"]) for r in rows] == [(0, 1, "def f(x):\n"),
+                                                                                          (1, 0, "def f(x):\n")]
+    page = areal("samples", str(tmp_path), "--json", "--limit", "1", "--offset", "2").stdout.splitlines()
+    assert [json.loads(x)["sample_id"] for x in page] == [2]
+    bad = areal("samples", str(tmp_path), "--status", "lost")
+    assert bad.returncode == 2 and "--status 'lost': use one of trained, failed, filtered, pending" in bad.stderr

@@ -11,6 +11,8 @@ With several trainers each trains every sample, and "trained" counts the samples
 trainer (the one whose model generated them) trained; every trainer's own duplicates are dropped
 and counted. A generation that is over-long (it hit max_new_tokens) or empty is noted by its
 generator: it still trains, and the notes are counted once per sample id.
+A group that can no longer reach a trainer frees its staleness slot once: a re-issued copy of it,
+failed or filtered again, reports its samples again, and the gate must not count the slot twice.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Accounting:
     noted: dict[int, str] = field(default_factory=dict)  # sample id -> "over_long" or "empty"
     consumed: set[int] = field(default_factory=set)  # groups every trainer has taken (the step's, empty ones too)
     awaiting: dict[int, tuple[int, float]] = field(default_factory=dict)  # consumed, no verdict yet: (version, when)
+    lost: set[int] = field(default_factory=set)  # groups whose slot was freed (every sample failed or filtered)
 
     @property
     def started(self) -> int:
@@ -88,9 +91,12 @@ class Accounting:
         return self._lost_groups(sample_ids)
 
     def _lost_groups(self, sample_ids: list[int]) -> list[int]:
-        groups = sorted({sid // self.group_size for sid in sample_ids if sid >= 0})
+        """The groups of `sample_ids` that just lost their last sample: each is returned once, ever."""
+        groups = sorted({sid // self.group_size for sid in sample_ids if sid >= 0} - self.lost)
         gone = self.failed.keys() | self.filtered.keys() | self.dropped.keys()
-        return [g for g in groups if all(s in gone for s in self.samples_of(g))]
+        newly = [g for g in groups if all(s in gone for s in self.samples_of(g))]
+        self.lost.update(newly)
+        return newly
 
     def on_noted(self, sample_ids: list[int], reasons: list[str]) -> None:
         for sid, reason in zip(sample_ids, reasons):

@@ -87,10 +87,9 @@ class Admission:
             if group in self.issued:
                 self.gate.free()
 
-    def reissue(self, held: set[int], only: set[int] | None = None) -> list[tuple[Batch, GroupMeta]]:
-        """What to send again after a crash: every group not consumed nor held by a trainer (or those in `only`)."""
-        return [item for group, item in sorted(self.issued.items())
-                if group not in held and (only is None or group in only)]
+    def reissue(self, held: set[int], only: set[int]) -> list[tuple[Batch, GroupMeta]]:
+        """What to send again: the groups of `only` neither consumed nor held by a trainer."""
+        return [item for group, item in sorted(self.issued.items()) if group not in held and group in only]
 
     def cursor(self) -> dict[str, Any]:
         return self.tasks.state() if hasattr(self.tasks, "state") else {}

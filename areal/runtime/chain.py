@@ -13,7 +13,9 @@ with no samples: a batch that lost them all goes on with empty columns of the no
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from areal.errors import RunError
@@ -22,19 +24,22 @@ from areal.graph.node import Node
 from areal.graph.roles import DROPPED, FAILED, METRICS
 from areal.runtime.outputs import NodeContractError, checked_outputs, empty_outputs
 from areal.runtime.plan import IMPLICIT, Plan
+from areal.runtime.sample_log import SampleLog
 
 Report = Callable[..., None]  # the worker's control.send
 
 
 class NodeFailure(Exception):
-    """A node's own code raised: the message names the node, the cause keeps the traceback."""
+    """A node's own code raised: the message names the node at its recipe line, then the frames of the code that
+    raised (the researcher's, not the runtime's); the cause keeps the whole traceback for the worker's log."""
 
-    def __init__(self, node: str, err: BaseException) -> None:
-        self.node = node
-        super().__init__(f"node '{node}' raised {type(err).__name__}: {err}")
+    def __init__(self, node: Node, err: BaseException) -> None:
+        self.node = node.name
+        frames = own_frames(err)
+        super().__init__(f"{node.describe()} raised {type(err).__name__}: {err}" + (f"\n{frames}" if frames else ""))
 
 
-def guard(node: str, fn: Any, *args: Any) -> Any:
+def guard(node: Node, fn: Any, *args: Any) -> Any:
     """Call a node's code; anything it raises becomes a NodeFailure that names it."""
     try:
         return fn(*args)
@@ -44,10 +49,29 @@ def guard(node: str, fn: Any, *args: Any) -> Any:
         raise NodeFailure(node, err) from err
 
 
+def own_frames(err: BaseException, limit: int = 8) -> str:
+    """The traceback from the first frame outside areal's own runtime, graph and errors (the node's code, and
+    what it called), at most `limit` frames: what a researcher reads to find their bug."""
+    frames = traceback.extract_tb(err.__traceback__)
+    first = next((i for i, f in enumerate(frames) if not _runtime_file(f.filename)), len(frames))
+    return "".join(traceback.format_list(frames[first:][-limit:])).rstrip()
+
+
+def _runtime_file(filename: str) -> bool:
+    path = Path(filename).resolve()
+    return any(path.is_relative_to(folder) for folder in _RUNTIME_FOLDERS)
+
+
+_AREAL = Path(__file__).resolve().parents[1]
+_RUNTIME_FOLDERS = (_AREAL / "runtime", _AREAL / "graph")
+
+
 class Chain:
-    def __init__(self, nodes: list[Node], impls: list[Any], plan: Plan, report: Report) -> None:
+    def __init__(self, nodes: list[Node], impls: list[Any], plan: Plan, report: Report,
+                 log: SampleLog | None = None) -> None:
         self.steps = [(n, impl, plan.binding(n.name)) for n, impl in zip(nodes, impls)]
         self.report = report
+        self.log = log  # each sample's outputs and removals, in this worker's samples/ file
         self.busy_s = 0.0
 
     def run(self, batch: Batch, held_out: bool, start: int = 0, stop: int | None = None) -> tuple[Batch, dict]:
@@ -60,7 +84,7 @@ class Chain:
                 continue
             view = self.view(batch, binding)
             began = time.monotonic()
-            out = dict(guard(n.name, impl, view))
+            out = dict(guard(n, impl, view))
             self.busy_s += time.monotonic() - began
             batch, found = self.absorb(n, batch, view, out, held_out)
             metrics.update(found)
@@ -80,6 +104,8 @@ class Chain:
             raise NodeContractError(f"{n.describe()}: returned {DROPPED} rows, which only a node declared with "
                                     "role='filter' may drop")
         declared, non_finite = checked_outputs(n, view, {k: v for k, v in out.items() if k in n.outputs})
+        if self.log is not None and not held_out:
+            self.log.outputs(n.name, batch, declared)
         batch = batch.merge({f"{n.name}.{port}": value for port, value in declared.items()})
         batch = self.fail(n, batch, {**non_finite, **failed}, held_out)
         if held_out:
@@ -99,6 +125,8 @@ class Chain:
         bad = sorted(int(r) for r in rows)
         if bad[0] < 0 or bad[-1] >= batch.size:
             raise NodeContractError(f"{n.describe()}: {kind} rows {bad} outside the batch of {batch.size}")
-        self.report(kind, node=n.name, sample_ids=batch["sample_id"][bad].tolist(),
-                    reasons=[str(rows[r]) for r in bad], **extra)
+        ids, reasons = batch["sample_id"][bad].tolist(), [str(rows[r]) for r in bad]
+        self.report(kind, node=n.name, sample_ids=ids, reasons=reasons, **extra)
+        if self.log is not None and not extra.get("eval"):
+            self.log.removed(n.name, kind, ids, reasons)
         return batch.select([i for i in range(batch.size) if i not in rows])

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from areal.runtime.rundir import writing
+
 MANIFEST = "controller.json"
 
 
@@ -163,5 +165,7 @@ class Sealing:
         state = {**state_at(min(n for n, _ in parts.values())), "next_group": {t: n for t, (n, _) in parts.items()},
                  "consumed": {t: c for t, (_, c) in parts.items()}}
         policies = {t: self.weights_dir / t / f"v{version:06d}.safetensors" for t in self.trainers}
-        if seal(Path(folder), version, state, policies) is not None:
+        with writing(Path(folder), self.run_dir):  # a full disk: the staging folder is left, resume clears it
+            sealed = seal(Path(folder), version, state, policies)
+        if sealed is not None:
             prune(self.run_dir, self.keep)

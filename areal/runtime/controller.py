@@ -4,15 +4,15 @@ This module is the event loop. What it decides with lives next to it: admission 
 and the gate), versions (one per trained model, and what followers hold), evaluation (held-out
 rounds), faults (what a dead worker gets), checkpoint (sealing what the trainers wrote),
 accounting (where every sample is). Workers' messages are typed (messages.py) and dispatched
-by class through `HANDLERS`. On Ctrl-C, SIGTERM or a worker's error it stops every worker, asks
-the trainers for a final checkpoint when the run is healthy, and kills whatever is left by pid.
+by class through `HANDLERS`. On an ending signal (signals.py) or a worker's error it stops every
+worker, asks the trainers for a final checkpoint when the run is healthy, and kills whatever is
+left by pid.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -37,7 +37,10 @@ from areal.runtime.metrics import MetricsWriter
 from areal.runtime.outbox import Outbox
 from areal.runtime.placement import WorkerHandle, launcher_for, worker_spec
 from areal.runtime.plan import Plan
+from areal.runtime.resume import RECIPE_COPY
+from areal.runtime.rundir import RunDirLock, WriteFailed, write_atomically, writing
 from areal.runtime.security import RunKey
+from areal.runtime.signals import EndingSignals
 from areal.runtime.steps import StepRecorder
 from areal.runtime.versions import Versions
 from areal.runtime.wiring import Wiring
@@ -84,12 +87,15 @@ class RunState:
 
 class Controller:
     def __init__(self, plan: Plan, graph: Graph, config: RunConfig, *, saved: dict[str, Any] | None = None,
-                 resume_dir: Path | None = None, on_event: Callable[[Controller], None] | None = None) -> None:
-        """`saved` is a checkpoint's controller.json when resuming: versions, source cursor, accounting."""
+                 resume_dir: Path | None = None, on_event: Callable[[Controller], None] | None = None,
+                 lock: RunDirLock | None = None) -> None:
+        """`saved` is a checkpoint's controller.json when resuming: versions, source cursor, accounting; `lock`
+        holds the run directory (rundir.py), released when the run ends."""
         self.plan = plan
         self.graph = graph
         self.config = config
         self.run_dir = Path(plan.run_dir)
+        self.lock = lock
         self.resume_dir = resume_dir
         self.on_event = on_event or (lambda _: None)
         self.source_node = graph.nodes[plan.pools[0].nodes[0]]
@@ -107,7 +113,7 @@ class Controller:
                                    config.group_size, start_group=start_group,
                                    freed=start_group - start_version * config.batch_size,
                                    done=frozenset(set.intersection(*consumed) if consumed else ()))
-        self.versions = Versions(plan, start_version, config.sampling_lag)
+        self.versions = Versions(plan, start_version, config.sampling_lag, resumed=resume_dir)
         self.trainers = [p.name for p in plan.trainer_pools()]
         self.next_group = {t: next_groups.get(t, start_group) for t in self.trainers}
         self.accounting = Accounting(config.group_size, counted=plan.policy or next(iter(self.trainers), ""),
@@ -135,51 +141,62 @@ class Controller:
         self._plan_path = self.run_dir / "plan.json"
         self.sealing = Sealing(self.run_dir, Path(plan.weights_dir), self.trainers, config.checkpoint.keep)
         self._lost_in_a_row = 0  # groups freed since a trainer last trained a sample
+        self._census_seq = 0
+        self._census_due: set[str] = set()  # trainers asked what they hold; the re-issue waits for their answers
+        self._census_scope: set[int] = set()  # the groups started before the crash: those the re-issue covers
         self._dynamic = any(is_dynamic(c.endpoints) for c in plan.channels)  # Ray: workers bind where they land
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def run(self) -> RunState:
-        private_folder(self.run_dir / "sockets")
-        (self.run_dir / "logs").mkdir(exist_ok=True)
-        key = None
-        if self.plan.secured:  # TCP: the workers read the key the controller makes for this run
-            key = RunKey.create()
-            key.write(self.run_dir)
+        """Start the workers and answer events until the last step, a signal or an error; then stop every worker.
+        The run directory's lock is released last."""
+        try:
+            return self._run()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _run(self) -> RunState:
+        with writing(self.run_dir / "sockets", self.run_dir):
+            private_folder(self.run_dir / "sockets")
+            (self.run_dir / "logs").mkdir(exist_ok=True)
+            key = RunKey.create() if self.plan.secured else None  # TCP: the workers read the key made for this run
+            if key is not None:
+                key.write(self.run_dir)
         self.control = ControlServer(self.plan.control_endpoint, key)
         self.plan = dataclasses.replace(self.plan, control_endpoint=self.control.endpoint)
-        self._plan_path.write_text(self.plan.to_json())
-        (self.run_dir / "config.json").write_text(self.config.model_dump_json(indent=2) + "\n")
         self.source_out = {c.dst: Outbox(c, self.plan, key) for c in self.plan.outputs_of(self.source_node.name)}
         self.wiring = Wiring(self.plan, self.source_node.name, self.source_out, self.control.send)
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         error: BaseException | None = None
-        try:
-            for pool in self.plan.pools[1:]:
-                for replica in range(pool.replicas):
-                    self._spawn(pool.name, replica)
-            self._await_ready()
-            self.state.startup_s = time.monotonic() - self.state.started_at
-            self.state.started_at = time.monotonic()  # throughput counts from here: startup is reported apart
-            self.state.status = "running"
-            self._loop()
-        except BaseException as err:
-            error = err
-        finally:
-            self._shutdown(healthy=error is None or isinstance(error, KeyboardInterrupt))
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            for outbox in self.source_out.values():
-                outbox.close()
-            self.control.close()
-            self.metrics.close()
-            _remove_socket_files(self.plan)
+        with EndingSignals(stopping=lambda: self._stopping):
+            try:
+                write_atomically(self._plan_path, self.plan.to_json(), self.run_dir)
+                write_atomically(self.run_dir / "config.json", self.config.model_dump_json(indent=2) + "\n",
+                                 self.run_dir)
+                write_atomically(self.run_dir / RECIPE_COPY, Path(self.plan.recipe).read_text(), self.run_dir)
+                for pool in self.plan.pools[1:]:
+                    for replica in range(pool.replicas):
+                        self._spawn(pool.name, replica)
+                self._await_ready()
+                self.state.startup_s = time.monotonic() - self.state.started_at
+                self.state.started_at = time.monotonic()  # throughput counts from here: startup is reported apart
+                self.state.status = "running"
+                self._loop()
+            except BaseException as err:
+                error = err
+            finally:
+                unwritten = self._shutdown(healthy=error is None or isinstance(error, KeyboardInterrupt))
+                for outbox in self.source_out.values():
+                    outbox.close()
+                self.control.close()
+                self.metrics.close()
+                _remove_socket_files(self.plan)
+        if unwritten is not None and (error is None or isinstance(error, KeyboardInterrupt)):
+            error = unwritten  # the exit checkpoint failed: the run did not end as it says
         if error is not None:
             raise error
         return self.state
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
 
     def _spawn(self, pool: str, replica: int) -> None:
         worker_id = f"{pool}[{replica}]"
@@ -224,7 +241,8 @@ class Controller:
                 self._listen(100)
                 self._check_processes()
 
-    def _shutdown(self, healthy: bool) -> None:
+    def _shutdown(self, healthy: bool) -> WriteFailed | None:
+        """Stop every worker (with an exit checkpoint when healthy); the first write that failed meanwhile."""
         self._stopping = True
         self.state.status = "stopping"
         self.on_event(self)
@@ -238,17 +256,21 @@ class Controller:
             fields = {"checkpoint": str(checkpoint)} if checkpoint and trainer else {}
             self.control.send(w.worker_id, "stop", **fields)
         deadline = time.monotonic() + STOP_TIMEOUT_S
+        unwritten = None
         while any(w.process.poll() is None for w in self.workers.values()) and time.monotonic() < deadline:
             try:
                 self._listen(100)
             except RunError as err:
                 log.error("while stopping: %s", err)
+                if isinstance(err, WriteFailed):
+                    unwritten = unwritten or err
         for w in self.workers.values():
             if w.process.poll() is None:
                 log.warning("killing %s (pid %d): it did not stop within %.0f s", w.worker_id, w.process.pid,
                             STOP_TIMEOUT_S)
             w.process.kill()
         self.state.status = "stopped"
+        return unwritten
 
     # -- the source -----------------------------------------------------------------------
 
@@ -277,14 +299,43 @@ class Controller:
                     self._listen(0)
                     self._check_processes()
 
-    def _reissue(self, only: set[int] | None = None) -> None:
-        """Send again every started group no trainer holds (or those in `only`): a crash may have lost it.
-        Trainers drop the copies they have; held-out rounds in flight go again too, unless `only` is given."""
+    def _census(self) -> None:
+        """After a crash: ask every trainer what it holds once it has drained its inputs, then re-issue the rest
+        of the groups started before the crash (those started since went to live workers).
+
+        A trainer busy in a long update reports in its heartbeats only the groups it gathered before it; those
+        queued for it since are not lost, and re-issuing them would generate (and filter, and free) them again.
+        """
+        self._census_seq += 1
+        self._census_scope |= self.admission.issued.keys()
+        asked = [w for w in self.workers.values() if w.ready and self.plan.pool(w.pool).role == "train"
+                 and not (self.plan.pool(w.pool).rendezvous and w.replica > 0)]  # rank 0 takes a trainer's data
+        self._census_due = {w.worker_id for w in asked}
+        for w in asked:
+            self.control.send(w.worker_id, "census", seq=self._census_seq)
+        if not self._census_due:
+            self._reissue_after_crash()
+
+    def _on_census(self, worker: WorkerProcess, m: msg.Census) -> None:
+        worker.holding = set(m.holding)
+        if m.seq == self._census_seq and worker.worker_id in self._census_due:
+            self._census_due.discard(worker.worker_id)
+            if not self._census_due and not self._stopping:
+                self._reissue_after_crash()
+
+    def _reissue_after_crash(self) -> None:
+        """Send again every group started before the crash that no trainer holds, and the held-out rounds in
+        flight: the dead worker may have held any of them. Trainers drop the copies they have."""
+        scope, self._census_scope = self._census_scope, set()
+        self._reissue(scope)
+        for batch, meta in self.heldout.in_flight() if self.heldout is not None else []:
+            self._send_source(batch, meta)
+
+    def _reissue(self, only: set[int]) -> None:
+        """Send again the groups in `only` that no trainer holds (nor consumed)."""
         held = set().union(*(w.holding for w in self.workers.values()))
         for batch, meta in self.admission.reissue(held, only):
             self.accounting.reissued += 1
-            self._send_source(batch, meta)
-        for batch, meta in (self.heldout.in_flight() if self.heldout is not None and only is None else []):
             self._send_source(batch, meta)
 
     # -- evaluation -----------------------------------------------------------------------
@@ -424,7 +475,7 @@ class Controller:
         self.accounting.on_noted(m.sample_ids, m.reasons)
 
     def _on_eval(self, worker: WorkerProcess, m: msg.HeldOutScored) -> None:
-        record = self.heldout.scored(m.round, m.sample_ids, m.rewards) if self.heldout is not None else None
+        record = self.heldout.scored(m.round, m.sample_ids, m.rewards, m.solved) if self.heldout is not None else None
         if record is not None:
             self._eval_done(record)
 
@@ -494,6 +545,7 @@ class Controller:
 
     def _on_worker_death(self, w: WorkerProcess, why: str) -> None:
         """Restart the worker and re-issue what it may have held, or stop the run naming the node."""
+        w.process.kill()  # what the dead worker started (its process group) dies with it
         stop = self.restarts.verdict(w.pool, w.worker_id, why, w.last_error, w.ready, w.fatal, self.run_dir,
                                      w.log_path, log_tail(w.log_path))
         if stop is not None:
@@ -503,7 +555,7 @@ class Controller:
                     self.config.faults.max_restarts, self.config.faults.window_s)
         self.metrics.write({"kind": "restart", "worker": w.worker_id, "why": cause, "wall_s": self._elapsed()})
         self._spawn(w.pool, w.replica)
-        self._reissue()
+        self._census()
 
     def _elapsed(self) -> float:
         return max(time.monotonic() - self.state.started_at, 1e-9)
@@ -512,6 +564,7 @@ class Controller:
 HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], None]] = {
     msg.Ready: Controller._on_ready,
     msg.Heartbeat: Controller._on_heartbeat,
+    msg.Census: Controller._on_census,
     msg.Stopped: Controller._on_heartbeat,
     msg.VersionPublished: Controller._on_version,
     msg.SamplesFailed: Controller._on_failed,

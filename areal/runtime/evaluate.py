@@ -26,6 +26,8 @@ from typing import Any
 import torch
 
 from areal.errors import ConfigError
+from areal.runtime.eval_inputs import check_output, check_weights, write_results
+from areal.runtime.solved import solved
 
 BENCHMARKS = ("humaneval", "reasoning-gym")
 # step callback: (phase, done, total)
@@ -51,6 +53,7 @@ class EvalSettings:
     options: dict[str, Any] = field(default_factory=dict)  # reasoning-gym: the dataset's config fields
     timeout_s: float = 3.0  # humaneval: one problem's test program
     step: int | None = None  # a run directory's checkpoint
+    trained: str | None = None  # a run directory that trained several models: the trainer node whose model to score
     # torch threads. One by default: on a shared machine, a second thread that gets descheduled makes
     # the first spin at every op's barrier (measured on 2 busy cores: 1 thread generated 4.6x faster)
     threads: int = 1
@@ -96,7 +99,7 @@ class Judged:
 
     @property
     def correct(self) -> int:
-        return sum(r >= 1.0 - 1e-9 for r in self.rewards)
+        return sum(solved(self.rewards))
 
 
 def parse_options(texts: list[str]) -> dict[str, Any]:
@@ -113,31 +116,36 @@ def parse_options(texts: list[str]) -> dict[str, Any]:
     return options
 
 
-def load_for_eval(model: str, step: int | None) -> tuple[Any, Any, str]:
-    """(model, tokenizer, what was loaded): a run directory's checkpoint, else any `config.model` spec."""
+def load_for_eval(model: str, step: int | None, trained: str | None = None) -> tuple[Any, Any, str]:
+    """(model, tokenizer, what was loaded): a run directory's checkpoint (of the model `trained` names, when the
+    run trained several), else any `config.model` spec. Weight files are checked before they load."""
     from areal.runtime.export import is_run_dir, run_policy
 
     path = Path(model).expanduser()
     if path.is_dir() and is_run_dir(path):
-        policy, tokenizer, folder = run_policy(path, step)
+        policy, tokenizer, folder = run_policy(path, step, trained)
         return policy.eval(), tokenizer, str(folder)
-    if step is not None:
-        raise ConfigError(f"--step {step}: {model} is not a run directory (config.json and checkpoints/)")
-    from areal.models.loading import checkpoint_dir, load_policy
+    for option, value in (("--step", step), ("--model", trained)):
+        if value is not None:
+            raise ConfigError(f"{option} {value}: {model} is not a run directory (config.json and checkpoints/)")
+    from areal.models.loading import checkpoint_dir, load_model, load_tokenizer
 
-    policy, tokenizer = load_policy(model)
-    return policy, tokenizer, str(checkpoint_dir(model))
+    folder = checkpoint_dir(model)
+    check_weights(folder)
+    return load_model(folder), load_tokenizer(folder), str(folder)
 
 
 def evaluate(model: str, settings: EvalSettings, out: Path | None = None,
              progress: Progress | None = None) -> dict[str, Any]:
     """Score `model` as `settings` say; returns (and writes to `out`) the JSON document."""
     settings.check()
+    if out is not None:
+        check_output(out)  # before the work: a path found unwritable after it would lose every result
     report = progress or (lambda phase, done, total: None)
     torch.set_num_threads(settings.threads)
     started = time.perf_counter()
     judge, build_tasks = _benchmark(settings)  # a bad task name or a missing sandbox is refused before the model loads
-    policy, tokenizer, loaded = load_for_eval(model, settings.step)
+    policy, tokenizer, loaded = load_for_eval(model, settings.step, settings.trained)
     load_s = time.perf_counter() - started
     from areal.models.chat import uses_chat
 
@@ -162,8 +170,7 @@ def evaluate(model: str, settings: EvalSettings, out: Path | None = None,
                      for j in judged],
     }
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(document, indent=1) + "\n")
+        write_results(out, json.dumps(document, indent=1) + "\n")
     return document
 
 

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from areal.config import validate_config
 from areal.errors import ConfigError
 from areal.runtime.checkpoint import find_checkpoints, policy_name
+from areal.runtime.eval_inputs import check_weights
 
 
 def _policy_file(folder: Path, model: str | None) -> Path:
@@ -35,7 +36,7 @@ def _policy_file(folder: Path, model: str | None) -> Path:
 def run_policy(run_dir: Path, step: int | None, model: str | None = None) -> tuple[Any, Any, Path]:
     """The run's model with the weights of its intact checkpoint `step` (default: the newest), its tokenizer,
     and that checkpoint's folder. `model` names the trainer when the run trained several."""
-    from areal.models.loading import load_policy
+    from areal.models.loading import checkpoint_dir, load_policy
 
     config_path = run_dir / "config.json"
     if not config_path.is_file():
@@ -54,8 +55,13 @@ def run_policy(run_dir: Path, step: int | None, model: str | None = None) -> tup
         raise ConfigError(f"{run_dir}: no intact checkpoint at step {step} (intact ones: {sorted(checkpoints)})"
                           f"{passed_over}")
     weights = _policy_file(checkpoints[step], model)
-    policy, tokenizer = load_policy(config.model, dtype=config.dtype, seed=config.seed)
-    policy.load_state_dict(load_file(str(weights)))
+    check_weights(checkpoint_dir(config.model))  # the run's architecture comes from its model
+    policy, tokenizer = load_policy(config.model, dtype=config.dtype)
+    try:
+        policy.load_state_dict(load_file(str(weights)))
+    except RuntimeError as err:  # a critic's weights (a value head) are not a policy's
+        raise ConfigError(f"{weights}: these weights do not fit the run's model {config.model} "
+                          f"({str(err).splitlines()[0]}); name a policy with --model") from None
     return policy, tokenizer, checkpoints[step]
 
 

@@ -7,7 +7,8 @@ thread speaks even while a node computes, so only a frozen process goes silent).
 - it stops with the `--resume` command when a trainer died (its optimizer state lived there)
   or when a generator in a weights group died (it cannot rejoin the group);
 - it stops when the node keeps failing (more than `faults.max_restarts` within `window_s`);
-- otherwise the worker restarts, and every group started but not consumed is sent again.
+- otherwise the worker restarts, and every group started but not consumed is sent again, except
+  those a trainer holds once it has drained what was queued for it (the controller asks first).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ recorded in its plan.json.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -22,21 +23,28 @@ from areal.graph.recipe import Recipe, load_recipe
 from areal.runtime.compile import compile_plan
 from areal.runtime.controller import Controller
 from areal.runtime.progress import live_table, summary_table
-from areal.runtime.resume import ResumePoint, refuse_changes, resume_point
+from areal.runtime.resume import ResumePoint, check_changes, recipe_hash, resume_point
+from areal.runtime.rundir import RunDirLock, claim_run_dir, writing
+from areal.runtime.signals import Stopped
 
 log = logging.getLogger("areal")
 
 
 def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = None, run_dir: Path | None = None,
-               resume: Path | None = None, live: bool = True, console: Console | None = None) -> int:
-    """`recipe_path` None with `resume`: the recipe the run recorded."""
+               resume: Path | None = None, live: bool = True, console: Console | None = None,
+               allow_recipe_change: bool = False, start_over: bool = False) -> int:
+    """`recipe_path` None with `resume`: the recipe the run recorded. `allow_recipe_change`: resume under an edited
+    recipe; `start_over`: resume a run whose every checkpoint is unreadable from version 0 (resume.py)."""
     console = console or Console(stderr=True)
     overrides = list(overrides or [])
-    point = None
+    point = lock = None
     if resume is not None:
-        point = resume_point(resume, recipe_path)
+        lock = claim_run_dir(resume, resuming=True)  # before anything reads or clears the run's files
+        point = resume_point(resume, recipe_path, allow_recipe_change=allow_recipe_change, start_over=start_over)
         for line in point.skipped:
             console.print(f"[yellow]skipped checkpoint[/] {line}", highlight=False, soft_wrap=True)
+        if point.recipe_edit:
+            _report(console, f"resuming under the edited recipe {point.recipe}:", point.recipe_edit)
         recipe_path, overrides, run_dir = point.recipe, point.overrides + overrides, resume
         console.print(f"resuming {run_dir} from {point.checkpoint.name if point.checkpoint else 'the start'}",
                       soft_wrap=True)
@@ -47,7 +55,7 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
             view.update(live_table(controller))
 
     assert recipe_path is not None
-    controller = build_controller(recipe_path, overrides, run_dir, point, console, _throttled(refresh))
+    controller = build_controller(recipe_path, overrides, run_dir, point, console, _throttled(refresh), lock)
     code = 0
     try:
         if live:
@@ -56,9 +64,12 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
         else:
             controller.run()
     except RunError as err:
-        console.print(f"[red]run failed:[/] {err}", highlight=False)
+        console.print(f"[red]run failed:[/] {err}", highlight=False, soft_wrap=True)  # a command in it stays whole
         code = 1
-    except KeyboardInterrupt:
+    except Stopped as stop:
+        console.print(f"[yellow]{stop.said}[/]: workers stopped, checkpoint kept", highlight=False)
+        code = stop.exit_code
+    except KeyboardInterrupt:  # raised before the controller's own handlers were in place
         console.print("[yellow]interrupted[/]: workers stopped, last checkpoint kept")
         code = 130
     console.print(summary_table(controller))
@@ -67,11 +78,12 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
 
 def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Path | None,
                      resume: ResumePoint | None = None, console: Console | None = None,
-                     on_event: Any = None) -> Controller:
-    """Load, compile and wire a run without starting it (tests drive the controller directly)."""
+                     on_event: Any = None, lock: RunDirLock | None = None) -> Controller:
+    """Load, compile and wire a run without starting it (tests drive the controller directly). The run directory
+    is locked here (unless `lock` holds it already) until the controller's run ends."""
     recipe = load_recipe(recipe_path, overrides)
-    if resume is not None:
-        refuse_changes(resume.run_dir, recipe.config)
+    if resume is not None and (changed := check_changes(resume.run_dir, recipe.config)):
+        _report(console, "resuming with changed settings:", changed)
     _check_engines(recipe)
     for report in _preflight(recipe):
         log.info("%s", report)
@@ -79,18 +91,38 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
             console.print(report, highlight=False, soft_wrap=True)
     checkpoint, saved = (resume.checkpoint, resume.saved) if resume is not None else (None, None)
     folder = Path(run_dir or recipe.config.run_dir or _default_run_dir(recipe))
-    folder.mkdir(parents=True, exist_ok=True)
+    lock = lock or claim_run_dir(folder, resuming=resume is not None)
+    if resume is not None and resume.checkpoint is None:  # it starts over from version 0: so do its metrics
+        with writing(folder / "metrics.jsonl", folder):
+            (folder / "metrics.jsonl").unlink(missing_ok=True)
     _log_to(folder / "logs" / "controller.log")
     plan = compile_plan(recipe.graph, recipe.config, recipe=str(recipe.path), overrides=tuple(overrides),
                         run_dir=folder.resolve())
+    plan = dataclasses.replace(plan, recipe_sha256=recipe_hash(recipe.path))
     # the controller resolves the task sources: a bad data.path fails here, before a model warm-start
-    controller = Controller(plan, recipe.graph, recipe.config, saved=saved, resume_dir=checkpoint, on_event=on_event)
+    controller = Controller(plan, recipe.graph, recipe.config, saved=saved, resume_dir=checkpoint, on_event=on_event,
+                            lock=lock)
     _prepare_models(recipe)
     return controller
 
 
+def _report(console: Console | None, title: str, lines: list[str]) -> None:
+    """Said on the console and in the controller's log: a resumed run says what is not as it was."""
+    log.warning("%s %s", title, "; ".join(lines))
+    if console is not None:
+        console.print(f"[yellow]{title}[/]", highlight=False)
+        for line in lines:
+            console.print(f"  {line}", highlight=False, soft_wrap=True, markup=False)
+
+
 def _default_run_dir(recipe: Recipe) -> Path:
-    return Path("runs") / f"{recipe.graph.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """runs/GRAPH-TIME, with a suffix when a run started in the same second has that name."""
+    base = Path("runs") / f"{recipe.graph.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder, n = base, 1
+    while folder.exists():
+        n += 1
+        folder = base.with_name(f"{base.name}-{n}")
+    return folder
 
 
 def _check_engines(recipe: Recipe) -> None:
@@ -126,14 +158,14 @@ def _builtin_policy_nodes(recipe: Recipe) -> list[Node]:
 
 
 def _prepare_models(recipe: Recipe) -> None:
-    """Build the warm-start model once, here, before workers race to build it."""
+    """Load the policy once, here, before workers race to (a GGUF file is converted the first time)."""
     builtin = [n for n in _builtin_policy_nodes(recipe)
                if needs_model(recipe.node_config(n.name), generation=n.kind == "generate")]
     if not builtin:
         return  # custom policy nodes bring their own models; emulated engines need none
     from areal.models.loading import load_policy
 
-    load_policy(recipe.config.model, dtype=recipe.config.dtype, seed=recipe.config.seed)
+    load_policy(recipe.config.model, dtype=recipe.config.dtype)
 
 
 def _throttled(fn: Any, every_s: float = 0.25) -> Any:

@@ -43,6 +43,12 @@ class Heartbeat(Message):
     tokens: int = 0
 
 
+class Census(Message):
+    KIND: ClassVar[str] = "census"  # a trainer's answer to "census": what it holds once it drained its inputs
+    seq: int
+    holding: list[int] = []
+
+
 class Stopped(Message):
     KIND: ClassVar[str] = "stopped"
     batches: int = 0
@@ -62,6 +68,7 @@ class VersionPublished(Message):
     next_group: int = 0
     sample_ids: list[int] = []
     rewards: list[float] = []
+    solved: list[bool] = []  # per trained sample, by eval.solved (runtime/solved.py)
     tokens: int = 0
 
 
@@ -100,6 +107,7 @@ class HeldOutScored(Message):
     round: int
     task_ids: list[str] = []
     rewards: list[float] = []
+    solved: list[bool] = []
     sample_ids: list[int] = []
 
 
@@ -137,8 +145,8 @@ class WorkerError(Message):
 
 
 KINDS: dict[str, type[Message]] = {cls.KIND: cls for cls in (
-    Ready, Heartbeat, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesDropped, SamplesNoted,
-    HeldOutScored,
+    Ready, Heartbeat, Census, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesDropped,
+    SamplesNoted, HeldOutScored,
     CheckpointWritten, DuplicateDropped, BatchRefused, NodeMetrics, WorkerError)}
 
 

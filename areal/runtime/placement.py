@@ -5,7 +5,7 @@ can poll and kill, whatever started it. Both launchers run the same thing, the w
 of `areal.runtime.worker` with the same arguments; only the process's origin differs:
 
 - `LocalLauncher`: a child process in its own session, killed with its whole group, and told by
-  Linux to die when the controller dies (today's single-machine behaviour);
+  Linux to die when the controller dies; whatever it started dies with it (its guard, reaper.py);
 - `RayLauncher`: each pool gets a placement group with one bundle per replica (the pool's threads
   as CPUs, its GPUs), and each replica is an actor in its bundle that runs the worker main loop
   in the actor's process. The data plane stays ZeroMQ over TCP between those processes; Ray only

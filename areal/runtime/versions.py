@@ -5,6 +5,10 @@ The slowest trainer's version drives admission (every trainer then trains batch 
 k <= i + η for the i it had when the group started). Generators sample the policy: its newest
 version, or in lagged mode the one η versions older. Weights travel as files in
 `weights/MODEL/` or, for the policy with transport.weights=broadcast, over a process group.
+A resumed run's current version of each model is the checkpoint's copy (`policy-MODEL.safetensors`),
+so a follower of any model, not only the policy, starts from the trained weights; a follower told
+a version past 0 with no file to load it from stops the run, naming the model, instead of running
+on the weights it was built with.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from areal.errors import RunError
+from areal.runtime.checkpoint import policy_name
 from areal.runtime.plan import Plan
 
 
@@ -22,10 +28,13 @@ class Follower(Protocol):
 
 
 class Versions:
-    def __init__(self, plan: Plan, start: int, sampling_lag: int) -> None:
+    def __init__(self, plan: Plan, start: int, sampling_lag: int, resumed: Path | None = None) -> None:
+        """`resumed`: the checkpoint folder a resumed run starts from (it holds each model's weights at `start`)."""
         self.plan = plan
         self.current = {p.name: start for p in plan.trainer_pools()}
-        self.latest_path: dict[str, str | None] = {}
+        self.latest_path: dict[str, str | None] = {
+            model: str(resumed / policy_name(model)) for model in self.current
+            if resumed is not None and (resumed / policy_name(model)).is_file()}
         self.lag = sampling_lag  # lagged mode: generators hold the policy this many versions behind; 0 at the end
         self._told: dict[str, int] = {}
 
@@ -76,11 +85,22 @@ class Versions:
         version, path = news
         for w in workers:
             if w.pool in self.plan.followers(model):
+                self._check_loadable(model, version, path, w.worker_id, broadcast)
                 send(w.worker_id, "weights", model=model, version=version, path=path, broadcast=broadcast)
 
     def catch_up(self, worker: Follower, send: Callable[..., Any]) -> None:
-        """A (re)started follower must not run before it holds the version it is to hold."""
-        model = self.plan.pool(worker.pool).model
-        if model and worker.pool in self.plan.followers(model):
+        """A (re)started follower must not run before it holds the version it is to hold, of every model it follows."""
+        for model in [trainer for trainer, follower in self.plan.weights_routes if follower == worker.pool]:
             version = self.sampled(model)
-            send(worker.worker_id, "weights", model=model, version=version, path=self.path(model, version))
+            path = self.path(model, version)
+            # with transport.weights=broadcast the generators took the policy when the weights group formed
+            self._check_loadable(model, version, path, worker.worker_id,
+                                 broadcast=model == self.plan.policy and bool(self.plan.weights_rendezvous))
+            send(worker.worker_id, "weights", model=model, version=version, path=path)
+
+    def _check_loadable(self, model: str, version: int, path: str | None, worker: str, broadcast: bool) -> None:
+        """Version 0 is the weights a follower is built with; any later one must come in a file or a broadcast."""
+        if version > 0 and path is None and not broadcast:
+            raise RunError(f"model '{model}' is at version {version}, but no file holds those weights (neither "
+                           f"{Path(self.plan.weights_dir) / model} nor the resumed checkpoint): {worker} would run "
+                           "on weights it was not told to hold")

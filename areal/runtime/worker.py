@@ -56,7 +56,10 @@ from areal.runtime.plan import Plan
 from areal.runtime.policies import POLICIES
 from areal.runtime.policies.enforce import checked_step, expired, with_policy_mask
 from areal.runtime.ranks import RankOrders, rank_environment
+from areal.runtime.reaper import guard_process_group
+from areal.runtime.sample_log import SampleLog
 from areal.runtime.security import RunKey
+from areal.runtime.solved import solved
 
 log = logging.getLogger("areal.worker")
 
@@ -88,9 +91,12 @@ class Worker:
             if hasattr(impl, "setup"):
                 context = WorkerContext(recipe.node_config(n.name), plan, self.pool, replica, n.name, version,
                                         resume_dir, self.control)
-                guard(n.name, impl.setup, context)
+                guard(n, impl.setup, context)
             self.impls.append(impl)
-        self.chain = Chain(self.nodes, self.impls, plan, self.control.send)
+        records = self.config.records
+        rank_follower = bool(self.pool.rendezvous) and replica > 0  # rank 0 records what its trainer's ranks did
+        log = SampleLog(plan.run_dir, self.worker_id, records) if records.samples and not rank_follower else None
+        self.chain = Chain(self.nodes, self.impls, plan, self.control.send, log)
         # map nodes that follow a trained model's weights (a critic's value pass): model -> their impls
         self.followers = {m: [impl for n, impl in zip(self.nodes, self.impls) if recipe.graph.model_of(n) == m]
                           for m in {recipe.graph.model_of(n) for n in self.nodes} - {None, self.pool.name}}
@@ -121,6 +127,7 @@ class Worker:
         self._busy_at_beat = 0.0
         self._latest_weights: dict[str, dict[str, Any]] = {}  # model -> the newest "weights" message
         self.holding: set[int] = set()  # trainer: groups gathered for coming steps (not re-issued after a crash)
+        self.census: int | None = None  # trainer: the controller asked what it holds (after a crash upstream)
         # trainer: the oldest group not consumed, and those above it a step took (out of admission order)
         self.next_group, self.consumed = _resumed_consumption(resume_dir, pool_name)
         self.staleness_policy = POLICIES[self.config.staleness_policy]
@@ -130,7 +137,7 @@ class Worker:
         """Trainer: form the weights group with the generators and send them the weights it starts from."""
         from areal.engines.weight_group import WeightGroup, group_device
 
-        weights = guard(self.nodes[-1].name, self.impls[-1].policy_weights)
+        weights = guard(self.nodes[-1], self.impls[-1].policy_weights)
         if not self.follower:
             members = self.plan.weights_members()
             self.weights_group = WeightGroup(self.plan.weights_rendezvous, 0, len(members),
@@ -171,12 +178,14 @@ class Worker:
                 if message.get("disconnect"):
                     outbox.disconnect(int(message["replica"]), message["disconnect"])
                 outbox.connect(int(message["replica"]), message["connect"])
+            elif kind == "census":  # answered by the train loop once it has drained what is queued for it
+                self.census = int(message["seq"])
             elif kind == "frontier" and self.join is not None:
                 self.join.forget_below(int(message["group"]))
             elif kind == "weights":
                 if message.get("broadcast"):
                     # a collective: the trainer waits in it until every generator has taken its part
-                    guard(self.nodes[0].name, self.impls[0].receive_weights, int(message["version"]))
+                    guard(self.nodes[0], self.impls[0].receive_weights, int(message["version"]))
                     message = {**message, "path": None}  # loaded already: the loop only notes the version
                 self._latest_weights[str(message.get("model", ""))] = message  # with files, only the newest matters
 
@@ -237,6 +246,9 @@ class Worker:
     # -- the three loops ------------------------------------------------------------------
 
     def _map_loop(self) -> None:
+        routed = [m for m in self.followers if self.pool.name in self.plan.followers(m)]
+        while any(m not in self._latest_weights for m in routed) and not self.stopping:
+            self._wait(100)  # the controller answers "ready" with each followed model's version: run nothing before
         while not self.stopping:
             self._wait(int(self.config.faults.heartbeat_s * 1000))
             self._follow_weights()
@@ -259,7 +271,7 @@ class Worker:
             weights = self._apply_weights(model)
             if weights is not None:
                 policy_version = int(weights["version"])
-                guard(head.name, gen.load_weights, weights.get("path"), policy_version)
+                guard(head, gen.load_weights, weights.get("path"), policy_version)
                 if self.staleness_policy.drops:
                     self._abort_late(head, submitted, policy_version - self.config.staleness)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
@@ -270,10 +282,10 @@ class Worker:
                 if meta.group in submitted:
                     continue  # re-issued after a crash downstream while still in flight here: that copy answers
                 submitted[meta.group] = batch
-                guard(head.name, gen.submit, self.chain.view(batch, self.plan.binding(head.name)), meta)
+                guard(head, gen.submit, self.chain.view(batch, self.plan.binding(head.name)), meta)
             if gen.pending() > 0:
                 start = time.monotonic()
-                finished = guard(head.name, gen.step)
+                finished = guard(head, gen.step)
                 self.chain.busy_s += time.monotonic() - start
                 for out, meta in finished:
                     self._generated(head, submitted.pop(meta.group), out, meta)
@@ -281,7 +293,7 @@ class Worker:
     def _abort_late(self, head: Node, submitted: dict[int, Batch], oldest: int) -> None:
         """drop: stop every group holding a token sampled before version `oldest` (it can no longer be trained
         within η), report its samples dropped with the tokens they had, and send it on empty."""
-        for meta, sample_ids, tokens in guard(head.name, self.impls[0].abort_older_than, oldest):
+        for meta, sample_ids, tokens in guard(head, self.impls[0].abort_older_than, oldest):
             self.control.send("dropped", node=head.name, sample_ids=sample_ids, tokens=tokens,
                               reason=f"aborted in generation: a token older than version {oldest}")
             ids = torch.empty(0, dtype=torch.int64)
@@ -299,6 +311,10 @@ class Worker:
         failed = fields.pop(FAILED, None)  # a stream node's per-row reasons (None: the sample is fine)
         if failed is not None:
             fields[FAILED] = {row: why for row, why in enumerate(failed) if why}
+        if self.chain.log is not None and not meta.eval:
+            texts = {port: batch[field] for port, field in self.plan.binding(head.name).items()
+                     if head.inputs[port].dtype == "json"}
+            self.chain.log.inputs(head.name, batch, texts)
         batch, _ = self.chain.absorb(head, batch, out, fields, meta.eval)
         batch, metrics = self.chain.run(batch, held_out=meta.eval, start=1)
         self._report_metrics(metrics)
@@ -319,6 +335,9 @@ class Worker:
                     continue
                 waiting[meta.group] = (batch, meta)
                 self.holding.add(meta.group)
+            if self.census is not None:
+                self.control.send("census", seq=self.census, holding=sorted(self.holding))
+                self.census = None
             while self.version < self.config.steps:
                 dropped += self._drop_expired(waiting)
                 step = self.staleness_policy.pick({g: b.size for g, (b, _) in waiting.items()}, self.next_group,
@@ -389,7 +408,8 @@ class Worker:
             middle = time.monotonic()
             stats |= metrics
         if batch is not None and batch.size:
-            view = self.chain.view(batch, self.plan.binding(self.nodes[-1].name))
+            binding = self.plan.binding(self.nodes[-1].name)
+            view = self.chain.view(batch, binding)
             if self.enforcing and "versions" in view:
                 if self.staleness_policy.masks:  # every rank: the same mask from the same versions
                     view, stats["masked_tokens"] = with_policy_mask(view, step, self.config.staleness)
@@ -397,15 +417,19 @@ class Worker:
                     numbers = checked_step(self.staleness_policy, view, step, self.config.effective_staleness,
                                            self.config.batch_size, groups or [])
                     hist, stats["stale_tokens"] = numbers["staleness"], numbers["stale_tokens"]
-            stats |= dict(guard(self.nodes[-1].name, trainer, view))
+            stats |= dict(guard(self.nodes[-1], trainer, view))
             end = time.monotonic()
+            if self.chain.log is not None:
+                oldest = [int(r.min()) if len(r) else step for r in batch[binding["versions"]].rows()] \
+                    if "versions" in binding else [step] * batch.size
+                self.chain.log.trained(self.nodes[-1].name, step + 1, batch["sample_id"].tolist(), oldest)
             self.chain.busy_s += end - middle
             stats |= {"prox_s": middle - start, "update_s": end - middle}
         else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
-            guard(self.nodes[-1].name, trainer.empty_step)
+            guard(self.nodes[-1], trainer.empty_step)
         self.version = step + 1
         path = self._publish()
-        weights = guard(self.nodes[-1].name, trainer.policy_weights) if self.broadcasting else None
+        weights = guard(self.nodes[-1], trainer.policy_weights) if self.broadcasting else None
         if self.follower:
             return  # rank 0 reports the step and decides on checkpoints
         reward = self.plan.reward_field
@@ -415,6 +439,7 @@ class Worker:
             next_group=self.next_group,
             sample_ids=batch["sample_id"].tolist() if batch is not None else [],
             rewards=batch[reward].tolist() if batch is not None and reward in batch else [],
+            solved=self._solved(batch),
             tokens=_tokens(batch, self.plan.binding(self.nodes[-1].name)),
         )
         if weights is not None:
@@ -428,13 +453,13 @@ class Worker:
         if self.broadcasting:
             return None
         if self.follower:
-            guard(self.nodes[-1].name, trainer.save_weights, None)  # its part of gathering the weights
+            guard(self.nodes[-1], trainer.save_weights, None)  # its part of gathering the weights
             return None
         folder = Path(self.plan.weights_dir) / self.pool.name
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"v{self.version:06d}.safetensors"
         tmp = folder / f".v{self.version:06d}.tmp"
-        guard(self.nodes[-1].name, trainer.save_weights, str(tmp))
+        guard(self.nodes[-1], trainer.save_weights, str(tmp))
         os.replace(tmp, final)  # readers never see a half-written file
         keep = 3 + self.config.sampling_lag  # lagged mode: generators sample from the one η versions old
         for old in folder.glob("v*.safetensors"):
@@ -451,10 +476,10 @@ class Worker:
         if hasattr(trainer, "save_checkpoint"):
             target = folder / f"trainer-{self.pool.name}"
             target.mkdir(parents=True, exist_ok=True)
-            guard(self.nodes[-1].name, trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
+            guard(self.nodes[-1], trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
         if self.broadcasting:  # no weights file to copy: the checkpoint's policy (export, resume) is written here
             policy = None if self.follower else str(folder / f"policy-{self.pool.name}.safetensors")
-            guard(self.nodes[-1].name, trainer.save_weights, policy)
+            guard(self.nodes[-1], trainer.save_weights, policy)
         if not self.follower:
             self.control.send("checkpoint", model=self.pool.name, version=self.version, path=str(folder),
                               next_group=self.next_group, consumed=sorted(self.consumed))
@@ -464,8 +489,12 @@ class Worker:
             return  # the sampled policy's trainer reports held-out rounds; the others only see them pass
         reward = self.plan.reward_field
         rewards = batch[reward].tolist() if reward in batch else []
-        self.control.send("eval", round=meta.round, task_ids=list(meta.task_ids),
-                          rewards=rewards, sample_ids=batch["sample_id"].tolist())
+        self.control.send("eval", round=meta.round, task_ids=list(meta.task_ids), rewards=rewards,
+                          solved=self._solved(batch), sample_ids=batch["sample_id"].tolist())
+
+    def _solved(self, batch: Batch | None) -> list[bool]:
+        field = self.plan.solved_field
+        return solved(batch[field].tolist(), self.plan.solved_at) if batch is not None and field in batch else []
 
     def _report_metrics(self, metrics: Mapping[str, float]) -> None:
         if metrics:
@@ -496,19 +525,24 @@ def main(argv: list[str]) -> int:
     version = int(argv[3]) if len(argv) > 3 else 0
     resume_dir = Path(argv[4]) if len(argv) > 4 else None
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {pool_name}[{replica}] %(levelname)s %(message)s")
+    guard_process_group()  # before anything the worker starts: its children die with it
     plan = Plan.from_json(Path(plan_path).read_text())
     torch.set_num_threads(plan.pool(pool_name).threads)
     control = ControlClient(plan.control_endpoint, f"{pool_name}[{replica}]", run_key(plan))
+    worker: Worker | None = None
     try:
-        Worker(plan, pool_name, replica, version, resume_dir, control).run()
+        worker = Worker(plan, pool_name, replica, version, resume_dir, control)
+        worker.run()
         return 0
     except BaseException as err:  # report everything, even KeyboardInterrupt, before exiting non-zero
         node = err.node if isinstance(err, NodeFailure) else None
         text = str(err) if isinstance(err, (NodeFailure, RunError)) else f"{type(err).__name__}: {err}"
         log.error("%s", traceback.format_exc())
-        # a broken contract fails the same way on every retry: the controller stops the run instead of restarting
-        control.send("error", node=node, message=text, traceback=traceback.format_exc(),
-                     fatal=isinstance(err, NodeContractError))
+        # a broken contract, or (unless faults.node_errors=restart) an exception in a node's own code, fails the
+        # same way on every retry: the controller stops the run instead of restarting the worker
+        restartable = worker is not None and worker.config.faults.node_errors == "restart"
+        fatal = isinstance(err, NodeContractError) or (isinstance(err, NodeFailure) and not restartable)
+        control.send("error", node=node, message=text, traceback=traceback.format_exc(), fatal=fatal)
         return 1
     finally:
         control.close()

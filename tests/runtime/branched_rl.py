@@ -13,8 +13,7 @@ appends each call's row count to FILE.
 import os
 
 from areal import Float, Graph, Int, RunConfig, node
-from areal.graph.roles import DROPPED
-from tests.runtime.fake_nodes import Counting, FakeGenerate, FakeTrainer, compute, knob
+from tests.runtime.fake_nodes import Counting, FakeGenerate, FakeTrainer, compute, every_third_group, knob
 
 BRANCH_WORK = knob("FAKE_BRANCH_WORK", 0)  # matmuls per batch in each judge
 UNEVEN_WORK = knob("FAKE_UNEVEN_WORK", 0)  # more matmuls in judge_b, on odd groups
@@ -36,11 +35,6 @@ def judge_b(batch):
 @node(inputs={"score": Float["S"], "other": Float["S"]}, outputs={"advantage": Float["S"], "reward": Float["S"]})
 def combine(batch):
     return {"advantage": batch["score"], "reward": batch["other"]}
-
-
-@node(inputs={"reward": Float["S"], "group_id": Int["S"]}, outputs={}, role="filter")
-def every_third_group(batch):
-    return {DROPPED: {row: "a multiple of 3" for row, g in enumerate(batch["group_id"].tolist()) if g % 3 == 0}}
 
 
 @node(inputs={"reward": Float["S"]}, outputs={"spread": Float["S"]})

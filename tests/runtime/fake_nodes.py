@@ -9,11 +9,15 @@ values, not timings. Knobs come from environment variables so one file serves ev
 
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
 
 from areal import Batch, Float, Int, Int32, Json, Ragged, node
+from areal.graph.roles import DROPPED
+
+HOLD_TIMEOUT_S = 120.0
 
 
 def knob(name: str, default: int) -> int:
@@ -27,6 +31,20 @@ def compute(matmuls: int) -> None:
     x = torch.ones(128, 128)
     for _ in range(matmuls):
         x = torch.tanh(x @ x / 128)
+
+
+def wait_for(path: Path, timeout_s: float = HOLD_TIMEOUT_S) -> None:
+    """Block until the test creates `path` (an event the test controls), or fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.05)
+
+
+@node(inputs={"reward": Float["S"], "group_id": Int["S"]}, outputs={}, role="filter")
+def every_third_group(batch):
+    return {DROPPED: {row: "a multiple of 3" for row, g in enumerate(batch["group_id"].tolist()) if g % 3 == 0}}
 
 
 class Counting:
@@ -111,9 +129,15 @@ class FakeTrainer:
         self.version = context.version
         self.log = Path(context.run_dir) / "trained.jsonl"
         self.work = knob("FAKE_TRAIN_WORK", 0)  # matmuls per optimizer step
+        # FAKE_HOLD_AT=k: the update of version k waits for the test's file run_dir/release, after writing
+        # run_dir/held (a trainer busy for as long as the test needs)
+        self.hold_at, self.run_dir = knob("FAKE_HOLD_AT", -1), Path(context.run_dir)
 
     def __call__(self, batch):
         compute(self.work)
+        if self.version == self.hold_at:
+            (self.run_dir / "held").touch()
+            wait_for(self.run_dir / "release")
         record = {"version": self.version, "sample_ids": batch["sample_id"].tolist(),
                   "min_versions": [int(r.min()) for r in batch["versions"].rows()],
                   "advantages": batch["advantage"].tolist()}

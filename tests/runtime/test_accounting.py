@@ -89,3 +89,16 @@ def test_a_sample_counted_both_trained_and_failed_breaks_the_check_at_once():
     accounting.trained.add(0)  # what on_trained never does: it takes a trained sample out of the failed ones
     with pytest.raises(RunError, match="1 samples counted both trained and failed, filtered or dropped"):
         accounting.check(version=1, groups=[0], now=0.0, grace_s=10.0)
+
+
+def test_a_lost_group_frees_its_slot_once_whatever_reports_its_copies_bring():
+    """A re-issued copy of a group the filter dropped is dropped again, and one whose samples failed fails again:
+    the gate must free the group's slot once, not once per report."""
+    accounting = Accounting(group_size=2, counted="actor", started_groups=3)
+    assert accounting.on_filtered([0, 1], ["dapo: all equal"] * 2) == [0]
+    assert accounting.on_filtered([0, 1], ["dapo: all equal"] * 2) == []  # the re-issued copy, filtered again
+    assert accounting.on_failed([2], ["reward: nan"]) == []
+    assert accounting.on_failed([3], ["reward: nan"]) == [1]
+    assert accounting.on_failed([2, 3], ["reward: nan"] * 2) == []  # the copy's samples fail again
+    assert accounting.on_filtered([3], ["dapo: all equal"]) == []  # or another node drops what is left of it
+    assert accounting.lost == {0, 1}

@@ -36,9 +36,11 @@ def test_two_models_train_each_on_its_own_route_and_resume_together(tmp_path):
     parts = {p.name for p in (run / "checkpoints" / "step-000002").iterdir()}
     assert {"trainer-actor", "trainer-critic", "policy-actor.safetensors", "policy-critic.safetensors"} <= parts
     shutil.rmtree(run / "checkpoints" / "step-000004")  # as if killed after step 4, before its checkpoint
-    assert run_recipe(RECIPE, overrides=["steps=6", *SMALL], resume=run, live=False) == 0
+    # η=0 after the resume: step 3's groups alone are scored before its record, all by the critic as resumed
+    assert run_recipe(RECIPE, overrides=["steps=6", *SMALL, "staleness=0"], resume=run, live=False) == 0
     resumed = _steps(run)[len([s for s in first if s["version"] <= 2]):]
     assert [s["version"] for s in resumed] == [3, 4, 5, 6]
+    assert resumed[0]["value_mean"] != 0.0  # the checkpoint's trained critic, not a fresh one (its values all 0)
     assert min(s["critic_version"] for s in resumed) >= 2  # the critic went on from its checkpointed version
     assert (run / "weights" / "critic" / "v000006.safetensors").exists()  # and trained all six of its own
     end = resumed[-1]

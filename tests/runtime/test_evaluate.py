@@ -147,3 +147,77 @@ def test_a_run_directory_is_scored_with_its_checkpoints_weights_and_a_step_elsew
     assert next(older.parameters()).flatten()[0].item() == pytest.approx(0.02)
     with pytest.raises(ConfigError, match=r"--step 3: .*base is not a run directory"):
         load_for_eval(str(base), 3)
+
+
+def test_a_checkpoint_with_a_cut_short_or_missing_weights_file_is_refused_naming_it(tmp_path):
+    from areal.runtime.evaluate import load_for_eval
+
+    model = make_checkpoint(tmp_path / "model")
+    weights = model / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[:-100])  # an interrupted download
+    with pytest.raises(ConfigError, match=rf"{weights} is {len(whole) - 100} B, its header describes {len(whole)} B: "
+                                          r"cut short"):
+        load_for_eval(str(model), None)
+    weights.write_bytes(b"<html>rate limited</html>")
+    with pytest.raises(ConfigError, match=rf"{weights}: not a safetensors file, or cut short"):
+        load_for_eval(str(model), None)
+    weights.unlink()
+    (model / "model.safetensors.index.json").write_text('{"weight_map": {"a": "model-00001-of-00002.safetensors"}}')
+    with pytest.raises(ConfigError, match=r"model-00001-of-00002\.safetensors: missing \(model\.safetensors\.index"
+                                          r"\.json names it\)"):
+        load_for_eval(str(model), None)
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path):
+    from areal.runtime.evaluate import evaluate
+
+    (tmp_path / "file").write_text("")
+    settings = EvalSettings(benchmark="reasoning-gym", task="chain_sum")
+    for out, message in ((tmp_path / "file" / "results.json", r"-o .*file/results\.json: cannot write there"),
+                         (tmp_path, r"that is a directory; give the results' file")):
+        with pytest.raises(ConfigError, match=message):
+            evaluate("no-such-model", settings, out)  # refused before the model is even looked for
+
+
+def test_a_run_that_trained_two_models_is_scored_with_the_one_named(tmp_path):
+    from safetensors.torch import save_file
+
+    from areal.config import RunConfig
+    from areal.models.loading import load_policy
+    from areal.runtime.checkpoint import seal, staging_dir
+    from areal.runtime.evaluate import load_for_eval
+
+    base = make_checkpoint(tmp_path / "base")
+    run = tmp_path / "run"
+    folder = staging_dir(run, 2)
+    folder.mkdir(parents=True)
+    policy, _ = load_policy(str(base))
+    save_file({k: v.contiguous().clone() for k, v in policy.state_dict().items()},
+              str(folder / "policy-actor.safetensors"))
+    save_file({"value_head.weight": policy.lm_head.weight[:1].clone()}, str(folder / "policy-critic.safetensors"))
+    seal(folder, 2, {}, policies={})
+    (run / "config.json").write_text(RunConfig(model=str(base)).model_dump_json())
+    with pytest.raises(ConfigError, match=r"2 models to export \(it holds: actor, critic\); name one with --model"):
+        load_for_eval(str(run), None)
+    assert load_for_eval(str(run), None, "actor")[2].endswith("step-000002")
+    with pytest.raises(ConfigError, match=r"policy-critic\.safetensors: these weights do not fit the run's model"):
+        load_for_eval(str(run), None, "critic")
+    with pytest.raises(ConfigError, match=r"--model actor: .*base is not a run directory"):
+        load_for_eval(str(base), None, "actor")
+
+
+def test_sigterm_during_an_eval_is_said_and_exits_143(tmp_path):
+    """The work is replaced by a stand-in that is signalled while it runs (the benchmarks' packages are extras)."""
+    script = ("import os, signal, sys\n"
+              "import areal.runtime.evaluate as evaluate\n"
+              "def working(*args, **kwargs):\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    raise AssertionError('the signal did not stop the work')\n"
+              "evaluate.evaluate = working\n"
+              "from areal.cli import main\n"
+              "sys.argv = ['areal', 'eval', 'builtin:tiny-coder', '-q', '-o', 'out.json']\n"
+              "main()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert done.stderr.strip() == "stopped by SIGTERM" and not (tmp_path / "out.json").exists()

@@ -7,6 +7,7 @@ import os
 import random
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -73,10 +74,30 @@ def test_killed_trainer_stops_the_run_and_resume_trains_each_acknowledged_sample
     assert sorted(sid for r in kept for sid in r["sample_ids"]) == list(range(STEPS * B * G))
 
 
+def test_a_node_that_raises_stops_the_run_at_once_at_its_recipe_line_with_its_own_frames(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_RAISE_ON_GROUP", "3")
+    monkeypatch.setenv("FAKE_ADVANTAGE_POOL", "1")
+    controller, _ = _controller(tmp_path)
+    with pytest.raises(RunError) as raised:
+        controller.run()
+    message = str(raised.value)
+    line = next(i for i, text in enumerate(RECIPE.read_text().splitlines(), 1) if text.startswith("g.add(advantage"))
+    assert message.startswith(f"{tmp_path / 'fake_rl.py'}:{line}: node 'advantage' (custom) raised ValueError: "
+                              "bad group 3\n")
+    # the node's own frame, its file and the line that raised; no frame of the runtime before it
+    assert 'fake_rl.py", line' in message and 'raise ValueError(f"bad group {RAISE_ON_GROUP}")' in message
+    assert "areal/runtime" not in message.split("\n  (worker")[0]
+    restarts = [line for line in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text().splitlines()
+                if '"restart"' in line]
+    assert restarts == []  # the same input would raise again: no restart, no re-issue
+    for w in controller.workers.values():
+        assert w.process.poll() is not None
+
+
 def test_node_that_keeps_failing_stops_the_run_with_its_name(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_RAISE_ON_GROUP", "3")
-    controller, _ = _controller(tmp_path, "faults.max_restarts=1")
-    expected = r"(?s)keeps failing: 2 failures within 300 s.*node 'advantage' raised ValueError"
+    controller, _ = _controller(tmp_path, "faults.max_restarts=1", "faults.node_errors=restart")
+    expected = r"(?s)keeps failing: 2 failures within 300 s.*node 'advantage' \(custom\) raised ValueError"
     with pytest.raises(RunError, match=expected):
         controller.run()
     for w in controller.workers.values():
@@ -135,3 +156,46 @@ def test_a_node_that_fails_while_setting_up_stops_the_run_at_once_with_its_error
     assert message.startswith("node 'advantage' raised ValueError: advantage tables missing")
     assert "while setting up" in message
     assert "restart" not in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text()  # no futile restarts
+
+
+def test_a_filtering_worker_killed_while_the_trainer_is_busy_regenerates_nothing_queued_for_it(tmp_path, monkeypatch):
+    """The trainer is held inside its update of version 2 while every admitted group waits in its queue; the
+    reward-and-filter worker is killed and replaced. Nothing was lost, so nothing is generated again, and each
+    group the filter dropped frees its slot once (re-filtered copies once freed a slot per report: the gate
+    over-admitted and the trainer stopped the run with "staleness bound broken")."""
+    for name, value in {"FAKE_ADVANTAGE_POOL": "1", "FAKE_FILTER": "1", "FAKE_HOLD_AT": "2"}.items():
+        monkeypatch.setenv(name, value)
+    run = tmp_path / "run"
+    killed: list[int] = []
+    quiet_since: list[float] = []
+
+    def on_event(controller) -> None:
+        worker = controller.workers["advantage[0]"]
+        if not killed and (run / "held").exists():
+            # every admitted group has left the filter's worker, for two heartbeats: it holds nothing
+            if worker.counts.get("batches") != controller.admission.gate.started:
+                quiet_since.clear()
+            elif not quiet_since:
+                quiet_since.append(time.monotonic())
+            elif time.monotonic() - quiet_since[0] > 2 * controller.config.faults.heartbeat_s:
+                os.kill(worker.process.pid, signal.SIGKILL)
+                killed.append(worker.process.pid)
+        elif killed and worker.process.pid != killed[0] and worker.ready:
+            (run / "release").touch()  # the replacement is up: the trainer may finish its update
+
+    controller, _ = _controller(tmp_path, "staleness=2", "steps=6", "faults.heartbeat_s=0.2",
+                                "faults.dead_after_s=5")
+    controller.on_event = on_event
+    try:
+        state = controller.run()
+    finally:
+        (run / "release").touch()  # never leave the trainer waiting, whatever happened
+    assert killed and state.version == 6
+    summary = controller.accounting.summary()
+    assert summary["reissued"] == 0 and summary["duplicates_dropped"] == 0  # the trainer's queue was kept
+    filtered_groups = {sid // G for sid in controller.accounting.filtered}
+    assert filtered_groups and all(g % 3 == 0 for g in filtered_groups)
+    assert controller.admission.gate.freed == len(filtered_groups)  # one slot per group, not per report
+    assert summary["started"] == summary["trained"] + summary["failed"] + summary["filtered"] + summary["in_flight"]
+    trained = _trained_ids(run)
+    assert len(trained) == len(set(trained)) and not {sid // G for sid in trained} & filtered_groups

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from areal.errors import ConfigError, RecipeError
-from areal.runtime.launch import run_recipe
+from areal.graph.recipe import load_recipe
+from areal.runtime.launch import build_controller, run_recipe
+from areal.runtime.resume import RECIPE_COPY, check_changes, recipe_hash, resume_point
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 B, G = 2, 3  # fake_rl's config
@@ -45,22 +47,65 @@ def test_a_checkpoint_cut_short_is_skipped_by_name_and_the_older_one_resumes_exa
     assert sorted(ids) == list(range(6 * B * G))
 
 
-def test_resume_refuses_a_change_to_what_shapes_sample_ids_naming_each(tmp_path):
+def test_resume_refuses_a_change_to_what_shapes_sample_ids_and_reports_every_other(tmp_path, capsys):
     recipe, run = _run(tmp_path, "steps=2")
     with pytest.raises(ConfigError, match=r"batch_size 2 -> 4; group_size 3 -> 2: these shape sample ids"):
         run_recipe(recipe, overrides=["steps=4", "batch_size=4", "group_size=2"], resume=run, live=False)
-    assert run_recipe(recipe, overrides=["steps=3", "staleness=0"], resume=run, live=False) == 0  # these may change
+    capsys.readouterr()
+    # these may change, and each change is said
+    assert run_recipe(recipe, overrides=["steps=3", "staleness=0", "trainer.lr=0.002"], resume=run, live=False) == 0
+    said = capsys.readouterr().err
+    assert "resuming with changed settings:" in said
+    for change in ("staleness 1 -> 0", "steps 2 -> 3", "trainer.lr 0.0003 -> 0.002"):
+        assert f"  {change}\n" in said
+    assert "checkpoint.interval_steps" not in said  # the recorded overrides are applied again: not a change
 
 
-def test_resume_refuses_another_recipe_and_names_a_damaged_plan(tmp_path):
-    recipe, run = _run(tmp_path, "steps=2")
-    other = tmp_path / "other.py"
-    shutil.copy(RECIPE, other)
-    with pytest.raises(RecipeError, match=r"that run was made by .*fake_rl\.py, not .*other\.py"):
-        run_recipe(other, overrides=[], resume=run, live=False)
-    (run / "plan.json").write_text("")
-    with pytest.raises(RecipeError, match=r"plan\.json is damaged \(JSONDecodeError"):
-        run_recipe(recipe, overrides=[], resume=run, live=False)
+def _recorded_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A run directory as a started run leaves it (plan.json, config.json, the recipe's copy), without running."""
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(RECIPE, recipe)
+    run = tmp_path / "run"
+    plan = build_controller(recipe, ["steps=2"], run).plan
+    run.joinpath("plan.json").write_text(plan.to_json())
+    shutil.copy(recipe, run / RECIPE_COPY)
+    return recipe, run
+
+
+def test_the_plan_records_the_recipes_hash_and_an_edited_recipe_is_refused_showing_the_edit(tmp_path):
+    recipe, run = _recorded_run(tmp_path)
+    assert json.loads((run / "plan.json").read_text())["recipe_sha256"] == recipe_hash(recipe)
+    assert resume_point(run).recipe_edit == []
+    recipe.write_text(recipe.read_text().replace("staleness=1", "staleness=0"))
+    with pytest.raises(RecipeError, match=r"(?s)the recipe .*fake_rl\.py was edited since the run was made:.*"
+                                          r"-config = RunConfig\(batch_size=2, group_size=3, staleness=1, steps=6\).*"
+                                          r"\+config = RunConfig\(batch_size=2, group_size=3, staleness=0, steps=6\).*"
+                                          r"--allow-recipe-change"):
+        resume_point(run)
+    edit = resume_point(run, allow_recipe_change=True).recipe_edit
+    assert [line[0] for line in edit[2:]] == ["-", "+"] and "staleness=0" in edit[-1]
+
+
+def test_resume_with_every_checkpoint_unreadable_is_refused_naming_each_unless_told_to_start_over(tmp_path):
+    _, run = _recorded_run(tmp_path)
+    for step in (2, 4):
+        folder = run / "checkpoints" / f"step-{step:06d}"
+        folder.mkdir(parents=True)
+        (folder / "controller.json").write_text("{")  # cut short
+    with pytest.raises(RecipeError, match=r"(?s)no checkpoint can be read:\n  .*step-000002: controller\.json is "
+                                          r"unreadable.*\n  .*step-000004: controller\.json is unreadable.*"
+                                          r"--start-over"):
+        resume_point(run)
+    point = resume_point(run, start_over=True)
+    assert point.checkpoint is None and len(point.skipped) == 2
+
+
+def test_every_setting_changed_on_resume_is_listed_and_the_recorded_ones_are_not(tmp_path):
+    _, run = _recorded_run(tmp_path)
+    (run / "config.json").write_text(load_recipe(run / RECIPE_COPY, ["steps=2"]).config.model_dump_json())
+    changed = load_recipe(run / RECIPE_COPY, ["steps=3", "trainer.lr=0.002", "faults.nodes.advantage=fail-fast"]).config
+    assert check_changes(run, changed) == ["faults.nodes.advantage (unset) -> 'fail-fast'", "steps 2 -> 3",
+                                           "trainer.lr 0.0003 -> 0.002"]
 
 
 def test_resumed_metrics_do_not_repeat_steps_rates_count_only_new_work_and_keep_prunes_old(tmp_path):
