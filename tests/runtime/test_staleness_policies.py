@@ -131,7 +131,7 @@ def test_a_killed_generator_loses_nothing_and_trains_nothing_twice(tmp_path, rep
 
 @pytest.mark.slow  # two runs: ~30 s
 def test_a_resumed_token_run_trains_every_sample_once_though_groups_were_consumed_out_of_order(tmp_path, reported):
-    controller, _ = run(tmp_path, "token", "steps=6", "checkpoint.interval_steps=3")
+    controller, _ = run(tmp_path, "token", "steps=6", "checkpoint.interval_steps=3", "emulation.time_scale=1.0")
     first = list(reported)
     point = resume_point(tmp_path / "run")
     saved = json.loads((point.checkpoint / "controller.json").read_text())
@@ -142,6 +142,7 @@ def test_a_resumed_token_run_trains_every_sample_once_though_groups_were_consume
     trained = [sid for _, ids, _ in reported for sid in ids]
     assert len(trained) == len(set(trained)) == 12 * B * G  # none twice, across the resume
     ahead = set(saved["consumed"]["actor"])  # consumed above the frontier: must not start again
+    assert ahead, "no group was consumed out of order before the checkpoint: the test would not test it"
     assert not ahead & {sid // G for _, ids, _ in reported[len(first):] for sid in ids}
     s = resumed.accounting.summary()
     assert s["started"] == s["trained"] + s["failed"] + s["filtered"] + s["dropped"] + s["in_flight"]
