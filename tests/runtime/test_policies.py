@@ -63,6 +63,8 @@ def test_admission_accepts_any_lag_but_refuses_a_group_admitted_past_the_gate():
         checked_step(POLICIES["admission"], late, 7, 1, 2, metas((4, 3, 10)))
     with pytest.raises(RunError, match="holds a token of version 0, older than its admission at version 3"):
         checked_step(POLICIES["admission"], view([[0]], [4]), 4, 1, 2, metas((4, 3, 1)))
+    with pytest.raises(RunError, match="a sample of group 5 came with no admission record"):
+        checked_step(POLICIES["admission"], view([[3]], [5]), 4, 1, 2, metas((4, 3, 1)))
 
 
 def test_token_masks_exactly_the_tokens_older_than_eta_beside_an_episodes_own_mask():

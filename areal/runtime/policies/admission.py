@@ -23,6 +23,8 @@ def admitted_within(step: TrainedStep) -> str | None:
                     f"gate's (version + η + 1)·B = {(meta.admitted_at + step.staleness + 1) * step.batch_size}")
     admitted = {meta.group: meta.admitted_at for meta in step.groups}
     for versions, group in zip(step.versions, step.group_ids, strict=True):
+        if group not in admitted:
+            return f"a sample of group {group} came with no admission record"
         if len(versions) and int(versions.min()) < admitted[group]:
             return (f"a sample of group {group} holds a token of version {int(versions.min())}, older than its "
                     f"admission at version {admitted[group]}")

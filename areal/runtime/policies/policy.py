@@ -1,12 +1,11 @@
 """What every staleness policy is made of, and the one record each re-checks its guarantee on.
 
-A `Policy` is a row of the table in `__init__.py`: its name, what η bounds (in words, for the gate's
-label and the run summary), the order its trainer takes groups in, what happens to a group that
-can no longer be trained within η (nothing, dropped, or re-queued) and whether its trainer masks
-the tokens older than η. Its `check` reads a `TrainedStep`: the version stamped on every output
-token by the generator that sampled it, the loss mask the update reads, and each group's admission
-record. Nothing in it is a timing, so a broken guarantee is named on the step that broke it.
-"""
+A `Policy` is a row of the table in `__init__.py`: its name, what η bounds (in words, for the
+gate's label and the run summary), the order its trainer takes groups in, whether a group that
+can no longer be trained within η is dropped, and whether its trainer masks the tokens older than
+η. Its `check` reads a `TrainedStep`: the version stamped on every output token by the generator
+that sampled it, the loss mask the update reads, and each group's admission record. Nothing in it
+is a timing, so a broken guarantee is named on the step that broke it."""
 
 from __future__ import annotations
 
@@ -59,7 +58,6 @@ class Policy:
     in_order: bool = False  # the trainer takes groups in admission order (else: the oldest finished first)
     drops: bool = False  # a group with a token older than η at the next step is aborted, or dropped unread
     masks: bool = False  # the trainer gives loss mask 0 to every token older than η
-    requeues: bool = False  # a group stamped more than η versions ago goes to the back of its generator's queue
 
     def describe(self, staleness: int) -> str:
         return f"{self.name}: {self.bound.format(eta=staleness)}"
