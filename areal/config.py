@@ -200,6 +200,11 @@ class RunConfig(_Section):
     batch_size: int = Field(16, ge=1, le=1 << 16, description="B: prompt groups per trainer step")
     group_size: int = Field(8, ge=1, le=1 << 12, description="G: samples generated per prompt")
     staleness: NonNegativeInt = Field(2, description="η: no trained sample is more than η versions behind")
+    staleness_policy: Literal["strict", "admission", "drop", "token"] = Field(
+        "strict", description="what η bounds and what a group that cannot make it in time costs "
+        "(docs/design-notes.md): strict (every trained sample, in admission order), admission (only when a group "
+        "starts), drop (every trained sample: late groups aborted), token (every trained token: older ones masked)"
+    )
     mode: Literal["async", "sync", "lagged"] = Field(
         "async", description="sync: η 0, generation waits for training; lagged: as sync, but every sample is drawn "
         "from the policy exactly η versions old (a controlled-staleness experiment)"
@@ -234,6 +239,13 @@ class RunConfig(_Section):
     def _lagged_needs_files(self) -> RunConfig:
         if self.mode == "lagged" and self.transport.weights == "broadcast":
             raise ValueError("mode=lagged samples from older policies, which only transport.weights=files keeps")
+        return self
+
+    @model_validator(mode="after")
+    def _policies_need_async(self) -> RunConfig:
+        if self.staleness_policy != "strict" and self.mode != "async":
+            raise ValueError(f"staleness_policy={self.staleness_policy} needs mode=async (a {self.mode} run trains "
+                             "every sample at one fixed lag: there is no late group to treat differently)")
         return self
 
     @model_validator(mode="after")

@@ -34,12 +34,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "emulated_rl.py"
 PROFILES = ROOT / "areal" / "engines" / "profiles"
 GROUP = 8
+RUNTIME_POLICIES = ("strict", "admission", "drop", "token")  # recycle is modelled only (docs/design-notes.md)
 
 
 def run(overrides: list[str], run_dir: Path, on_started: Callable[[Any], None] | None = None) -> dict[str, Any]:
@@ -90,6 +94,7 @@ def run(overrides: list[str], run_dir: Path, on_started: Callable[[Any], None] |
                                 for pool in cpu_first},
         "wall_s": time.monotonic() - started,
         "machine_busy": busy / total if total else 0.0,  # of all cores, from the first step to the end
+        "steps": steps,
     }
 
 
@@ -198,6 +203,12 @@ def scaling(args: argparse.Namespace, tmp: Path) -> list[str]:
 def modelled_rate(overrides: list[str], generators: int) -> float:
     """Trained samples per real second of a runtime with no overhead (benchmarks/scale_model.py), for the run these
     overrides make: the same recipe, profile, prompts and output lengths."""
+    return modelled(overrides, generators)[0]
+
+
+def modelled(overrides: list[str], generators: int, policy: str | None = None) -> tuple[float, scale_model.Outcome]:
+    """`modelled_rate`, and what the model measured besides (lags, stale, masked and dropped tokens, lengths);
+    `policy` for one the runtime does not have (recycle), else the config's."""
     from areal.engines.emulated_device import DeviceProfile, OutputLengths
     from areal.engines.emulated_generate import QUANTUM_S
 
@@ -208,8 +219,10 @@ def modelled_rate(overrides: list[str], generators: int) -> float:
         prompts, generators, config.batch_size, config.group_size, config.staleness, config.steps,
         max_batch=config.generation.max_batch, max_new_tokens=config.generation.max_new_tokens,
         trainer_gpus=e.trainer_gpus_per_rank * config.trainer.ranks,
-        quantum_s=QUANTUM_S / e.time_scale if e.time_scale > 0 else float("inf"))
-    return scale_model.samples_per_s(schedule) / (e.time_scale or 1.0)
+        quantum_s=QUANTUM_S / e.time_scale if e.time_scale > 0 else float("inf"),
+        policy=policy or config.staleness_policy)
+    outcome = scale_model.simulate(schedule)
+    return outcome.samples_per_s(config.batch_size * config.group_size) / (e.time_scale or 1.0), outcome
 
 
 def recipe_settings(overrides: list[str]) -> tuple[Any, tuple[int, ...]]:
@@ -222,7 +235,8 @@ def recipe_settings(overrides: list[str]) -> tuple[Any, tuple[int, ...]]:
     recipe = load_recipe(RECIPE, overrides)
     source = next(n for n in recipe.graph.nodes.values() if n.kind == "source")
     tasks = configured(source.spec.instantiate(), recipe.config)
-    groups = (recipe.config.steps + recipe.config.staleness + 1) * recipe.config.batch_size
+    # dropped groups are refilled: the source runs further than the steps' own groups
+    groups = 2 * (recipe.config.steps + recipe.config.staleness + 1) * recipe.config.batch_size
     tokenizer = ByteTokenizer()
     prompts = [len(encode_prompt(tokenizer, task["prompt"], False)) for task, _ in zip(tasks, range(groups))]
     return recipe.config, tuple(prompts)
@@ -242,6 +256,92 @@ def ideal(args: argparse.Namespace, tmp: Path) -> list[str]:
             ones.setdefault(eta, rate / n)
             shares.append(rate / (ones[eta] * n))
         lines.append(f"{n:>10} " + " ".join(f"{share:>16.0%}" for share in shares))
+    return lines
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What a policy paid for its rate, from the model's replay or from a run's step records."""
+
+    lags: Counter[int]  # trained samples by lag: their step minus their oldest token's version
+    trained_tokens: int  # output tokens the loss read
+    stale_tokens: int  # of those, older than η at their step
+    wasted_tokens: int  # generated, then read by no loss: dropped with their group, or masked
+    generated_tokens: int  # output tokens of the samples trained or dropped
+    length_ratio: float  # mean trained output length over the mean drawn one
+
+    @classmethod
+    def measured(cls, steps: list[dict[str, Any]], overrides: list[str]) -> Prices:
+        """From a run's step records: each trained sample's lag, its tokens (masked, older than η) and the drops; the
+        drawn lengths from the emulated engine's own draws for every sample the run started."""
+        from areal.engines.emulated_device import OutputLengths
+
+        config, _ = recipe_settings(overrides)
+        lags = sum((Counter({int(k): v for k, v in s["staleness"].items()}) for s in steps), Counter())
+        tokens = sum(s["tokens"] for s in steps)  # output tokens of the trained samples, masked ones too
+        masked = sum(s.get("masked_tokens", 0) for s in steps)
+        dropped = steps[-1]["dropped_tokens"]
+        e, limit = config.emulation, config.generation.max_new_tokens
+        lengths = OutputLengths(e.output_tokens_median, e.output_tokens_sigma, config.seed)
+        drawn = statistics.mean(min(lengths.draw(sid, limit + 1), limit) for sid in range(steps[-1]["started"]))
+        trained_mean = tokens / steps[-1]["trained_samples"]
+        return cls(lags, tokens - masked, sum(s.get("stale_tokens", 0) for s in steps), masked + dropped,
+                   tokens + dropped, trained_mean / drawn)
+
+    @classmethod
+    def of(cls, outcome: scale_model.Outcome) -> Prices:
+        wasted = outcome.masked_tokens + outcome.dropped_tokens
+        return cls(Counter(outcome.lags), outcome.trained_tokens, outcome.stale_tokens, wasted,
+                   outcome.trained_tokens + wasted, outcome.length_ratio())
+
+    def columns(self) -> str:
+        lags = sorted(self.lags.elements())
+        mean = statistics.mean(lags) if lags else math.nan
+        p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else 0
+        stale = self.stale_tokens / self.trained_tokens if self.trained_tokens else 0.0
+        wasted = self.wasted_tokens / self.generated_tokens if self.generated_tokens else 0.0
+        return (f"{mean:>8.2f} {p99:>4} {max(lags, default=0):>4} {stale:>10.1%} {wasted:>7.1%} "
+                f"{self.length_ratio:>13.2f}")
+
+
+PRICES = f"{'lag mean':>8} {'p99':>4} {'max':>4} {'tokens > η':>10} {'wasted':>7} {'trained/drawn':>13}"
+
+
+def policy_model(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """Every staleness policy in the zero-overhead model, far past what this machine can run: its rate as a share
+    of N x one strict generator, and its price (lags, tokens older than η, tokens wasted, lengths)."""
+    eta = args.policy_eta
+    lines = [f"η = {eta}, σ = {args.sigma}, B = 2 groups of {GROUP} per generator, {args.model_steps} steps", "",
+             f"{'generators':>10} {'policy':>9} {'of N x one strict':>17} {PRICES}"]
+    one = None
+    for n in args.model_generators:
+        for policy in args.policies:
+            overrides = weak_scaling(args, n, f"steps={args.model_steps}", f"staleness={eta}",
+                                     f"emulation.trainer_gpus_per_rank={n}")
+            rate, outcome = modelled(overrides, generators=n, policy=policy)
+            one = one or rate / n  # the first row: one strict generator
+            lines.append(f"{n:>10} {policy:>9} {rate / (one * n):>17.0%} {Prices.of(outcome).columns()}")
+    return lines
+
+
+def policy_runs(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """Every staleness policy the runtime has, run on the emulated devices beside its zero-overhead model: the
+    scaling table's runs (real time), as a share of N x the one strict generator this machine measured."""
+    eta = args.policy_eta
+    lines = [f"η = {eta}, σ = {args.sigma}, B = 2 groups of {GROUP} per generator, {args.steps} steps, real time", "",
+             f"{'generators':>10} {'policy':>9} {'samples/s':>10} {'of N x one strict':>17} {'model':>8} "
+             f"{'of model':>9} {PRICES}"]
+    one = None
+    for n in args.generators:
+        for policy in [p for p in args.policies if p in RUNTIME_POLICIES]:
+            overrides = weak_scaling(args, n, f"staleness={eta}", f"emulation.trainer_gpus_per_rank={n}",
+                                     f"staleness_policy={policy}")
+            result = run(overrides, tmp / f"policy-{policy}-{n}")
+            model_rate, _ = modelled(overrides, generators=n)
+            rate = result["samples_per_s"]
+            one = one or rate / n
+            lines.append(f"{n:>10} {policy:>9} {rate:>10.2f} {rate / (one * n):>17.0%} {model_rate:>8.2f} "
+                         f"{rate / model_rate:>8.0%} {Prices.measured(result['steps'], overrides).columns()}")
     return lines
 
 
@@ -277,7 +377,8 @@ def tails(args: argparse.Namespace, tmp: Path) -> list[str]:
     return lines
 
 
-TABLES = {"overlap": overlap, "scaling": scaling, "ideal": ideal, "ranks": ranks, "tails": tails}
+TABLES = {"overlap": overlap, "scaling": scaling, "ideal": ideal, "ranks": ranks, "tails": tails,
+          "policy_model": policy_model, "policy_runs": policy_runs}
 
 
 def main() -> None:
@@ -296,6 +397,9 @@ def main() -> None:
     parser.add_argument("--rank-generators", type=int, default=8, help="ranks table: generators (and trainer GPUs)")
     parser.add_argument("--trainer-ranks", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--model-generators", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    parser.add_argument("--policies", nargs="+", choices=scale_model.POLICIES, default=list(scale_model.POLICIES),
+                        help="policy tables: the staleness policies, strict first (its one-generator rate is the unit)")
+    parser.add_argument("--policy-eta", type=int, default=2, help="policy tables: η")
     parser.add_argument("--model-etas", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--model-steps", type=int, default=60,
                         help="ideal table: trainer steps (past the first η, which only drain what version 0 started)")

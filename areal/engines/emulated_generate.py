@@ -108,6 +108,18 @@ class EmulatedGenerationEngine:
     def generate(self, requests: Iterable[GenRequest]) -> list[GenResult]:
         return run_to_completion(self, requests)
 
+    def progress(self) -> dict[int, tuple[int, int]]:
+        """Each request that has sampled: (output tokens so far, the version of its oldest)."""
+        return {s.request_id: (s.done, s.runs[0][1]) for s in (*self._active, *self._waiting) if s.done}
+
+    def abort(self, request_ids: Iterable[int]) -> dict[int, int]:
+        """Stop these requests where they are (running or waiting); the output tokens each had sampled."""
+        ids = set(request_ids)
+        gone = {s.request_id: s.done for s in (*self._active, *self._waiting) if s.request_id in ids}
+        self._active = [s for s in self._active if s.request_id not in ids]
+        self._waiting = deque(s for s in self._waiting if s.request_id not in ids)
+        return gone
+
     def step(self) -> list[GenResult]:
         """Admit waiting requests into free slots (and re-prefill after new weights), then decode."""
         finished: list[_Sequence] = []

@@ -208,6 +208,29 @@ class TorchGenerationEngine:
         """Run the given requests to completion; results in the order of the requests."""
         return run_to_completion(self, requests)
 
+    def progress(self) -> dict[int, tuple[int, int]]:
+        """Each running request: (output tokens so far, the version of its oldest)."""
+        return {s.request_id: (len(s.output), s.versions[0]) for s in self._active if s.output}
+
+    def abort(self, request_ids: Iterable[int]) -> dict[int, int]:
+        """Stop these requests where they are (running or waiting); the output tokens each had sampled."""
+        ids = set(request_ids)
+        gone = {s.request_id: len(s.output) for s in (*self._active, *self._waiting) if s.request_id in ids}
+        self._waiting = deque(s for s in self._waiting if s.request_id not in ids)
+        keep = [i for i, s in enumerate(self._active) if s.request_id not in ids]
+        if len(keep) == len(self._active):
+            return gone
+        if self._stale:  # no cache to cut: the next step rebuilds what is left
+            self._active = [self._active[i] for i in keep]
+        elif not keep:
+            self._set_rows([], None, self._mask[:0, :0])
+        else:
+            index = torch.tensor(keep, dtype=torch.int64, device=self.device)
+            _select_rows(self._cache, index)
+            self._set_rows([self._active[i] for i in keep], self._cache, self._mask[index], self._pending[index],
+                           self._positions[index])
+        return gone
+
     # ---- internals ----------------------------------------------------------------------------
 
     def _forward(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: Any) -> tuple[Tensor, Any]:

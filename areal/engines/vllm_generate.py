@@ -198,6 +198,20 @@ class VLLMGenerationEngine:
         """Run the given requests to completion; results in the order of the requests."""
         return run_to_completion(self, requests)
 
+    def progress(self) -> dict[int, tuple[int, int]]:
+        """Each request that has sampled: (output tokens so far, the version of its oldest)."""
+        return {r.request_id: (len(r.output), r.versions[0]) for r in self._running.values() if r.output}
+
+    def abort(self, request_ids: Iterable[int]) -> dict[int, int]:
+        """Stop these requests in the backend; the output tokens each had sampled."""
+        ids = set(request_ids)
+        gone = {backend_id: r for backend_id, r in self._running.items() if r.request_id in ids}
+        if gone:
+            self.backend.abort(list(gone))
+        for backend_id in gone:
+            del self._running[backend_id]
+        return {r.request_id: len(r.output) for r in gone.values()}
+
     # ---- internals ----------------------------------------------------------------------------
 
     def _send(self, req: _Request) -> None:

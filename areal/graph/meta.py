@@ -19,6 +19,7 @@ class GroupMeta:
     group: int  # the admission number of the (first) group in the batch; held-out groups are negative
     samples: int  # samples to generate per prompt: G for training, 1 for held-out rounds
     admitted_at: int  # the policy version the generator must hold before it samples the group
+    slot: int | None = None  # its rank among the groups holding a staleness slot when it started (0-based)
     eval: bool = False  # a held-out round: scored, never trained
     round: int | None = None  # the held-out round's number
     task_ids: tuple[str, ...] = field(default_factory=tuple)  # held-out: each prompt's task id, in order
@@ -37,7 +38,7 @@ class GroupMeta:
         for key in ("group", "samples", "admitted_at"):
             if key not in raw:
                 raise WireError(f"from {sender}: the batch's meta has no '{key}' (it has: {sorted(raw) or 'nothing'})")
-        for key in ("group", "samples", "admitted_at", "round"):
+        for key in ("group", "samples", "admitted_at", "round", "slot"):
             value = raw.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise WireError(f"from {sender}: meta '{key}' must be an int, got {type(value).__name__}")
@@ -51,5 +52,5 @@ class GroupMeta:
             raise WireError(f"from {sender}: meta 'task_ids' must be a list of str")
         if raw.get("eval") and raw.get("round") is None:
             raise WireError(f"from {sender}: a held-out batch's meta needs its 'round'")
-        return cls(raw["group"], raw["samples"], raw["admitted_at"], bool(raw.get("eval", False)),
+        return cls(raw["group"], raw["samples"], raw["admitted_at"], raw.get("slot"), bool(raw.get("eval", False)),
                    raw.get("round"), tuple(task_ids))

@@ -140,6 +140,10 @@ class EpisodeRunner:
     def receive_weights(self, version: int) -> None:
         self.policy.receive_weights(version)
 
+    def abort_older_than(self, version: int) -> list[tuple[GroupMeta, list[int], list[int]]]:
+        """Episodes are not stopped mid-way: a late one finishes and the trainer drops it (staleness_policy=drop)."""
+        return []
+
     def submit(self, batch: Batch, meta: GroupMeta) -> None:
         groups = batch["group_id"].tolist()
         sample_ids = [[g * meta.samples + k if g >= 0 else g for k in range(meta.samples)] for g in groups]

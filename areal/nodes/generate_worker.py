@@ -89,6 +89,25 @@ class GenerateNode:
         self._pending.update((r.request_id, entry) for r in requests)
         self._batches.append(entry)
 
+    def abort_older_than(self, version: int) -> list[tuple[GroupMeta, list[int], list[int]]]:
+        """Stop every training group holding a token sampled by a version below `version` (a staleness policy
+        that drops it); for each, its meta, its sample ids and the output tokens each had (wasted now)."""
+        progress = self.engine.progress()
+        aborted = []
+        for entry in [b for b in self._batches if not b.meta.eval]:
+            oldest = [progress[sid][1] for sid in entry.sample_ids if sid in progress]
+            oldest += [int(r.versions.min()) for r in entry.results.values() if len(r.versions)]
+            if not oldest or min(oldest) >= version:
+                continue
+            stopped = self.engine.abort([sid for sid in entry.sample_ids if sid not in entry.results])
+            tokens = [len(entry.results[sid].output_ids) if sid in entry.results else stopped.get(sid, 0)
+                      for sid in entry.sample_ids]
+            for sid in entry.sample_ids:
+                self._pending.pop(sid, None)
+            self._batches.remove(entry)
+            aborted.append((entry.meta, entry.sample_ids, tokens))
+        return aborted
+
     def step(self) -> list[tuple[Batch, GroupMeta]]:
         for result in self.engine.step():
             self._pending.pop(result.request_id).results[result.request_id] = result

@@ -1,7 +1,8 @@
-"""Where every sample is: started, trained, failed (with reason), filtered (with reason), or still in flight.
+"""Where every sample is: started, trained, failed, filtered, dropped (each with reason), or still in flight.
 
 The invariant, checked at every trainer step: each sample of a group the trainers consumed was
-trained, failed or filtered, exactly once; so started = trained + failed + filtered + in flight.
+trained, failed, filtered or dropped (by the staleness policy: too old to train within η),
+exactly once; so started = trained + failed + filtered + dropped + in flight.
 A failure report leaves its worker before the rest of the group does, but on the worker's own
 control socket, so the trainer's version can reach the controller first: a consumed sample with
 no verdict yet waits for its report a grace period (the silence after which a worker counts as
@@ -30,6 +31,8 @@ class Accounting:
     trained: set[int] = field(default_factory=set)
     failed: dict[int, str] = field(default_factory=dict)
     filtered: dict[int, str] = field(default_factory=dict)
+    dropped: dict[int, str] = field(default_factory=dict)  # by the staleness policy
+    dropped_tokens: int = 0  # output tokens the dropped samples had generated (wasted)
     duplicates: int = 0
     reissued: int = 0
     fail_reasons: Counter[str] = field(default_factory=Counter)
@@ -45,6 +48,10 @@ class Accounting:
     def samples_of(self, group: int) -> range:
         return range(group * self.group_size, (group + 1) * self.group_size)
 
+    def decided(self, sid: int) -> bool:
+        """Whether the sample has its verdict: trained, failed, filtered or dropped."""
+        return sid in self.trained or sid in self.failed or sid in self.filtered or sid in self.dropped
+
     def on_trained(self, trainer: str, sample_ids: list[int]) -> None:
         if self.counted and trainer != self.counted:
             return
@@ -55,12 +62,13 @@ class Accounting:
             self.awaiting.pop(sid, None)
             self.failed.pop(sid, None)  # a re-issued copy succeeded where an earlier attempt failed
             self.filtered.pop(sid, None)
+            self.dropped.pop(sid, None)
 
     def on_failed(self, sample_ids: list[int], reasons: list[str]) -> list[int]:
         """Record failures; return the groups none of whose samples can still reach a trainer (their slot frees)."""
         for sid, reason in zip(sample_ids, reasons):
             self.awaiting.pop(sid, None)
-            if sid not in self.failed and sid not in self.trained and sid not in self.filtered:
+            if not self.decided(sid):
                 self.failed[sid] = reason
                 self.fail_reasons[reason.split(":")[0]] += 1
         return self._lost_groups(sample_ids)
@@ -69,14 +77,23 @@ class Accounting:
         """Record a filter's drops; return the groups it dropped whole (their staleness slot frees)."""
         for sid, reason in zip(sample_ids, reasons):
             self.awaiting.pop(sid, None)
-            if sid not in self.failed and sid not in self.trained:
-                self.filtered.setdefault(sid, reason)
+            if not self.decided(sid):
+                self.filtered[sid] = reason
+        return self._lost_groups(sample_ids)
+
+    def on_dropped(self, sample_ids: list[int], tokens: list[int], reason: str) -> list[int]:
+        """Record the staleness policy's drops and the tokens they wasted; return the groups lost whole."""
+        for sid, count in zip(sample_ids, tokens):
+            self.awaiting.pop(sid, None)
+            if not self.decided(sid):
+                self.dropped[sid] = reason
+                self.dropped_tokens += count
         return self._lost_groups(sample_ids)
 
     def _lost_groups(self, sample_ids: list[int]) -> list[int]:
         """The groups of `sample_ids` that just lost their last sample: each is returned once, ever."""
         groups = sorted({sid // self.group_size for sid in sample_ids if sid >= 0} - self.lost)
-        gone = self.failed.keys() | self.filtered.keys()
+        gone = self.failed.keys() | self.filtered.keys() | self.dropped.keys()
         newly = [g for g in groups if all(s in gone for s in self.samples_of(g))]
         self.lost.update(newly)
         return newly
@@ -89,19 +106,19 @@ class Accounting:
         self.consumed.update(groups)
 
     def in_flight(self) -> int:
-        return self.started - len(self.trained) - len(self.failed) - len(self.filtered)
+        return self.started - len(self.trained) - len(self.failed) - len(self.filtered) - len(self.dropped)
 
     def check(self, version: int, groups: list[int], now: float, grace_s: float) -> None:
-        """Every sample of the groups a step consumed is trained, failed or filtered, none two of them; one with no
-        verdict yet may wait `grace_s` for its report (module doc)."""
+        """Every sample of the groups a step consumed is trained, failed, filtered or dropped, none two of them; one
+        with no verdict yet may wait `grace_s` for its report (module doc)."""
         for group in groups:
             for sid in self.samples_of(group):
-                if sid not in self.trained and sid not in self.failed and sid not in self.filtered:
+                if not self.decided(sid):
                     self.awaiting.setdefault(sid, (version, now))
-        both = len(self.trained & self.failed.keys()) + len(self.trained & self.filtered.keys())
+        both = sum(len(self.trained & other.keys()) for other in (self.failed, self.filtered, self.dropped))
         if both:
             raise RunError(f"accounting broken at version {version}: {both} samples counted both trained and "
-                           f"failed or filtered")
+                           f"failed, filtered or dropped")
         self.overdue(now, grace_s)
 
     def overdue(self, now: float, grace_s: float) -> None:
@@ -110,7 +127,7 @@ class Accounting:
         if late:
             version = min(self.awaiting[sid][0] for sid in late)
             raise RunError(f"accounting broken at version {version}: {len(late)} samples of consumed groups neither "
-                           f"trained, failed nor filtered {grace_s:g} s later (first: {late[:5]})")
+                           f"trained, failed, filtered nor dropped {grace_s:g} s later (first: {late[:5]})")
 
     def summary(self) -> dict[str, int]:
         return {
@@ -118,6 +135,8 @@ class Accounting:
             "trained": len(self.trained),
             "failed": len(self.failed),
             "filtered": len(self.filtered),
+            "dropped": len(self.dropped),
+            "dropped_tokens": self.dropped_tokens,
             "in_flight": self.in_flight(),
             "duplicates_dropped": self.duplicates,
             "reissued": self.reissued,

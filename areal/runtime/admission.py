@@ -30,13 +30,15 @@ log = logging.getLogger("areal.controller")
 
 class Admission:
     def __init__(self, node: Node, tasks: Any, plan: Plan, batch_size: int, staleness: int, group_size: int,
-                 start_group: int = 0, freed: int = 0) -> None:
-        """`start_group`, `freed`: where a resumed run stands (the trainers' next group; groups freed before it)."""
+                 start_group: int = 0, freed: int = 0, done: frozenset[int] = frozenset()) -> None:
+        """`start_group`, `freed`, `done`: where a resumed run stands (the trainers' next group; groups freed before
+        it; groups above it every trainer consumed already, out of admission order, which never start again)."""
         self.node = node
         self.tasks = tasks
         self.plan = plan
         self.group_size = group_size
         self.gate = StalenessGate(batch_size, staleness, started=start_group, freed=freed)
+        self.done = done
         self.issued: dict[int, tuple[Batch, GroupMeta]] = {}  # started, not consumed by every trainer
         self.snapshots: dict[int, dict[str, Any]] = {}  # group -> the source's cursor before it started
         self.problems: list[str] = []  # skipped records, each named (the source's own and the oversized)
@@ -53,13 +55,18 @@ class Admission:
             group = self.gate.started
             snapshot = self.cursor()
             task = self._next_task()
-            meta = GroupMeta(group=group, samples=self.group_size, admitted_at=sampled_version)
+            meta = GroupMeta(group=group, samples=self.group_size, admitted_at=sampled_version,
+                             slot=self.gate.started - self.gate.freed)
             batch = self.task_batch([task], [group])
             try:
                 encode(batch, meta.to_wire(), max_frame_bytes=self.plan.max_frame_bytes,
                        max_header_bytes=self.plan.max_header_bytes)
             except FrameTooLarge as err:  # a record that could never be sent: skipped like a malformed one
                 self._skip(task, str(err))
+                continue
+            if group in self.done:  # its number and its task pass, as they did before the resume; no slot is held
+                self.gate.started += 1
+                self.gate.freed += 1
                 continue
             self.gate.try_start(version)
             self.snapshots[group] = snapshot

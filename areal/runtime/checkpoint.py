@@ -152,16 +152,18 @@ class Sealing:
 
     def __init__(self, run_dir: Path, weights_dir: Path, trainers: list[str], keep: int) -> None:
         self.run_dir, self.weights_dir, self.trainers, self.keep = run_dir, weights_dir, trainers, keep
-        self._parts: dict[str, dict[str, int]] = {}  # staging folder -> trainer -> its next group
+        # staging folder -> trainer -> its next group, and the groups above it it consumed
+        self._parts: dict[str, dict[str, tuple[int, list[int]]]] = {}
 
-    def part_written(self, folder: str, trainer: str, version: int, next_group: int,
+    def part_written(self, folder: str, trainer: str, version: int, next_group: int, consumed: list[int],
                      state_at: Callable[[int], dict[str, Any]]) -> None:
         parts = self._parts.setdefault(folder, {})
-        parts[trainer] = next_group
+        parts[trainer] = (next_group, consumed)
         if set(parts) != set(self.trainers):
             return
         del self._parts[folder]
-        state = {**state_at(min(parts.values())), "next_group": parts}
+        state = {**state_at(min(n for n, _ in parts.values())), "next_group": {t: n for t, (n, _) in parts.items()},
+                 "consumed": {t: c for t, (_, c) in parts.items()}}
         policies = {t: self.weights_dir / t / f"v{version:06d}.safetensors" for t in self.trainers}
         with writing(Path(folder), self.run_dir):  # a full disk: the staging folder is left, resume clears it
             sealed = seal(Path(folder), version, state, policies)

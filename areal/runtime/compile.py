@@ -95,6 +95,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         colocated=tuple(p.nodes for p in pools if len(p.nodes) > 1),
         staleness=config.staleness,
         mode=config.mode,
+        staleness_policy=config.staleness_policy,
     )
 
 

@@ -79,6 +79,8 @@ class RunState:
     evals: list[dict[str, Any]] = field(default_factory=list)
     staleness: Counter[int] = field(default_factory=Counter)
     trained_tokens: int = 0
+    masked_tokens: int = 0  # output tokens of trained samples the staleness policy masked (older than η)
+    stale_tokens: int = 0  # output tokens the loss read that were older than η (the admission policy's)
     startup_s: float = 0.0
     status: str = "starting"
 
@@ -106,9 +108,11 @@ class Controller:
         tasks = configured(self.source_node.spec.instantiate(), config)
         if saved and saved.get("source"):
             tasks.restore(saved["source"])
+        consumed = [set(groups) for groups in (saved or {}).get("consumed", {}).values()]  # out of order, each trainer
         self.admission = Admission(self.source_node, tasks, plan, config.batch_size, config.admission_staleness,
                                    config.group_size, start_group=start_group,
-                                   freed=start_group - start_version * config.batch_size)
+                                   freed=start_group - start_version * config.batch_size,
+                                   done=frozenset(set.intersection(*consumed) if consumed else ()))
         self.versions = Versions(plan, start_version, config.sampling_lag, resumed=resume_dir)
         self.trainers = [p.name for p in plan.trainer_pools()]
         self.next_group = {t: next_groups.get(t, start_group) for t in self.trainers}
@@ -118,6 +122,7 @@ class Controller:
             self.accounting.trained = set(saved.get("trained_ids", []))
             self.accounting.failed = {int(k): v for k, v in saved.get("failed", {}).items()}
             self.accounting.filtered = {int(k): v for k, v in saved.get("filtered", {}).items()}
+            self.accounting.dropped = {int(k): v for k, v in saved.get("dropped", {}).items()}
             self.accounting.noted = {int(k): v for k, v in saved.get("noted", {}).items()}
         heldout = configured(graph.heldout.get(self.source_node.name), config)
         # the same held-out tasks every round, so pass@1 is comparable across versions
@@ -273,8 +278,8 @@ class Controller:
         if self._stopping:
             return
         for batch, meta in self.admission.admit(self.versions.slowest, self.versions.sampled()):
-            self.accounting.started_groups += 1
             self._send_source(batch, meta)
+        self.accounting.started_groups = self.admission.gate.started  # groups consumed before a resume too
         for problem in self.admission.new_problems():
             log.warning("skipped a task record: %s", problem)
             self.metrics.write({"kind": "bad_task", "problem": problem, "wall_s": self._elapsed()})
@@ -412,6 +417,8 @@ class Controller:
     def _step_record(self, m: msg.VersionPublished) -> None:
         self.state.staleness.update({int(k): int(v) for k, v in m.staleness.items()})
         self.state.trained_tokens += m.tokens
+        self.state.masked_tokens += int(m.stats.get("masked_tokens", 0))
+        self.state.stale_tokens += int(m.stats.get("stale_tokens", 0))
         record = self.steps.record(m, elapsed=self._elapsed(), versions=self.versions.current,
                                    trained=len(self.accounting.trained), accounting=self.accounting.summary(),
                                    generated_tokens=sum(w.counts.get("tokens", 0) for w in self.workers.values()),
@@ -456,6 +463,14 @@ class Controller:
             raise RunError(f"no sample of the last {self._lost_in_a_row} groups reached a trainer since version "
                            f"{self.state.version} (the last: {why}); the run cannot make progress")
 
+    def _on_dropped(self, worker: WorkerProcess, m: msg.SamplesDropped) -> None:
+        """The staleness policy dropped samples too old to train within η: counted with the tokens they wasted,
+        and a group lost whole frees its slot for another."""
+        reason = f"{m.node}: {m.reason}"
+        self._free(self.accounting.on_dropped(m.sample_ids, m.tokens, reason), reason)
+        self.metrics.write({"kind": "dropped", "sample_ids": m.sample_ids, "tokens": sum(m.tokens), "reason": reason,
+                            "wall_s": self._elapsed()})
+
     def _on_noted(self, worker: WorkerProcess, m: msg.SamplesNoted) -> None:
         self.accounting.on_noted(m.sample_ids, m.reasons)
 
@@ -465,18 +480,23 @@ class Controller:
             self._eval_done(record)
 
     def _on_checkpoint(self, worker: WorkerProcess, m: msg.CheckpointWritten) -> None:
-        self.sealing.part_written(m.path, m.model, m.version, m.next_group, self._checkpoint_state)
+        self.sealing.part_written(m.path, m.model, m.version, m.next_group, m.consumed, self._checkpoint_state)
 
     def _checkpoint_state(self, start: int) -> dict[str, Any]:
         """What a resume needs of the controller, as of group `start` (the first not every trainer trained)."""
         first_sample = start * self.config.group_size
+
+        def decided(sid: int) -> bool:  # its group will not start again: below `start`, or consumed out of order
+            return sid < first_sample or sid // self.config.group_size in self.accounting.consumed
+
         return {
             "source": self.admission.cursor_at(start),
             "accounting": self.accounting.summary(),
             "trained_ids": sorted(self.accounting.trained),
-            "failed": {str(k): v for k, v in self.accounting.failed.items() if k < first_sample},
-            "filtered": {str(k): v for k, v in self.accounting.filtered.items() if k < first_sample},
-            "noted": {str(k): v for k, v in self.accounting.noted.items() if k < first_sample},
+            "failed": {str(k): v for k, v in self.accounting.failed.items() if decided(k)},
+            "filtered": {str(k): v for k, v in self.accounting.filtered.items() if decided(k)},
+            "dropped": {str(k): v for k, v in self.accounting.dropped.items() if decided(k)},
+            "noted": {str(k): v for k, v in self.accounting.noted.items() if decided(k)},
             "metrics_lines": self.metrics.lines,
             "eval_round": self.heldout.next_round if self.heldout is not None else 0,
         }
@@ -549,6 +569,7 @@ HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], Non
     msg.VersionPublished: Controller._on_version,
     msg.SamplesFailed: Controller._on_failed,
     msg.SamplesFiltered: Controller._on_filtered,
+    msg.SamplesDropped: Controller._on_dropped,
     msg.SamplesNoted: Controller._on_noted,
     msg.HeldOutScored: Controller._on_eval,
     msg.CheckpointWritten: Controller._on_checkpoint,

@@ -87,6 +87,14 @@ class SamplesFiltered(Message):
     reasons: list[str]
 
 
+class SamplesDropped(Message):
+    KIND: ClassVar[str] = "dropped"  # a staleness policy's: too old to train within η (staleness_policy=drop)
+    node: str
+    sample_ids: list[int]
+    tokens: list[int]  # output tokens each had generated: wasted
+    reason: str = ""
+
+
 class SamplesNoted(Message):
     KIND: ClassVar[str] = "noted"  # an over-long or empty generation: counted, and it trains on
     node: str = ""
@@ -109,6 +117,7 @@ class CheckpointWritten(Message):
     version: int
     path: str
     next_group: int = 0
+    consumed: list[int] = []  # groups above next_group the trainer consumed (a policy that trains out of order)
 
 
 class DuplicateDropped(Message):
@@ -136,7 +145,8 @@ class WorkerError(Message):
 
 
 KINDS: dict[str, type[Message]] = {cls.KIND: cls for cls in (
-    Ready, Heartbeat, Census, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesNoted, HeldOutScored,
+    Ready, Heartbeat, Census, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesDropped,
+    SamplesNoted, HeldOutScored,
     CheckpointWritten, DuplicateDropped, BatchRefused, NodeMetrics, WorkerError)}
 
 

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from areal.graph.picture import ChannelView, PlanView, PoolView, RouteView
+from areal.runtime.policies import POLICIES
 
 if TYPE_CHECKING:
     from areal.graph.graph import Graph
@@ -85,6 +86,7 @@ class Plan:
     staleness: int = 0  # η, as configured (shown on the asynchronous edges; the controller reads the config)
     mode: str = "async"  # "async", "sync" (η = 0, no overlap) or "lagged" (sampled exactly η versions old)
     recipe_sha256: str = ""  # the recipe file's hash when the run started or resumed (an edit is refused on resume)
+    staleness_policy: str = "strict"  # what η bounds beyond admission (runtime/policies)
 
     # -- reading the plan ---------------------------------------------------------------
 
@@ -142,7 +144,9 @@ class Plan:
     def gate_bound(self) -> str:
         """The gate's label: how far generation may run ahead of the slowest trainer."""
         if self.mode == "async":
-            return f"η={self.staleness} (async): ≤ {self.staleness} versions ahead"
+            policy = POLICIES[self.staleness_policy]
+            return (f"η={self.staleness} (async, {policy.name}): ≤ {self.staleness} versions ahead; "
+                    f"{policy.bound.format(eta=self.staleness)}")
         return f"η=0 ({self.mode}): waits for training"
 
     def weights_bound(self) -> str:
@@ -157,8 +161,10 @@ class Plan:
         """One sentence on what η and the mode promise."""
         eta = self.staleness
         if self.mode == "async":
-            return (f"η={eta}, async: a group starts only while the slowest trainer is ≤ {eta} versions "
-                    f"behind; weights reach generation ≤ {eta} versions old")
+            policy = POLICIES[self.staleness_policy]
+            return (f"η={eta}, async, staleness_policy={policy.name}: a group starts only while the slowest trainer "
+                    f"is ≤ {eta} versions behind; {policy.bound.format(eta=eta)}; weights reach generation ≤ {eta} "
+                    "versions old")
         if self.mode == "lagged":
             return (f"lagged, η={eta}: generation waits for training and samples with the weights exactly "
                     f"{eta} versions old")

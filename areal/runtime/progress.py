@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from areal.runtime.learning import verdict
+from areal.runtime.policies import POLICIES
 
 if TYPE_CHECKING:
     from areal.runtime.controller import Controller
@@ -35,10 +36,11 @@ def live_table(controller: Controller) -> Table:
     if last_eval:
         t.add_row("held-out pass@1", f"{_pass(last_eval)} at version {last_eval['version']} (first "
                   f"{_pass(s.evals[0])}; {verdict(s.evals[0], last_eval)})")
-    t.add_row("staleness (lag: samples)", ", ".join(f"{k}: {v}" for k, v in sorted(s.staleness.items())) or "—")
+    t.add_row(f"staleness ({controller.config.staleness_policy}; lag: samples)",
+              ", ".join(f"{k}: {v}" for k, v in sorted(s.staleness.items())) or "—")
     acc = controller.accounting.summary()
     t.add_row("samples", f"started {acc['started']} · trained {acc['trained']} · failed {acc['failed']}"
-              f" · filtered {acc['filtered']} · in flight {acc['in_flight']}")
+              f" · filtered {acc['filtered']} · dropped {acc['dropped']} · in flight {acc['in_flight']}")
     busy = " · ".join(f"{w.worker_id}{_on(w.process.node)} {w.busy:.0%}" for w in controller.workers.values())
     t.add_row("busy", busy or "—")
     return t
@@ -60,6 +62,7 @@ def summary_table(controller: Controller) -> Table:
         t.add_row("held-out pass@1", " → ".join(f"{_pass(e)}@v{e['version']}" for e in s.evals))
         if len(s.evals) > 1:
             t.add_row("held-out gain", verdict(s.evals[0], s.evals[-1]))
+    t.add_row("staleness", staleness_line(controller))
     t.add_row("staleness histogram", ", ".join(f"lag {k}: {v}" for k, v in sorted(s.staleness.items())) or "—")
     acc = controller.accounting.summary()
     t.add_row("accounting", " · ".join(f"{k} {v}" for k, v in acc.items()))
@@ -69,6 +72,20 @@ def summary_table(controller: Controller) -> Table:
     if reasons:
         t.add_row("failures", ", ".join(f"{k}: {v}" for k, v in reasons.most_common()))
     return t
+
+
+def staleness_line(controller: Controller) -> str:
+    """The policy, what it bounds, and what the run measured: the lag of trained samples, tokens trained or masked
+    past η, and the samples dropped."""
+    config, s = controller.config, controller.state
+    policy = POLICIES[config.staleness_policy]
+    lags = sorted(s.staleness.elements())
+    measured = (f"lag mean {sum(lags) / len(lags):.2f}, max {lags[-1]}" if lags else "no sample trained")
+    tokens = max(s.trained_tokens, 1)
+    acc = controller.accounting.summary()
+    return (f"{policy.describe(config.effective_staleness)} — measured: {measured}; older than η: "
+            f"{s.stale_tokens} tokens trained ({s.stale_tokens / tokens:.1%}), {s.masked_tokens} masked "
+            f"({s.masked_tokens / tokens:.1%}); dropped {acc['dropped']} samples ({acc['dropped_tokens']} tokens)")
 
 
 def _pass(record: dict) -> str:

@@ -5,13 +5,13 @@ it among the groups started so far that still hold a slot (a group a filter drop
 whose every sample failed, frees its slot) and i is the slowest trainer's version. Trainers take
 groups in admission order, skipping the freed ones, B per step, so a group ranked N-1 among the
 slot holders is trained at version floor((N-1)/B) <= i_start + η: nothing trained is more than η
-versions behind, even when generation is interrupted and resumed on newer weights. This module
-only decides; the controller enforces the decision and the trainer re-checks every sample.
+versions behind, even when generation is interrupted and resumed on newer weights (the strict
+staleness policy; runtime/policies/ holds it and the others, which keep this gate and treat late
+groups differently). This module only decides; the controller enforces the decision and the
+trainer re-checks every sample.
 """
 
 from __future__ import annotations
-
-from collections import Counter
 
 
 class StalenessGate:
@@ -51,8 +51,3 @@ class StalenessGate:
     def batch_of(group_id: int, batch_size: int) -> int:
         """The trainer step (= policy version it trains at) that consumes group `group_id`, when no group is freed."""
         return group_id // batch_size
-
-
-def staleness_histogram(trainer_version: int, min_versions: list[int]) -> Counter[int]:
-    """How many samples were trained at each lag i - min(versions)."""
-    return Counter(trainer_version - v for v in min_versions)

@@ -39,7 +39,7 @@ class StepRecorder:
                else {}),
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
             "solved": sum(m.solved) / len(m.solved) if m.solved else None,
-            "samples": len(m.sample_ids), "trained_samples": trained,
+            "samples": len(m.sample_ids), "trained_samples": trained, "tokens": m.tokens,
             "samples_per_s": (trained - self.trained_before) / elapsed,
             "generated_tokens_per_s": generated_tokens / elapsed,
             "trained_tokens_per_s": trained_tokens / elapsed,

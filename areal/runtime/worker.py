@@ -9,10 +9,13 @@ then runs the loop of its pool's role:
 - stream: a generate (or episode) node is stepped one decode step at a time, taking prompts and new
   weights between steps, and each finished group goes through the rest of the pool's nodes; a
   stream node marks samples it could not finish with a per-row FAILED column (reason or None);
-- train: groups are taken in admission order, skipping those left empty (every sample failed or
+- train: groups are taken in the order the staleness policy says (runtime/policies: admission
+  order, or the oldest finished first), skipping those left empty (every sample failed or
   filtered), until B are gathered; then the proximal pass and the update run and the trainer's
-  model gets its next version. A trainer of several ranks does this in rank 0, which orders the
-  others to do the same (runtime/ranks.py).
+  model gets its next version. The policy's trainer drops the groups too old to train (drop),
+  masks the tokens too old (token) and re-checks its guarantee on what the update reads. A
+  trainer of several ranks does this in rank 0, which orders the others to do the same
+  (runtime/ranks.py).
 Every group a pool finishes is sent on every output channel, empty if nothing is left of it, so
 joins downstream always complete. A node that raises stops the worker with an "error" event
 naming it; the controller decides what happens next.
@@ -50,12 +53,13 @@ from areal.runtime.join import Join, expand
 from areal.runtime.outbox import Outbox
 from areal.runtime.outputs import NodeContractError
 from areal.runtime.plan import Plan
+from areal.runtime.policies import POLICIES
+from areal.runtime.policies.enforce import checked_step, expired, with_policy_mask
 from areal.runtime.ranks import RankOrders, rank_environment
 from areal.runtime.reaper import guard_process_group
 from areal.runtime.sample_log import SampleLog
 from areal.runtime.security import RunKey
 from areal.runtime.solved import solved
-from areal.runtime.staleness import staleness_histogram
 
 log = logging.getLogger("areal.worker")
 
@@ -124,7 +128,10 @@ class Worker:
         self._latest_weights: dict[str, dict[str, Any]] = {}  # model -> the newest "weights" message
         self.holding: set[int] = set()  # trainer: groups gathered for coming steps (not re-issued after a crash)
         self.census: int | None = None  # trainer: the controller asked what it holds (after a crash upstream)
-        self.next_group = _resumed_next_group(resume_dir, pool_name)  # trainer: the oldest group not consumed
+        # trainer: the oldest group not consumed, and those above it a step took (out of admission order)
+        self.next_group, self.consumed = _resumed_consumption(resume_dir, pool_name)
+        self.staleness_policy = POLICIES[self.config.staleness_policy]
+        self.enforcing = self.pool.role == "train" and pool_name == plan.policy  # its versions count the lags
 
     def _join_weights_group(self) -> None:
         """Trainer: form the weights group with the generators and send them the weights it starts from."""
@@ -265,6 +272,8 @@ class Worker:
             if weights is not None:
                 policy_version = int(weights["version"])
                 guard(head, gen.load_weights, weights.get("path"), policy_version)
+                if self.staleness_policy.drops:
+                    self._abort_late(head, submitted, policy_version - self.config.staleness)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
             held += self._drain()
             ready = [item for item in held if item[1].admitted_at <= policy_version]
@@ -280,6 +289,16 @@ class Worker:
                 self.chain.busy_s += time.monotonic() - start
                 for out, meta in finished:
                     self._generated(head, submitted.pop(meta.group), out, meta)
+
+    def _abort_late(self, head: Node, submitted: dict[int, Batch], oldest: int) -> None:
+        """drop: stop every group holding a token sampled before version `oldest` (it can no longer be trained
+        within η), report its samples dropped with the tokens they had, and send it on empty."""
+        for meta, sample_ids, tokens in guard(head, self.impls[0].abort_older_than, oldest):
+            self.control.send("dropped", node=head.name, sample_ids=sample_ids, tokens=tokens,
+                              reason=f"aborted in generation: a token older than version {oldest}")
+            ids = torch.empty(0, dtype=torch.int64)
+            empty = Batch({**expand(submitted.pop(meta.group), ids), "sample_id": ids, "group_id": ids.clone()})
+            self._send(self.chain.run(empty, held_out=False)[0], meta)
 
     def _generated(self, head: Node, submitted: Batch, out: Batch, meta: GroupMeta) -> None:
         """A finished group: the generator's outputs beside its input's fields, one row per sample; then the rest
@@ -303,31 +322,62 @@ class Worker:
 
     def _train_loop(self) -> None:
         per_step = self.pool.gather_groups
-        waiting: dict[int, Batch] = {}
+        waiting: dict[int, tuple[Batch, GroupMeta]] = {}
+        dropped: list[int] = []  # groups dropped unread since the last step: consumed with the next
         while not self.stopping:
             self._wait(int(self.config.faults.heartbeat_s * 1000))
             for batch, meta in self._drain():
                 if meta.eval:
                     self._report_eval(batch, meta)
                     continue
-                if meta.group in waiting or meta.group < self.next_group:
+                if meta.group in waiting or meta.group < self.next_group or meta.group in self.consumed:
                     self.control.send("duplicate", group=meta.group)  # a re-issued group that already arrived
                     continue
-                waiting[meta.group] = batch
+                waiting[meta.group] = (batch, meta)
                 self.holding.add(meta.group)
             if self.census is not None:
                 self.control.send("census", seq=self.census, holding=sorted(self.holding))
                 self.census = None
-            while self.version < self.config.steps and (step := _next_step(waiting, self.next_group, per_step)):
-                parts = [waiting.pop(g) for g in step]  # oldest first: group ids are admission order
-                self.holding.difference_update(step)
-                self.next_group = step[-1] + 1
-                kept = [p for p in parts if p.size]
-                self._train(Batch.concat(kept) if kept else None, consumed=step)
+            while self.version < self.config.steps:
+                dropped += self._drop_expired(waiting)
+                step = self.staleness_policy.pick({g: b.size for g, (b, _) in waiting.items()}, self.next_group,
+                                                  self.consumed, per_step)
+                if not step:
+                    break
+                parts = [waiting.pop(g) for g in step]  # in admission order: group ids are admission order
+                self._consume(step + dropped)
+                kept = [(b, m) for b, m in parts if b.size]
+                self._train(Batch.concat([b for b, _ in kept]) if kept else None, consumed=sorted(step + dropped),
+                            groups=[m for _, m in kept])
+                dropped = []
                 if self.stopping:
                     break
         if self.orders is not None:
             self.orders.send("stop")
+
+    def _consume(self, groups: list[int]) -> None:
+        """Groups a step took (or dropped): never taken again; `next_group` moves past every consumed one."""
+        self.holding.difference_update(groups)
+        self.consumed.update(groups)
+        while self.next_group in self.consumed:
+            self.consumed.discard(self.next_group)
+            self.next_group += 1
+
+    def _drop_expired(self, waiting: dict[int, tuple[Batch, GroupMeta]]) -> list[int]:
+        """drop: the arrived groups the next step could not train within η, reported dropped (with the tokens
+        they had generated) and taken out of `waiting`; they are consumed with the next step."""
+        versions = self.plan.binding(self.nodes[-1].name).get("versions")
+        if not (self.staleness_policy.drops and self.enforcing and versions):
+            return []
+        late = sorted(g for g, (b, _) in waiting.items()
+                      if b.size and expired(b[versions], self.version, self.config.staleness))
+        for group in late:
+            batch, _ = waiting.pop(group)
+            self.control.send("dropped", node=self.nodes[-1].name, sample_ids=batch["sample_id"].tolist(),
+                              tokens=batch[versions].lengths.tolist(),
+                              reason=f"older than η={self.config.staleness} at version {self.version}")
+        self.holding.difference_update(late)
+        return late
 
     def _follow_loop(self) -> None:
         """A trainer rank > 0: rank 0's orders, in its order, so every collective meets its peers."""
@@ -344,12 +394,11 @@ class Worker:
 
     # -- the trainer's step -------------------------------------------------------------------
 
-    def _train(self, batch: Batch | None, consumed: list[int]) -> None:
+    def _train(self, batch: Batch | None, consumed: list[int], groups: list[GroupMeta] | None = None) -> None:
+        """One step on `batch` (None: every sample of it is gone); `groups`: the metas of its groups (rank 0)."""
         step = self.version
         stats: dict[str, Any] = {}
         hist: dict[int, int] = {}
-        if batch is not None:
-            hist = self._check_staleness(batch, step)
         if self.orders is not None and not self.follower:
             self.orders.send("train", batch, consumed=consumed)
         trainer = self.impls[-1]
@@ -360,7 +409,15 @@ class Worker:
             stats |= metrics
         if batch is not None and batch.size:
             binding = self.plan.binding(self.nodes[-1].name)
-            stats |= dict(guard(self.nodes[-1], trainer, self.chain.view(batch, binding)))
+            view = self.chain.view(batch, binding)
+            if self.enforcing and "versions" in view:
+                if self.staleness_policy.masks:  # every rank: the same mask from the same versions
+                    view, stats["masked_tokens"] = with_policy_mask(view, step, self.config.staleness)
+                if not self.follower:
+                    numbers = checked_step(self.staleness_policy, view, step, self.config.effective_staleness,
+                                           self.config.batch_size, groups or [])
+                    hist, stats["stale_tokens"] = numbers["staleness"], numbers["stale_tokens"]
+            stats |= dict(guard(self.nodes[-1], trainer, view))
             end = time.monotonic()
             if self.chain.log is not None:
                 oldest = [int(r.min()) if len(r) else step for r in batch[binding["versions"]].rows()] \
@@ -390,17 +447,6 @@ class Worker:
         every = self.config.checkpoint.interval_steps
         if every and self.version % every == 0:
             self._checkpoint(staging_dir(self.plan.run_dir, self.version, tag="interval"))
-
-    def _check_staleness(self, batch: Batch, step: int) -> dict[int, int]:
-        """The trainer of the sampled policy re-checks η on every sample it consumes."""
-        versions = self.plan.binding(self.nodes[-1].name).get("versions")
-        if self.pool.name != self.plan.policy or versions is None:
-            return {}
-        eta = self.config.effective_staleness
-        lags = staleness_histogram(step, [int(r.min()) if len(r) else step for r in batch[versions].rows()])
-        if any(lag > eta for lag in lags):
-            raise RunError(f"staleness bound broken at version {step}: lags {dict(lags)} exceed η={eta}")
-        return dict(lags)
 
     def _publish(self) -> str | None:
         trainer = self.impls[-1]
@@ -436,7 +482,7 @@ class Worker:
             guard(self.nodes[-1], trainer.save_weights, policy)
         if not self.follower:
             self.control.send("checkpoint", model=self.pool.name, version=self.version, path=str(folder),
-                              next_group=self.next_group)
+                              next_group=self.next_group, consumed=sorted(self.consumed))
 
     def _report_eval(self, batch: Batch, meta: GroupMeta) -> None:
         if self.pool.name != self.plan.policy and self.plan.policy:
@@ -455,32 +501,18 @@ class Worker:
             self.control.send("metrics", values=dict(metrics))
 
 
-def _next_step(waiting: dict[int, Batch], next_group: int, per_step: int) -> list[int]:
-    """The groups of the next step: from `next_group` on, in admission order, up to the `per_step`-th non-empty
-    one; empty when one of them has not arrived yet. Empty groups in between are consumed with the step."""
-    step: list[int] = []
-    filled = 0
-    group = next_group
-    while filled < per_step:
-        if group not in waiting:
-            return []
-        step.append(group)
-        filled += bool(waiting[group].size)
-        group += 1
-    return step
-
-
 def _tokens(batch: Batch | None, binding: Mapping[str, str]) -> int:
     field = binding.get("output_ids")
     return int(batch[field].values.numel()) if batch is not None and field in batch else 0
 
 
-def _resumed_next_group(resume_dir: Path | None, pool: str) -> int:
-    """A resumed trainer's oldest unconsumed group, as its checkpoint recorded; 0 for a fresh run."""
+def _resumed_consumption(resume_dir: Path | None, pool: str) -> tuple[int, set[int]]:
+    """A resumed trainer's oldest unconsumed group and the groups above it it consumed, as its checkpoint recorded;
+    (0, none) for a fresh run."""
     if resume_dir is None:
-        return 0
+        return 0, set()
     state = json.loads((resume_dir / MANIFEST).read_text())
-    return int(state.get("next_group", {}).get(pool, 0))
+    return int(state.get("next_group", {}).get(pool, 0)), {int(g) for g in state.get("consumed", {}).get(pool, [])}
 
 
 def run_key(plan: Plan) -> RunKey | None:

@@ -52,7 +52,7 @@ def test_a_scaling_row_comes_from_the_runs_step_records(tmp_path):
 def test_the_model_gets_the_runs_settings_and_prompts_from_the_recipe():
     config, prompts = bench.recipe_settings(["steps=3", "batch_size=4", "staleness=1"])
     assert (config.steps, config.batch_size, config.staleness) == (3, 4, 1)
-    assert len(prompts) == (3 + 1 + 1) * 4 and all(10 < p < 1000 for p in prompts)
+    assert len(prompts) == 2 * (3 + 1 + 1) * 4 and all(10 < p < 1000 for p in prompts)  # twice: drops refill
 
 
 @pytest.mark.slow  # two short emulated runs, the second with two trainer processes: ~15 s
@@ -66,3 +66,28 @@ def test_a_ranks_row_comes_from_a_run_with_that_many_trainer_processes(tmp_path)
     assert float(trainer_cpu) > 0 and float(ctl_cpu) > 0 and float(msgs) > 0
     assert sorted(log.name for log in (tmp_path / "ranks-2" / "logs").glob("actor-*.log")) == \
         ["actor-0.log", "actor-1.log"]  # the row's run had two trainer processes
+
+
+def test_a_policy_model_row_is_a_share_of_one_strict_generator_with_its_price():
+    args = bench.argparse.Namespace(policy_eta=2, sigma=0.6, model_steps=8, model_generators=[1, 2],
+                                    policies=["strict", "drop"], steps=4, time_scale=0.1, scaling_time_scale=1.0,
+                                    median=128)
+    title, blank, header, *rows = bench.policy_model(args, None)
+    assert "of N x one strict" in header and "tokens > η" in header and "trained/drawn" in header
+    cells = [row.replace("%", "").split() for row in rows]
+    assert [(c[0], c[1]) for c in cells] == [("1", "strict"), ("1", "drop"), ("2", "strict"), ("2", "drop")]
+    assert cells[0][2] == "100"  # the unit: one strict generator
+    n, policy, share, mean, p99, worst, stale, wasted, length = cells[2]
+    assert int(worst) <= 2 and float(stale) == 0 and float(wasted) == 0 and 0.5 < float(length) < 1.5
+
+
+@pytest.mark.slow  # two short emulated runs: ~30 s
+def test_a_policy_run_row_comes_from_the_runs_step_records(tmp_path):
+    args = bench.argparse.Namespace(policy_eta=1, sigma=1.0, steps=5, time_scale=0.02, scaling_time_scale=0.2,
+                                    median=128, generators=[1], policies=["strict", "token"])
+    title, blank, header, strict, token = bench.policy_runs(args, tmp_path)
+    n, policy, rate, share, modelled, of_model, mean, p99, worst, stale, wasted, length = token.replace(
+        "%", "").split()
+    assert policy == "token" and float(rate) > 0 and float(modelled) > 0 and float(stale) == 0
+    assert int(worst) >= int(p99) >= 0 and float(length) > 0
+    assert strict.replace("%", "").split()[3] == "100"

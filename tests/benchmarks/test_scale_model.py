@@ -12,10 +12,10 @@ PROFILE = DeviceProfile.load("h100-qwen2.5-1.5b")
 
 
 def schedule(generators: int = 1, *, sigma: float = 0.0, staleness: int = 2, groups_per_generator: int = 2,
-             group_size: int = 8, steps: int = 20, prompts: tuple[int, ...] = (60,)) -> object:
+             group_size: int = 8, steps: int = 20, prompts: tuple[int, ...] = (60,), policy: str = "strict") -> object:
     return model.Schedule(PROFILE, OutputLengths(256, sigma, seed=0), prompts, generators,
                           groups_per_generator * generators, group_size, staleness, steps, max_batch=128,
-                          max_new_tokens=8192, trainer_gpus=generators)
+                          max_new_tokens=8192, trainer_gpus=generators, policy=policy)
 
 
 def test_a_synchronous_one_sequence_run_steps_by_the_sum_of_its_phases():
@@ -53,3 +53,29 @@ def test_the_model_runs_the_steps_asked_and_a_rate_needs_two():
     assert len(times) == 5 and times == sorted(times)
     with pytest.raises(ValueError, match="at least 2 steps"):
         model.samples_per_s(schedule(steps=1))
+
+
+def test_each_policy_keeps_its_guarantee_and_pays_its_own_price():
+    """σ = 1: stragglers. strict and drop train nothing past η; token trains past η but masks every older token;
+    admission trains them; drop wastes what it aborts and trains shorter outputs than it draws."""
+    out = {policy: model.simulate(schedule(4, sigma=1.0, staleness=1, steps=30, policy=policy))
+           for policy in model.POLICIES}
+    for policy in ("strict", "drop"):
+        assert max(out[policy].lags) <= 1 and out[policy].stale_tokens == out[policy].masked_tokens == 0
+    for policy in ("token", "recycle"):
+        assert max(out[policy].lags) > 1 and out[policy].masked_tokens > 0 and out[policy].stale_tokens == 0
+    assert max(out["admission"].lags) > 1 and out["admission"].stale_tokens > 0 == out["admission"].masked_tokens
+    assert out["drop"].dropped_groups > 0 and out["drop"].wasted() > 0 and out["drop"].length_ratio() < 0.97
+    assert out["recycle"].recycled_groups > 0
+    rate = {p: o.samples_per_s(8 * 8) for p, o in out.items()}
+    assert min(rate["admission"], rate["token"], rate["drop"]) > 1.2 * rate["strict"]
+
+
+def test_without_a_tail_no_group_is_late_and_every_policy_runs_the_strict_schedule():
+    times = {policy: model.step_times(schedule(4, policy=policy)) for policy in model.POLICIES}
+    assert all(t == pytest.approx(times["strict"], rel=1e-9) for t in times.values())
+
+
+def test_an_unknown_policy_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match="policy 'soft': one of strict, admission, drop, token, recycle"):
+        schedule(policy="soft")

@@ -113,6 +113,20 @@ def test_new_weights_split_a_running_sequence_and_charge_a_re_prefill():
         assert versions == sorted(versions) and set(versions) == {0, 1}  # old tokens keep their version
 
 
+def test_an_aborted_request_stops_where_it_is_and_the_others_finish_as_they_would_have():
+    engine = _engine(median=30, max_batch=2, scale=1e-6, quantum_s=1e-12)  # one decode step per step()
+    engine.submit(_requests(range(3)))  # 0 and 1 run, 2 waits
+    engine.step()
+    progress = engine.progress()
+    assert set(progress) == {0, 1} and all(version == 0 for _, version in progress.values())
+    assert engine.abort([1, 2, 99]) == {1: progress[1][0], 2: 0}  # what each had sampled; an unknown id is no-op
+    results = []
+    while engine.pending():
+        results += engine.step()
+    alone = _engine(median=30).generate(_requests([0]))[0]
+    assert [r.request_id for r in results] == [0] and torch.equal(results[0].output_ids, alone.output_ids)
+
+
 def test_the_clock_pays_modelled_time_in_real_time_at_the_time_scale():
     clock = ModelledClock(time_scale=0.5)
     start = time.perf_counter()

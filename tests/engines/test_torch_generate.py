@@ -161,3 +161,23 @@ def test_bad_requests_are_refused_with_the_request_id(make_model):
         engine.submit([GenRequest(1, [3, 4])])
     with pytest.raises(ValueError, match="stop_strings need a decode function"):
         TorchGenerationEngine(make_model(0), eos_token_id=0, pad_token_id=0, stop_strings=["\n"])
+
+
+def test_aborting_running_and_waiting_requests_leaves_the_others_as_they_would_have_been(make_model):
+    model = make_model(0)
+    reqs = requests([(3, 12), (5, 12), (1, 12), (8, 12)])
+    untouched = {r.request_id: r for r in TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0,
+                                                                max_batch=3).generate(reqs)}
+    engine = TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0, max_batch=3)
+    engine.submit(reqs)  # 0, 1, 2 run; 3 waits
+    for _ in range(3):
+        engine.step()
+    assert engine.progress() == {0: (4, 0), 1: (4, 0), 2: (4, 0)}  # a prefill's token and three decode steps
+    assert engine.abort([1, 3]) == {1: 4, 3: 0}  # the middle row of the cache, and one still waiting
+    results = []
+    while engine.pending():
+        results += engine.step()
+    assert sorted(r.request_id for r in results) == [0, 2]
+    for r in results:
+        assert r.output_ids.tolist() == untouched[r.request_id].output_ids.tolist()
+        torch.testing.assert_close(r.logprobs, untouched[r.request_id].logprobs, atol=1e-5, rtol=0)

@@ -194,3 +194,17 @@ def test_missing_vllm_says_how_to_get_it(monkeypatch):
         VLLMBackend("some/model")
     assert str(info.value) == MISSING_VLLM
     assert "pip install 'areal[gpu]'" in MISSING_VLLM and 'engine="torch"' in MISSING_VLLM
+
+
+def test_an_aborted_request_leaves_the_backend_and_reports_the_tokens_it_had():
+    backend = FakeBackend()
+    engine = VLLMGenerationEngine(backend, eos_token_id=EOS, max_new_tokens=6, version=2)
+    engine.submit([GenRequest(request_id=4, prompt_ids=[3, 4]), GenRequest(request_id=5, prompt_ids=[5])])
+    engine.step()
+    engine.step()
+    assert engine.progress() == {4: (2, 2), 5: (2, 2)}
+    assert engine.abort([5]) == {5: 2} and backend.calls[-1] == ("abort", ["5.0"])
+    results = []
+    while engine.pending():
+        results += engine.step()
+    assert [r.request_id for r in results] == [4] and results[0].output_ids.tolist() == reference([3, 4], 6, None)

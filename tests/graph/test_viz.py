@@ -120,7 +120,8 @@ def test_the_built_in_layout_frames_each_pool_and_puts_parallel_branches_side_by
     assert {"channel:score:kl_advantage", "channel:reference:kl_advantage", "weights:actor:rollout"} <= set(edges)
     assert "weights:actor:reference" not in edges  # a frozen reference takes no weights
     bounds = [t.text for t in root.iter(f"{SVG}text") if t.get("class") == "bound"]
-    assert "η=2 (async): ≤ 2 versions ahead" in bounds and "η=2 (async): ≤ 2 versions behind" in bounds
+    gate = "η=2 (async, strict): ≤ 2 versions ahead; every trained sample ≤ 2 versions behind"
+    assert gate in bounds and "η=2 (async): ≤ 2 versions behind" in bounds
 
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz 'dot' is not installed")
@@ -164,7 +165,7 @@ def test_terminal_tree_names_each_nodes_pool_and_the_gate():
     out = console.export_text()
     assert "(7 nodes in 6 pools)" in out
     assert "reference (compute-logprob) in pool reference" in out
-    assert "gate ⇠ tasks (η=2 (async): ≤ 2 versions ahead)" in out
+    assert "gate ⇠ tasks (η=2 (async, strict): ≤ 2 versions ahead; every trained sample ≤ 2 versions behind)" in out
     assert "weights ⇠ actor (η=2 (async): ≤ 2 versions behind)" in out
 
 

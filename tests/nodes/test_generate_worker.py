@@ -103,3 +103,28 @@ def test_prompts_go_through_the_chat_template_of_a_model_that_has_one_unless_it_
             done += node.step()
         prompts[setting] = node.tokenizer.decode(done[0][0]["prompt_ids"].rows()[0].tolist())
     assert prompts == {"auto": "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n", "off": "2+2?"}
+
+
+def test_a_group_holding_a_token_older_than_asked_is_aborted_whole_and_a_fresh_one_runs_on(tmp_path):
+    config = RunConfig(group_size=2, generation=GenerationConfig(engine="emulated", max_new_tokens=64, max_batch=2,
+                                                                 stop=[]),
+                       trainer={"engine": "emulated"}, emulation={"output_tokens_median": 40, "time_scale": 1e-6})
+    node = GenerateNode()
+    node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
+                               published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
+                               report=lambda kind, **fields: None))
+    node.engine.quantum_s = 1e-12  # one decode step per step(): nothing finishes before the abort
+    for group in (3, 4):  # group 3's two samples fill both slots; group 4 waits
+        node.submit(Batch({"prompt": ["1+1="], "group_id": torch.tensor([group]), "sample_id": torch.tensor([group])}),
+                    GroupMeta(group=group, samples=2, admitted_at=0))
+    node.step()
+    node.engine.update_weights({}, version=2)
+    assert node.abort_older_than(0) == []  # version 0's tokens are not older than version 0
+    aborted = node.abort_older_than(1)
+    assert [(meta.group, ids) for meta, ids, _ in aborted] == [(3, [6, 7])]
+    assert aborted[0][2] == [2, 2]  # each sampled a token at the prefill and one decode step
+    done = []
+    while node.pending():
+        done += node.step()
+    assert [meta.group for _, meta in done] == [4] and done[0][0]["sample_id"].tolist() == [8, 9]
+    assert all(int(v.min()) == 2 for v in done[0][0]["versions"].rows())  # it started on the new weights

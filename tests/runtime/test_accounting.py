@@ -49,6 +49,18 @@ def test_a_group_whose_every_sample_failed_or_was_filtered_frees_its_slot_once()
     assert (summary["trained"], summary["failed"], summary["filtered"], summary["in_flight"]) == (2, 1, 1, 2)
 
 
+def test_dropped_samples_close_the_identity_with_their_wasted_tokens_and_free_their_group_once():
+    accounting = Accounting(group_size=2, counted="actor", started_groups=3)
+    accounting.on_trained("actor", [0, 1])
+    assert accounting.on_dropped([2, 3], [40, 7], "rollout: aborted in generation") == [1]
+    accounting.on_dropped([2, 3], [40, 7], "actor: older than η")  # a re-issued copy: its tokens counted once
+    accounting.on_failed([3], ["reward: nan"])  # a late failure report does not make it failed too
+    accounting.check(version=1, groups=[0, 1], now=0.0, grace_s=10.0)
+    summary = accounting.summary()
+    assert (summary["trained"], summary["dropped"], summary["dropped_tokens"], summary["failed"]) == (2, 2, 47, 0)
+    assert summary["started"] == summary["trained"] + summary["dropped"] + summary["in_flight"] == 6
+
+
 def test_a_consumed_group_with_a_sample_nowhere_breaks_the_check_naming_it():
     accounting = Accounting(group_size=2, counted="actor", started_groups=1)
     accounting.on_trained("actor", [0])
@@ -75,7 +87,7 @@ def test_a_sample_counted_both_trained_and_failed_breaks_the_check_at_once():
     accounting = Accounting(group_size=1, counted="actor", started_groups=1)
     accounting.on_failed([0], ["reward: nan"])
     accounting.trained.add(0)  # what on_trained never does: it takes a trained sample out of the failed ones
-    with pytest.raises(RunError, match="1 samples counted both trained and failed or filtered"):
+    with pytest.raises(RunError, match="1 samples counted both trained and failed, filtered or dropped"):
         accounting.check(version=1, groups=[0], now=0.0, grace_s=10.0)
 
 

@@ -1,0 +1,16 @@
+"""Staleness policies: what η bounds, and what a group that cannot be trained in time costs.
+
+Every policy keeps the gate (staleness.py): a group starts only while fewer than (i + η + 1)·B
+groups hold a slot. They differ in what the trainer and the generators do with a group that
+finishes late; each is one module, its guarantee in its docstring, and one row of `POLICIES`,
+named by `RunConfig.staleness_policy`. docs/design-notes.md compares them, with their measured price.
+"""
+
+from __future__ import annotations
+
+from areal.runtime.policies import admission, drop, strict, token
+from areal.runtime.policies.policy import Policy, TrainedStep
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (strict.POLICY, admission.POLICY, drop.POLICY, token.POLICY)}
+
+__all__ = ["POLICIES", "Policy", "TrainedStep"]

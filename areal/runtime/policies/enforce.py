@@ -1,0 +1,51 @@
+"""A trainer's side of its staleness policy: which arrived groups expired, the loss mask, and the check.
+
+The worker calls these on what its update reads (the trainer node's view: port names, not the
+qualified fields), so the check sees exactly the tokens and the mask the loss sees. Only the
+trainer of the sampled policy enforces: its version is the one the tokens' versions count in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from areal.errors import RunError
+from areal.graph.batch import Batch, Ragged
+from areal.graph.meta import GroupMeta
+from areal.runtime.policies.policy import Policy, TrainedStep
+
+
+def expired(versions: Ragged, version: int, staleness: int) -> bool:
+    """A group holding a token sampled before version - η: trained at `version` or later, it would break η."""
+    return bool(len(versions.values)) and int(versions.values.min()) < version - staleness
+
+
+def with_policy_mask(view: Batch, step: int, staleness: int) -> tuple[Batch, int]:
+    """The view with loss mask 0 on every output token more than η versions behind `step` (an episode's own mask
+    kept beside it), and how many tokens that took out of the loss."""
+    versions = view["versions"].rows()
+    own = view["loss_mask"].rows() if "loss_mask" in view else [torch.ones(len(v), dtype=torch.int32) for v in versions]
+    masks, masked = [], 0
+    for v, m in zip(versions, own, strict=True):
+        fresh = v.to(torch.int64) >= step - staleness
+        masked += int((m.bool() & ~fresh).sum())
+        masks.append((m.bool() & fresh).to(torch.int32))
+    return view.merge({"loss_mask": Ragged.from_rows(masks, dtype=torch.int32)}), masked
+
+
+def checked_step(policy: Policy, view: Batch, step: int, staleness: int, batch_size: int,
+                 groups: Sequence[GroupMeta]) -> dict[str, Any]:
+    """Re-check `policy`'s guarantee on the view the update reads; RunError names the broken promise. Returns the
+    step's staleness numbers: the lag histogram of its samples and its trained tokens older than η."""
+    versions = view["versions"].rows()
+    masks = (view["loss_mask"].rows() if "loss_mask" in view else [torch.ones(len(v), dtype=torch.int32)
+                                                                     for v in versions])
+    trained = TrainedStep(step, staleness, batch_size, versions, [m.bool() for m in masks],
+                          view["group_id"].tolist(), list(groups))
+    broken = policy.check(trained)
+    if broken is not None:
+        raise RunError(f"staleness bound broken at version {step} (staleness_policy={policy.name}): {broken}")
+    return {"staleness": dict(trained.histogram()), "stale_tokens": trained.stale_trained_tokens()}

@@ -1,0 +1,93 @@
+"""Each staleness policy's pieces on tiny literal steps: the order groups train in, the mask, and the check that
+names a broken guarantee from the recorded token versions (runtime/policies)."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+import torch
+
+from areal.config import RunConfig
+from areal.errors import RunError
+from areal.graph.batch import Batch, Ragged
+from areal.graph.meta import GroupMeta
+from areal.runtime.policies import POLICIES
+from areal.runtime.policies.enforce import checked_step, expired, with_policy_mask
+from areal.runtime.policies.policy import in_admission_order, oldest_finished
+
+
+def view(versions: list[list[int]], groups: list[int], loss_mask: list[list[int]] | None = None) -> Batch:
+    """What a trainer's update reads: per sample, each output token's version (and an episode's own mask)."""
+    fields = {"versions": Ragged.from_rows([torch.tensor(v, dtype=torch.int32) for v in versions]),
+              "group_id": torch.tensor(groups), "sample_id": torch.arange(len(groups))}
+    if loss_mask is not None:
+        fields["loss_mask"] = Ragged.from_rows([torch.tensor(m, dtype=torch.int32) for m in loss_mask])
+    return Batch(fields)
+
+
+def metas(*groups: tuple[int, int, int]) -> list[GroupMeta]:
+    return [GroupMeta(group=g, samples=1, admitted_at=at, slot=slot) for g, at, slot in groups]
+
+
+def test_every_setting_value_names_a_policy_in_the_table():
+    assert set(typing.get_args(RunConfig.model_fields["staleness_policy"].annotation)) == set(POLICIES)
+
+
+def test_admission_order_waits_for_the_next_group_and_skips_the_consumed_and_the_empty():
+    waiting = {5: 3, 6: 0, 8: 3, 9: 3}  # group -> samples left: 6 lost every sample
+    assert in_admission_order(waiting, 5, consumed={7}, per_step=2) == [5, 6, 8]  # 7 was trained already
+    assert in_admission_order(waiting, 5, consumed=set(), per_step=2) == []  # 7 has not arrived: the step waits
+
+
+def test_oldest_finished_takes_the_lowest_arrived_groups_and_never_waits_for_a_straggler():
+    waiting = {9: 3, 4: 3, 7: 0, 12: 3}  # 5, 6, 8 still generating
+    assert oldest_finished(waiting, per_step=2) == [4, 7, 9]  # the empty one goes with the step
+    assert oldest_finished(waiting, per_step=4) == []
+
+
+def test_strict_and_drop_refuse_a_trained_sample_more_than_eta_behind():
+    fine, late = view([[3, 4], [5]], [0, 1]), view([[2, 5], [5]], [0, 1])  # step 5, η 2: version 2 is 3 behind
+    for name in ("strict", "drop"):
+        assert checked_step(POLICIES[name], fine, 5, 2, 1, metas())["staleness"] == {2: 1, 0: 1}
+        with pytest.raises(RunError, match=rf"version 5 \(staleness_policy={name}\): lags \{{0: 1, 3: 1\}} exceed η=2"):
+            checked_step(POLICIES[name], late, 5, 2, 1, metas())
+
+
+def test_admission_accepts_any_lag_but_refuses_a_group_admitted_past_the_gate():
+    # B = 2, η = 1: at version 3 slots 0 .. (3 + 1 + 1)·2 - 1 = 9 are open
+    late = view([[3, 3, 6]], [4])
+    numbers = checked_step(POLICIES["admission"], late, 7, 1, 2, metas((4, 3, 9)))
+    assert numbers == {"staleness": {4: 1}, "stale_tokens": 2}  # lag 4, and its two tokens older than η counted
+    with pytest.raises(RunError, match="group 4 was admitted at version 3 into slot 10, past the gate's"):
+        checked_step(POLICIES["admission"], late, 7, 1, 2, metas((4, 3, 10)))
+    with pytest.raises(RunError, match="holds a token of version 0, older than its admission at version 3"):
+        checked_step(POLICIES["admission"], view([[0]], [4]), 4, 1, 2, metas((4, 3, 1)))
+    with pytest.raises(RunError, match="a sample of group 5 came with no admission record"):
+        checked_step(POLICIES["admission"], view([[3]], [5]), 4, 1, 2, metas((4, 3, 1)))
+
+
+def test_token_masks_exactly_the_tokens_older_than_eta_beside_an_episodes_own_mask():
+    # step 6, η 2: versions 3 are 3 behind; the episode's tool token (mask 0) is not counted as masked by the policy
+    before = view([[3, 3, 4, 6], [6, 6]], [0, 1], loss_mask=[[1, 0, 1, 1], [1, 1]])
+    masked, count = with_policy_mask(before, 6, 2)
+    assert [m.tolist() for m in masked["loss_mask"].rows()] == [[0, 0, 1, 1], [1, 1]] and count == 1
+    assert checked_step(POLICIES["token"], masked, 6, 2, 1, metas())["stale_tokens"] == 0
+    with pytest.raises(RunError, match=r"1 tokens the loss reads are more than η=2 versions behind"):
+        checked_step(POLICIES["token"], before, 6, 2, 1, metas())
+
+
+def test_a_group_expires_when_one_token_is_older_than_eta_at_the_coming_step():
+    versions = Ragged.from_rows([torch.tensor([4, 5], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)])
+    assert not expired(versions, 5, 2) and expired(versions, 6, 2)
+    assert not expired(Ragged.from_rows([torch.zeros(0, dtype=torch.int32)]), 9, 2)  # no token: nothing old
+
+
+def test_the_gate_label_names_the_policy_and_what_it_bounds():
+    from areal.runtime.plan import Plan
+
+    plan = Plan("g", "r.py", (), "run", (), (), (), "ipc://c", (), "w", 10, 1, 1, staleness=2,
+                staleness_policy="token")
+    assert plan.gate_bound() == "η=2 (async, token): ≤ 2 versions ahead; every trained token ≤ 2 versions behind; " \
+        "older ones masked"
+    assert "staleness_policy=token" in plan.bounds()
