@@ -54,6 +54,7 @@ from areal.runtime.ranks import RankOrders, rank_environment
 from areal.runtime.reaper import guard_process_group
 from areal.runtime.sample_log import SampleLog
 from areal.runtime.security import RunKey
+from areal.runtime.spans import Spans, StepWait
 from areal.runtime.staleness import staleness_histogram
 
 log = logging.getLogger("areal.worker")
@@ -91,7 +92,8 @@ class Worker:
         records = self.config.records
         rank_follower = bool(self.pool.rendezvous) and replica > 0  # rank 0 records what its trainer's ranks did
         log = SampleLog(plan.run_dir, self.worker_id, records) if records.samples and not rank_follower else None
-        self.chain = Chain(self.nodes, self.impls, plan, self.control.send, log)
+        self.spans = Spans(plan.run_dir, self.worker_id, records)  # timed work, for `areal trace` and `areal view`
+        self.chain = Chain(self.nodes, self.impls, plan, self.control.send, log, self.spans)
         # map nodes that follow a trained model's weights (a critic's value pass): model -> their impls
         self.followers = {m: [impl for n, impl in zip(self.nodes, self.impls) if recipe.graph.model_of(n) == m]
                           for m in {recipe.graph.model_of(n) for n in self.nodes} - {None, self.pool.name}}
@@ -147,6 +149,7 @@ class Worker:
             (self._follow_loop if self.follower else loop)()
         finally:
             pulse.stop()
+            self.spans.close()
         self.control.send("stopped", **self.counts)
 
     def _wait(self, timeout_ms: int) -> None:
@@ -177,7 +180,9 @@ class Worker:
             elif kind == "weights":
                 if message.get("broadcast"):
                     # a collective: the trainer waits in it until every generator has taken its part
-                    guard(self.nodes[0].name, self.impls[0].receive_weights, int(message["version"]))
+                    with self.spans.timed("weights", "receive weights", model=message.get("model"),
+                                          version=int(message["version"])):
+                        guard(self.nodes[0].name, self.impls[0].receive_weights, int(message["version"]))
                     message = {**message, "path": None}  # loaded already: the loop only notes the version
                 self._latest_weights[str(message.get("model", ""))] = message  # with files, only the newest matters
 
@@ -213,7 +218,8 @@ class Worker:
                 outbox.check(batch, meta)
         except FrameTooLarge as err:
             batch = self.chain.fail(self.nodes[-1], batch, dict.fromkeys(range(batch.size), str(err)), meta.eval)
-        for outbox in self.outboxes.values():
+        for dst, outbox in self.outboxes.items():
+            start = time.monotonic()
             while True:
                 try:
                     outbox.send(batch, meta, timeout_ms=SEND_RETRY_MS)
@@ -222,6 +228,8 @@ class Worker:
                     self._wait(0)  # back-pressure: keep answering the controller while downstream is full
                     if self.stopping:
                         return
+            self.spans.add("send", f"send to {dst}", start, time.monotonic(), to=dst, group=meta.group,
+                           samples=batch.size)
 
     def _apply_weights(self, model: str) -> dict[str, Any] | None:
         """The newest weights message for `model`, if one came since last asked."""
@@ -232,8 +240,9 @@ class Worker:
         for model, impls in self.followers.items():
             message = self._apply_weights(model)
             if message is not None and message.get("path"):
-                for impl in impls:
-                    impl.load_weights(message["path"], int(message["version"]))
+                with self.spans.timed("weights", "load weights", model=model, version=int(message["version"])):
+                    for impl in impls:
+                        impl.load_weights(message["path"], int(message["version"]))
 
     # -- the three loops ------------------------------------------------------------------
 
@@ -263,7 +272,8 @@ class Worker:
             weights = self._apply_weights(model)
             if weights is not None:
                 policy_version = int(weights["version"])
-                guard(head.name, gen.load_weights, weights.get("path"), policy_version)
+                with self.spans.timed("weights", "load weights", model=model, version=policy_version):
+                    guard(head.name, gen.load_weights, weights.get("path"), policy_version)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
             held += self._drain()
             ready = [item for item in held if item[1].admitted_at <= policy_version]
@@ -273,10 +283,12 @@ class Worker:
                     continue  # re-issued after a crash downstream while still in flight here: that copy answers
                 submitted[meta.group] = batch
                 guard(head.name, gen.submit, self.chain.view(batch, self.plan.binding(head.name)), meta)
-            if gen.pending() > 0:
+            if (running := gen.pending()) > 0:
                 start = time.monotonic()
                 finished = guard(head.name, gen.step)
-                self.chain.busy_s += time.monotonic() - start
+                end = time.monotonic()
+                self.chain.busy_s += end - start
+                self.spans.add("decode", head.name, start, end, sequences=running)
                 for out, meta in finished:
                     self._generated(head, submitted.pop(meta.group), out, meta)
 
@@ -303,6 +315,7 @@ class Worker:
     def _train_loop(self) -> None:
         per_step = self.pool.gather_groups
         waiting: dict[int, Batch] = {}
+        idle = StepWait(self.spans)
         while not self.stopping:
             self._wait(int(self.config.faults.heartbeat_s * 1000))
             for batch, meta in self._drain():
@@ -314,6 +327,7 @@ class Worker:
                     continue
                 waiting[meta.group] = batch
                 self.holding.add(meta.group)
+                idle.arrived(meta)
             if self.census is not None:
                 self.control.send("census", seq=self.census, holding=sorted(self.holding))
                 self.census = None
@@ -322,7 +336,9 @@ class Worker:
                 self.holding.difference_update(step)
                 self.next_group = step[-1] + 1
                 kept = [p for p in parts if p.size]
+                idle.ended(step, self.version + 1)
                 self._train(Batch.concat(kept) if kept else None, consumed=step)
+                idle.restart()
                 if self.stopping:
                     break
         if self.orders is not None:
@@ -345,6 +361,7 @@ class Worker:
 
     def _train(self, batch: Batch | None, consumed: list[int]) -> None:
         step = self.version
+        began = time.monotonic()
         stats: dict[str, Any] = {}
         hist: dict[int, int] = {}
         if batch is not None:
@@ -361,6 +378,7 @@ class Worker:
             binding = self.plan.binding(self.nodes[-1].name)
             stats |= dict(guard(self.nodes[-1].name, trainer, self.chain.view(batch, binding)))
             end = time.monotonic()
+            self.spans.add("node", self.nodes[-1].name, middle, end, samples=batch.size)
             if self.chain.log is not None:
                 oldest = [int(r.min()) if len(r) else step for r in batch[binding["versions"]].rows()] \
                     if "versions" in binding else [step] * batch.size
@@ -370,7 +388,10 @@ class Worker:
         else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
             guard(self.nodes[-1].name, trainer.empty_step)
         self.version = step + 1
-        path = self._publish()
+        with self.spans.timed("publish", "publish weights", version=self.version):
+            path = self._publish()
+        self.spans.add("step", "train step", began, time.monotonic(), version=self.version,
+                       samples=batch.size if batch is not None else 0)
         weights = guard(self.nodes[-1].name, trainer.policy_weights) if self.broadcasting else None
         if self.follower:
             return  # rank 0 reports the step and decides on checkpoints
