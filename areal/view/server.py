@@ -58,8 +58,7 @@ def listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as err:
         sock.close()
-        raise ConfigError(f"--port {port}: cannot serve the view on {host}:{port} ({err.strerror}); choose another "
-                          "port") from None
+        raise ConfigError(f"cannot serve the view on {host}:{port}: {err.strerror}; choose another port") from None
     sock.listen(16)
     return sock
 
