@@ -115,7 +115,7 @@ def test_view_and_trace_name_what_a_directory_lacks(tmp_path):
     assert "".join(missing.stderr.split()) == f"{tmp_path / 'nowhere'}:nosuchrundirectory"  # folded at 80 columns
     (tmp_path / "run").mkdir()
     no_plan = areal("trace", str(tmp_path / "run"))
-    assert no_plan.returncode == 2 and "no plan.json, so not a run directory" in no_plan.stderr
+    assert no_plan.returncode == 2 and "no plan.json, so not a run directory" in " ".join(no_plan.stderr.split())
 
 
 def test_run_view_on_a_taken_port_is_refused_before_training(tmp_path):
