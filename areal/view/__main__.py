@@ -10,9 +10,6 @@ import threading
 import time
 from pathlib import Path
 
-from areal.view.run_files import RunFiles
-from areal.view.server import ViewServer
-
 NICENESS = 10
 PARENT_POLL_S = 1.0
 
@@ -23,7 +20,10 @@ def main() -> None:
     parser.add_argument("--fd", type=int, required=True, help="a listening socket the parent bound")
     parser.add_argument("--parent", type=int, required=True, help="exit when this process is gone")
     args = parser.parse_args()
-    os.nice(NICENESS)  # what training leaves, no more
+    os.nice(NICENESS)  # what training leaves, no more: before the imports below (torch among them) cost anything
+    from areal.view.run_files import RunFiles
+    from areal.view.server import ViewServer
+
     server = ViewServer(RunFiles(args.run_dir), socket.socket(fileno=args.fd))
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
 
