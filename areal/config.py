@@ -114,8 +114,11 @@ class EvalConfig(_Section):
     # tasks x samples stays under the controller's 1e6 held-out sample ids a round
     tasks: int = Field(256, ge=1, le=10_000, description="held-out tasks scored per evaluation (the first N)")
     samples: int = Field(2, ge=1, le=64, description="samples per held-out task; pass@1 is their mean")
-    reward: str | None = Field(None, description="'node.port' of the reward the run reports (step metrics, pass@1); "
+    reward: str | None = Field(None, description="'node.port' of the reward the run reports (step metrics); "
                                "default: the only port named 'reward'")
+    solved: str | None = Field(None, description="'node.port' that says a sample is solved (held-out pass@1, the "
+                               "step's `solved`): solved when it is at least solved_at; default: the reward")
+    solved_at: float = Field(1.0, description="the value of eval.solved from which a sample counts as solved")
 
 
 class RecordsConfig(_Section):
@@ -144,6 +147,10 @@ class FaultConfig(_Section):
         "restart", description="what a dead worker gets: restart and re-issue its work, or stop the run"
     )
     nodes: dict[str, Literal["restart", "fail-fast"]] = Field(default_factory=dict, description="per-node policy")
+    node_errors: Literal["stop", "restart"] = Field(
+        "stop", description="a Python exception in a node's own code: stop the run at once with the recipe line and "
+        "the node's frames (the same input would raise it again), or restart the worker like a dead one (for errors "
+        "known to be transient, such as a service that timed out)")
     max_restarts: NonNegativeInt = Field(3, description="restarts of one node within window_s before the run stops")
     window_s: PositiveFloat = 300.0
     heartbeat_s: PositiveFloat = Field(1.0, description="worker heartbeat interval")

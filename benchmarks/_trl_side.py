@@ -133,7 +133,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(int(spec["threads"]))
     gen = spec["generation"]
     stops = list(gen["stop"])
-    model, tokenizer = load_policy("builtin:tiny-coder", seed=int(spec["seed"]))
+    model, tokenizer = load_policy("builtin:tiny-coder")
     tasks = train_prompts(int(spec["steps"]), int(spec["batch_size"]), int(spec["seed"]))
     dataset = Dataset.from_dict({"prompt": [t["prompt"] for t in tasks], "task_index": list(range(len(tasks)))})
     scorer = code_tests(timeout_s=2.0)

@@ -1,8 +1,8 @@
 """Code RL on the built-in tasks, fully asynchronous.   areal run recipes/code_rl.py
 
-The built-in tiny coder (warm-started once, cached) writes Python function bodies; a sandbox runs
-them against hidden tests; GRPO-style group advantages feed a decoupled PPO update; every new
-policy version reaches generation between decode steps. `--mode sync` is the baseline.
+The built-in tiny coder (shipped in the package, the same on every machine) writes Python
+function bodies; a sandbox runs them against hidden tests; GRPO-style group advantages feed a
+decoupled PPO update; every new policy version reaches generation between decode steps. `--mode sync` is the baseline.
 Your own data and model: `--set data.path=tasks.jsonl --set model=/path/to/hf-checkpoint`.
 """
 

@@ -69,8 +69,8 @@ def caller_location() -> Location | None:
 class StatefulNode(Protocol):
     """A node that keeps state across batches (a model, a sandbox pool).
 
-    `setup(context)` runs once in the worker before the first batch; `__call__` runs per batch
-    and returns the node's output fields.
+    `setup(context)` runs once in the worker before the first batch (`context`: roles.NodeContext);
+    `__call__` runs per batch and returns the node's output fields.
     """
 
     def setup(self, context: Any) -> None: ...

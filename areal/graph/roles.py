@@ -22,17 +22,20 @@ role needs, so a mistake is never found by a `hasattr` deep in a worker loop.
   updates) and records one trajectory per episode: every token, a loss mask, behaviour
   log-probs and versions.
 
-Any role may also have `setup(context)` (once per worker, before the first batch). A map node
-that names a trained model (`model=`) outside its trainer's pool follows that model's weights
-and needs `load_weights(path, version)` too.
+Any role may also have `setup(context)` (once per worker, before the first batch), and so may a
+reward function (`reward(name, fn)` calls `fn.setup(context)` when it has one): `context` is a
+`NodeContext`, below. A map node that names a trained model (`model=`) outside its trainer's pool
+follows that model's weights and needs `load_weights(path, version)` too.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
+from areal.config import RunConfig
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 
@@ -44,6 +47,32 @@ SAMPLING_ROLES = ("stream", "episode")  # nodes that sample the policy: a pool o
 FAILED = "__failed__"  # samples whose value could not be computed: counted failed, never trained
 DROPPED = "__dropped__"  # a filter's drops: counted filtered
 METRICS = "__metrics__"  # numbers about this batch, averaged into the step's metrics
+
+
+@runtime_checkable
+class NodeContext(Protocol):
+    """What a node's `setup(context)` is given: this worker's view of the run.
+
+    - `config`: the run's settings as this node sees them (its own keyword arguments applied on top);
+    - `node`: the node's name; `worker_id`: `POOL[REPLICA]` (a pool runs one process per replica);
+    - `run_dir`: the run directory (write your own files under it, one per worker: `run_dir / worker_id`);
+    - `version`: the policy version the run is at (above 0 after `--resume`);
+    - `resume_dir`: the checkpoint this run resumes from, or None;
+    - `report(kind, **fields)`: an event for the controller (the runtime's own kinds: "metrics" with
+      `values={name: number}` is averaged into the step's metrics, as METRICS returned by a call is).
+    """
+
+    config: RunConfig
+    node: str
+    replica: int
+    version: int
+    resume_dir: Path | None
+
+    @property
+    def run_dir(self) -> Path: ...
+    @property
+    def worker_id(self) -> str: ...
+    def report(self, kind: str, **fields: Any) -> None: ...
 
 
 class MapNode(Protocol):

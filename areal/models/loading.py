@@ -1,6 +1,6 @@
 """Turn a model spec from the config into a (model, tokenizer) pair, never touching the hub.
 
-A spec is a built-in name (`builtin:tiny-coder`, warm-started on first use and cached), a local
+A spec is a built-in name (`builtin:tiny-coder`, shipped in the package: models/builtin_weights.py), a local
 directory holding a Hugging Face checkpoint, or a GGUF file (a .gguf path, a directory holding one,
 or `package:NAME` for one shipped inside an installed package), which `gguf.py` converts once into a
 cached checkpoint directory. Anything else is a `ConfigError` that
@@ -10,7 +10,6 @@ says what exists and how to get out.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,37 +18,33 @@ from rich.console import Console
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from areal.data.code_repair import repair_examples
-from areal.data.code_tasks import builtin_code_tasks
 from areal.errors import ConfigError
+from areal.models.builtin_weights import shipped_dir
 from areal.models.gguf import converted_dir, gguf_file, is_converted
 from areal.models.gguf import default_cache_dir as gguf_cache_dir
-from areal.models.tiny import tiny_coder_config
 from areal.models.tokenizer import CharTokenizer
-from areal.models.warmstart import cache_key, default_cache_dir, warm_start
 
 hf_logging.disable_progress_bar()  # a worker's log is no place for per-shard progress bars
 
 BUILTIN_PREFIX = "builtin:"
 BUILTINS = ("tiny-coder", "tiny-repairer")
-WARMSTART_STEPS = 360  # measured 17-31% pass@1 at T=1 on the test split, 44-89 s on 2 shared cores
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_policy(spec: str, *, dtype: str = "float32", seed: int = 0) -> tuple[PreTrainedModel, Any]:
-    """The model (in eval mode) and tokenizer that `spec` names; `seed` picks the built-in warm start."""
+def load_policy(spec: str, *, dtype: str = "float32") -> tuple[PreTrainedModel, Any]:
+    """The model (in eval mode) and tokenizer that `spec` names."""
     _check_dtype(dtype)
-    path = checkpoint_dir(spec, seed=seed)
+    path = checkpoint_dir(spec)
     return load_model(path, dtype=dtype), load_tokenizer(path)
 
 
-def checkpoint_dir(spec: str, *, seed: int = 0) -> Path:
+def checkpoint_dir(spec: str) -> Path:
     """The Hugging Face checkpoint directory `spec` names (a built-in is warm-started on first use).
 
     A backend that loads the checkpoint itself (vLLM) is given this path instead of a model.
     """
     if spec.startswith(BUILTIN_PREFIX):
-        return _builtin_path(spec[len(BUILTIN_PREFIX) :], seed)
+        return _builtin_path(spec[len(BUILTIN_PREFIX) :])
     gguf = gguf_file(spec)
     if gguf is not None:
         if not is_converted(gguf):
@@ -79,22 +74,17 @@ def _check_dtype(dtype: str) -> None:
         raise ConfigError(f"model dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}.")
 
 
-def _builtin_path(name: str, seed: int) -> Path:
+def _builtin_path(name: str) -> Path:
     if name not in BUILTINS:
         raise ConfigError(
             f"model {BUILTIN_PREFIX + name!r} is not a built-in; built-ins are "
             f"{', '.join(BUILTIN_PREFIX + b for b in BUILTINS)}, or give a local checkpoint path."
         )
-    config = tiny_coder_config()
-    tasks: Sequence[Mapping[str, Any]] = builtin_code_tasks("train").tasks
-    if name == "tiny-repairer":  # the tiny coder that has also seen feedback on a wrong body and the fix after it
-        tasks = [*tasks, *repair_examples(tasks, seed)]
-    if not (default_cache_dir() / cache_key(config, tasks, WARMSTART_STEPS, seed)).is_dir():
-        Console(stderr=True).print(
-            f"[bold]areal[/]: building {BUILTIN_PREFIX + name} (a one-off supervised warm start of "
-            f"about a minute), cached under {default_cache_dir()}"
-        )
-    return warm_start(config, tasks, WARMSTART_STEPS, seed)
+    path = shipped_dir(name)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model {BUILTIN_PREFIX + name!r}: its shipped checkpoint {path} is missing (a broken "
+                          "install?); reinstall areal, or rebuild it: python -m areal.models.builtin_weights --write")
+    return path
 
 
 def load_tokenizer(path: Path) -> Any:

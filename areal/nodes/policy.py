@@ -20,7 +20,7 @@ def load_run_policy(config: RunConfig, *candidates: Path | None) -> tuple[Any, A
     """
     from areal.models.loading import load_policy
 
-    model, tokenizer = load_policy(config.model, dtype=config.dtype, seed=config.seed)
+    model, tokenizer = load_policy(config.model, dtype=config.dtype)
     found = first_file(*candidates)
     if found is not None:
         model.load_state_dict(load_weights(str(found)))

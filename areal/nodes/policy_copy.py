@@ -28,7 +28,7 @@ class PolicyCopy:
         if needs_model(config, generation=True):
             from areal.models.loading import checkpoint_dir, load_tokenizer
 
-            checkpoint = checkpoint_dir(config.model, seed=config.seed)
+            checkpoint = checkpoint_dir(config.model)
             self.context_tokens = check_context(checkpoint, config.generation.max_new_tokens)  # before any cache
             self.tokenizer = load_tokenizer(checkpoint)
         else:  # an emulated device: no model and no tokenizer files, so no transformers in this process

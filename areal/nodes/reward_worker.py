@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from areal.graph.batch import Batch
-from areal.graph.roles import FAILED
+from areal.graph.roles import FAILED, NodeContext
 
 MACHINERY_FAILURES = ("sandbox_error", "check_failed")  # the checker broke, not the program
 
@@ -23,6 +23,11 @@ MACHINERY_FAILURES = ("sandbox_error", "check_failed")  # the checker broke, not
 class RewardNode:
     def __init__(self, fn: Any) -> None:
         self.fn = fn
+
+    def setup(self, context: NodeContext) -> None:
+        """A reward function with its own `setup(context)` (a judge to start, a file to open) gets the context."""
+        if callable(getattr(self.fn, "setup", None)):
+            self.fn.setup(context)
 
     def __call__(self, batch: Batch) -> dict[str, Any]:
         if batch.size == 0:

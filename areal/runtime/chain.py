@@ -13,7 +13,9 @@ with no samples: a batch that lost them all goes on with empty columns of the no
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from areal.errors import RunError
@@ -29,14 +31,16 @@ Report = Callable[..., None]  # the worker's control.send
 
 
 class NodeFailure(Exception):
-    """A node's own code raised: the message names the node, the cause keeps the traceback."""
+    """A node's own code raised: the message names the node at its recipe line, then the frames of the code that
+    raised (the researcher's, not the runtime's); the cause keeps the whole traceback for the worker's log."""
 
-    def __init__(self, node: str, err: BaseException) -> None:
-        self.node = node
-        super().__init__(f"node '{node}' raised {type(err).__name__}: {err}")
+    def __init__(self, node: Node, err: BaseException) -> None:
+        self.node = node.name
+        frames = own_frames(err)
+        super().__init__(f"{node.describe()} raised {type(err).__name__}: {err}" + (f"\n{frames}" if frames else ""))
 
 
-def guard(node: str, fn: Any, *args: Any) -> Any:
+def guard(node: Node, fn: Any, *args: Any) -> Any:
     """Call a node's code; anything it raises becomes a NodeFailure that names it."""
     try:
         return fn(*args)
@@ -44,6 +48,23 @@ def guard(node: str, fn: Any, *args: Any) -> Any:
         raise
     except Exception as err:
         raise NodeFailure(node, err) from err
+
+
+def own_frames(err: BaseException, limit: int = 8) -> str:
+    """The traceback from the first frame outside areal's own runtime, graph and errors (the node's code, and
+    what it called), at most `limit` frames: what a researcher reads to find their bug."""
+    frames = traceback.extract_tb(err.__traceback__)
+    first = next((i for i, f in enumerate(frames) if not _runtime_file(f.filename)), len(frames))
+    return "".join(traceback.format_list(frames[first:][-limit:])).rstrip()
+
+
+def _runtime_file(filename: str) -> bool:
+    path = Path(filename).resolve()
+    return any(path.is_relative_to(folder) for folder in _RUNTIME_FOLDERS)
+
+
+_AREAL = Path(__file__).resolve().parents[1]
+_RUNTIME_FOLDERS = (_AREAL / "runtime", _AREAL / "graph")
 
 
 class Chain:
@@ -65,7 +86,7 @@ class Chain:
                 continue
             view = self.view(batch, binding)
             began = time.monotonic()
-            out = dict(guard(n.name, impl, view))
+            out = dict(guard(n, impl, view))
             ended = time.monotonic()
             self.busy_s += ended - began
             if self.spans is not None:

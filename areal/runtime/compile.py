@@ -42,12 +42,15 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
     members = _pools(graph, order, bindings)
     pool_of = {n: name for name, nodes in members.items() for n in nodes}
     reward_field = _reward_field(graph, config)
+    solved_field = _named_output(graph, "eval.solved", config.eval.solved) if config.eval.solved else reward_field
     fields_in: dict[tuple[str, str], list[str]] = {}  # (src pool, dst pool) -> qualified fields
     for node_name, _, field in bindings:
         _route(fields_in, pool_of, field, pool_of[node_name])
     for name, nodes in members.items():
-        if reward_field and any(graph.nodes[n].role == "trainer" for n in nodes):
-            _route(fields_in, pool_of, reward_field, name)  # a trainer reports the reward of what it trained
+        if any(graph.nodes[n].role == "trainer" for n in nodes):
+            # a trainer reports the reward of what it trained, and whether each sample was solved
+            for reported in dict.fromkeys(f for f in (reward_field, solved_field) if f):
+                _route(fields_in, pool_of, reported, name)
     _check_inputs(graph, members, fields_in)
     downstream = _downstream(members, fields_in)
     trainers = {name for name, nodes in members.items() if graph.nodes[nodes[-1]].role == "trainer"}
@@ -85,6 +88,8 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         max_header_bytes=config.transport.max_header_bytes,
         policy=policy,
         reward_field=reward_field,
+        solved_field=solved_field,
+        solved_at=config.eval.solved_at,
         weights_rendezvous=f"127.0.0.1:{_free_port()}" if policy and config.transport.weights == "broadcast" else "",
         secured=config.transport.kind == "tcp" or config.cluster.backend == "ray",
         colocated=tuple(p.nodes for p in pools if len(p.nodes) > 1),
@@ -154,16 +159,20 @@ def _route(fields_in: dict[tuple[str, str], list[str]], pool_of: dict[str, str],
 def _reward_field(graph: Graph, config: RunConfig) -> str:
     """The field reported as the run's reward: eval.reward, else the only port named 'reward'."""
     if config.eval.reward:
-        node_name, _, port = config.eval.reward.partition(".")
-        n = graph.nodes.get(node_name)
-        if n is None or port not in n.outputs:
-            raise ConfigError(f"eval.reward={config.eval.reward!r}: no node '{node_name}' with an output '{port}'")
-        return config.eval.reward
+        return _named_output(graph, "eval.reward", config.eval.reward)
     producers = [n for n in graph.nodes.values() if "reward" in n.outputs]
     if len(producers) > 1:
         raise ConfigError(f"{len(producers)} nodes output 'reward' ({', '.join(n.name for n in producers)}): say "
                           f"which the run reports with --set eval.reward={producers[0].name}.reward")
     return f"{producers[0].name}.reward" if producers else ""
+
+
+def _named_output(graph: Graph, setting: str, value: str) -> str:
+    node_name, _, port = value.partition(".")
+    n = graph.nodes.get(node_name)
+    if n is None or port not in n.outputs:
+        raise ConfigError(f"{setting}={value!r}: no node '{node_name}' with an output '{port}'")
+    return value
 
 
 def _check_inputs(graph: Graph, members: dict[str, list[str]], fields_in: dict[tuple[str, str], list[str]]) -> None:

@@ -461,7 +461,7 @@ class Controller:
         self.accounting.on_noted(m.sample_ids, m.reasons)
 
     def _on_eval(self, worker: WorkerProcess, m: msg.HeldOutScored) -> None:
-        record = self.heldout.scored(m.round, m.sample_ids, m.rewards) if self.heldout is not None else None
+        record = self.heldout.scored(m.round, m.sample_ids, m.rewards, m.solved) if self.heldout is not None else None
         if record is not None:
             self._eval_done(record)
 

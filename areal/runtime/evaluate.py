@@ -27,6 +27,7 @@ import torch
 
 from areal.errors import ConfigError
 from areal.runtime.eval_inputs import check_output, check_weights, write_results
+from areal.runtime.solved import solved
 
 BENCHMARKS = ("humaneval", "reasoning-gym")
 # step callback: (phase, done, total)
@@ -98,7 +99,7 @@ class Judged:
 
     @property
     def correct(self) -> int:
-        return sum(r >= 1.0 - 1e-9 for r in self.rewards)
+        return sum(solved(self.rewards))
 
 
 def parse_options(texts: list[str]) -> dict[str, Any]:

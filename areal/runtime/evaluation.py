@@ -16,6 +16,7 @@ from typing import Any
 
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
+from areal.runtime.learning import pass_at_1_error
 
 log = logging.getLogger("areal.controller")
 ROUND_IDS = 1_000_000  # held-out sample ids of one round (the config caps tasks x samples below it)
@@ -28,6 +29,7 @@ class Round:
     batch: Batch
     meta: GroupMeta
     rewards: dict[int, float] = field(default_factory=dict)
+    solved: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
 
@@ -54,11 +56,14 @@ class HeldOut:
         self.pending[round_id] = Round(version, len(self.tasks), batch, meta)
         return batch, meta
 
-    def scored(self, round_id: int, sample_ids: list[int], rewards: list[float]) -> dict[str, Any] | None:
+    def scored(self, round_id: int, sample_ids: list[int], rewards: list[float],
+               solved: list[bool]) -> dict[str, Any] | None:
+        """A round's scored samples: their rewards, and whether each is solved (eval.solved, runtime/solved.py)."""
         pending = self.pending.get(round_id)
         if pending is None:
             return None
         pending.rewards.update((int(s), float(r)) for s, r in zip(sample_ids, rewards))
+        pending.solved.update(int(s) for s, ok in zip(sample_ids, solved) if ok)
         return self._finish(round_id)
 
     def failed(self, sample_ids: list[int]) -> list[dict[str, Any]]:
@@ -78,9 +83,14 @@ class HeldOut:
             return None
         del self.pending[round_id]
         rewards = list(pending.rewards.values())
-        passed = sum(1 for r in rewards if r >= 1.0 - 1e-9)
-        return {"kind": "eval", "round": round_id, "version": pending.version, "tasks": pending.n // self.samples,
+        passed = len(pending.solved)
+        tasks = pending.n // self.samples
+        per_task = [0] * tasks  # copy i of the round is task i // samples (the order `start` dealt them in)
+        for sid in pending.solved:
+            per_task[(-sid - 1 - round_id * ROUND_IDS) // self.samples] += 1
+        return {"kind": "eval", "round": round_id, "version": pending.version, "tasks": tasks,
                 "samples": pending.n, "pass@1": passed / max(pending.n, 1),
+                "pass@1_se": pass_at_1_error(per_task, self.samples),
                 "reward_mean": sum(rewards) / max(pending.n, 1), "failed": len(pending.failed)}
 
     def in_flight(self) -> list[tuple[Batch, GroupMeta]]:

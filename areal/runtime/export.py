@@ -55,8 +55,8 @@ def run_policy(run_dir: Path, step: int | None, model: str | None = None) -> tup
         raise ConfigError(f"{run_dir}: no intact checkpoint at step {step} (intact ones: {sorted(checkpoints)})"
                           f"{passed_over}")
     weights = _policy_file(checkpoints[step], model)
-    check_weights(checkpoint_dir(config.model, seed=config.seed))  # the run's architecture comes from its model
-    policy, tokenizer = load_policy(config.model, dtype=config.dtype, seed=config.seed)
+    check_weights(checkpoint_dir(config.model))  # the run's architecture comes from its model
+    policy, tokenizer = load_policy(config.model, dtype=config.dtype)
     try:
         policy.load_state_dict(load_file(str(weights)))
     except RuntimeError as err:  # a critic's weights (a value head) are not a policy's

@@ -168,14 +168,14 @@ def _builtin_policy_nodes(recipe: Recipe) -> list[Node]:
 
 
 def _prepare_models(recipe: Recipe) -> None:
-    """Build the warm-start model once, here, before workers race to build it."""
+    """Load the policy once, here, before workers race to (a GGUF file is converted the first time)."""
     builtin = [n for n in _builtin_policy_nodes(recipe)
                if needs_model(recipe.node_config(n.name), generation=n.kind == "generate")]
     if not builtin:
         return  # custom policy nodes bring their own models; emulated engines need none
     from areal.models.loading import load_policy
 
-    load_policy(recipe.config.model, dtype=recipe.config.dtype, seed=recipe.config.seed)
+    load_policy(recipe.config.model, dtype=recipe.config.dtype)
 
 
 def _throttled(fn: Any, every_s: float = 0.25) -> Any:

@@ -68,6 +68,7 @@ class VersionPublished(Message):
     next_group: int = 0
     sample_ids: list[int] = []
     rewards: list[float] = []
+    solved: list[bool] = []  # per trained sample, by eval.solved (runtime/solved.py)
     tokens: int = 0
 
 
@@ -98,6 +99,7 @@ class HeldOutScored(Message):
     round: int
     task_ids: list[str] = []
     rewards: list[float] = []
+    solved: list[bool] = []
     sample_ids: list[int] = []
 
 

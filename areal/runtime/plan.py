@@ -76,7 +76,9 @@ class Plan:
     max_frame_bytes: int
     max_header_bytes: int
     policy: str = ""  # the trainer whose model the generators sample ("" without generation)
-    reward_field: str = ""  # the qualified field reported as the run's reward (step metrics, held-out pass@1)
+    reward_field: str = ""  # the qualified field reported as the run's reward (step metrics)
+    solved_field: str = ""  # the field that says a sample is solved (held-out pass@1), from solved_at on
+    solved_at: float = 1.0
     weights_rendezvous: str = ""  # transport.weights=broadcast: host:port of the weights group's store
     secured: bool = False  # TCP sockets: every one is armed with the run's CURVE key (security.py)
     colocated: tuple[tuple[str, ...], ...] = field(default=())

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from areal.runtime.learning import verdict
+
 if TYPE_CHECKING:
     from areal.runtime.controller import Controller
 
@@ -31,8 +33,8 @@ def live_table(controller: Controller) -> Table:
     t.add_row("reward mean (last batch)", _fmt(step.get("reward_mean")))
     last_eval = s.evals[-1] if s.evals else None
     if last_eval:
-        t.add_row("held-out pass@1", f"{last_eval['pass@1']:.3f} at version {last_eval['version']}"
-                  f" (first {s.evals[0]['pass@1']:.3f})")
+        t.add_row("held-out pass@1", f"{_pass(last_eval)} at version {last_eval['version']} (first "
+                  f"{_pass(s.evals[0])}; {verdict(s.evals[0], last_eval)})")
     t.add_row("staleness (lag: samples)", ", ".join(f"{k}: {v}" for k, v in sorted(s.staleness.items())) or "—")
     acc = controller.accounting.summary()
     t.add_row("samples", f"started {acc['started']} · trained {acc['trained']} · failed {acc['failed']}"
@@ -55,7 +57,9 @@ def summary_table(controller: Controller) -> Table:
     t.add_row("trained samples/s", _fmt(step.get("samples_per_s"), ".2f"))
     t.add_row("generated tokens/s", _fmt(step.get("generated_tokens_per_s"), ".0f"))
     if s.evals:
-        t.add_row("held-out pass@1", " → ".join(f"{e['pass@1']:.3f}@v{e['version']}" for e in s.evals))
+        t.add_row("held-out pass@1", " → ".join(f"{_pass(e)}@v{e['version']}" for e in s.evals))
+        if len(s.evals) > 1:
+            t.add_row("held-out gain", verdict(s.evals[0], s.evals[-1]))
     t.add_row("staleness histogram", ", ".join(f"lag {k}: {v}" for k, v in sorted(s.staleness.items())) or "—")
     acc = controller.accounting.summary()
     t.add_row("accounting", " · ".join(f"{k} {v}" for k, v in acc.items()))
@@ -65,6 +69,11 @@ def summary_table(controller: Controller) -> Table:
     if reasons:
         t.add_row("failures", ", ".join(f"{k}: {v}" for k, v in reasons.most_common()))
     return t
+
+
+def _pass(record: dict) -> str:
+    se = record.get("pass@1_se")
+    return f"{record['pass@1']:.3f}" + (f" ± {se:.3f}" if se is not None else "")
 
 
 def _on(node: str) -> str:

@@ -38,7 +38,7 @@ class StepRecorder:
             **({"model": m.model, **{f"{t}_version": v for t, v in versions.items()}} if self.several_trainers
                else {}),
             "reward_mean": sum(rewards) / len(rewards) if rewards else None,
-            "solved": sum(1 for r in rewards if r >= 1.0 - 1e-9) / len(rewards) if rewards else None,
+            "solved": sum(m.solved) / len(m.solved) if m.solved else None,
             "samples": len(m.sample_ids), "trained_samples": trained,
             "samples_per_s": (trained - self.trained_before) / elapsed,
             "generated_tokens_per_s": generated_tokens / elapsed,

@@ -54,6 +54,7 @@ from areal.runtime.ranks import RankOrders, rank_environment
 from areal.runtime.reaper import guard_process_group
 from areal.runtime.sample_log import SampleLog
 from areal.runtime.security import RunKey
+from areal.runtime.solved import solved
 from areal.runtime.spans import Spans, StepWait
 from areal.runtime.staleness import staleness_histogram
 
@@ -87,7 +88,7 @@ class Worker:
             if hasattr(impl, "setup"):
                 context = WorkerContext(recipe.node_config(n.name), plan, self.pool, replica, n.name, version,
                                         resume_dir, self.control)
-                guard(n.name, impl.setup, context)
+                guard(n, impl.setup, context)
             self.impls.append(impl)
         records = self.config.records
         rank_follower = bool(self.pool.rendezvous) and replica > 0  # rank 0 records what its trainer's ranks did
@@ -131,7 +132,7 @@ class Worker:
         """Trainer: form the weights group with the generators and send them the weights it starts from."""
         from areal.engines.weight_group import WeightGroup, group_device
 
-        weights = guard(self.nodes[-1].name, self.impls[-1].policy_weights)
+        weights = guard(self.nodes[-1], self.impls[-1].policy_weights)
         if not self.follower:
             members = self.plan.weights_members()
             self.weights_group = WeightGroup(self.plan.weights_rendezvous, 0, len(members),
@@ -182,7 +183,7 @@ class Worker:
                     # a collective: the trainer waits in it until every generator has taken its part
                     with self.spans.timed("weights", "receive weights", model=message.get("model"),
                                           version=int(message["version"])):
-                        guard(self.nodes[0].name, self.impls[0].receive_weights, int(message["version"]))
+                        guard(self.nodes[0], self.impls[0].receive_weights, int(message["version"]))
                     message = {**message, "path": None}  # loaded already: the loop only notes the version
                 self._latest_weights[str(message.get("model", ""))] = message  # with files, only the newest matters
 
@@ -273,7 +274,7 @@ class Worker:
             if weights is not None:
                 policy_version = int(weights["version"])
                 with self.spans.timed("weights", "load weights", model=model, version=policy_version):
-                    guard(head.name, gen.load_weights, weights.get("path"), policy_version)
+                    guard(head, gen.load_weights, weights.get("path"), policy_version)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
             held += self._drain()
             ready = [item for item in held if item[1].admitted_at <= policy_version]
@@ -282,10 +283,10 @@ class Worker:
                 if meta.group in submitted:
                     continue  # re-issued after a crash downstream while still in flight here: that copy answers
                 submitted[meta.group] = batch
-                guard(head.name, gen.submit, self.chain.view(batch, self.plan.binding(head.name)), meta)
+                guard(head, gen.submit, self.chain.view(batch, self.plan.binding(head.name)), meta)
             if (running := gen.pending()) > 0:
                 start = time.monotonic()
-                finished = guard(head.name, gen.step)
+                finished = guard(head, gen.step)
                 end = time.monotonic()
                 self.chain.busy_s += end - start
                 self.spans.add("decode", head.name, start, end, sequences=running)
@@ -376,7 +377,7 @@ class Worker:
             stats |= metrics
         if batch is not None and batch.size:
             binding = self.plan.binding(self.nodes[-1].name)
-            stats |= dict(guard(self.nodes[-1].name, trainer, self.chain.view(batch, binding)))
+            stats |= dict(guard(self.nodes[-1], trainer, self.chain.view(batch, binding)))
             end = time.monotonic()
             self.spans.add("node", self.nodes[-1].name, middle, end, samples=batch.size)
             if self.chain.log is not None:
@@ -386,13 +387,13 @@ class Worker:
             self.chain.busy_s += end - middle
             stats |= {"prox_s": middle - start, "update_s": end - middle}
         else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
-            guard(self.nodes[-1].name, trainer.empty_step)
+            guard(self.nodes[-1], trainer.empty_step)
         self.version = step + 1
         with self.spans.timed("publish", "publish weights", version=self.version):
             path = self._publish()
         self.spans.add("step", "train step", began, time.monotonic(), version=self.version,
                        samples=batch.size if batch is not None else 0)
-        weights = guard(self.nodes[-1].name, trainer.policy_weights) if self.broadcasting else None
+        weights = guard(self.nodes[-1], trainer.policy_weights) if self.broadcasting else None
         if self.follower:
             return  # rank 0 reports the step and decides on checkpoints
         reward = self.plan.reward_field
@@ -402,6 +403,7 @@ class Worker:
             next_group=self.next_group,
             sample_ids=batch["sample_id"].tolist() if batch is not None else [],
             rewards=batch[reward].tolist() if batch is not None and reward in batch else [],
+            solved=self._solved(batch),
             tokens=_tokens(batch, self.plan.binding(self.nodes[-1].name)),
         )
         if weights is not None:
@@ -426,13 +428,13 @@ class Worker:
         if self.broadcasting:
             return None
         if self.follower:
-            guard(self.nodes[-1].name, trainer.save_weights, None)  # its part of gathering the weights
+            guard(self.nodes[-1], trainer.save_weights, None)  # its part of gathering the weights
             return None
         folder = Path(self.plan.weights_dir) / self.pool.name
         folder.mkdir(parents=True, exist_ok=True)
         final = folder / f"v{self.version:06d}.safetensors"
         tmp = folder / f".v{self.version:06d}.tmp"
-        guard(self.nodes[-1].name, trainer.save_weights, str(tmp))
+        guard(self.nodes[-1], trainer.save_weights, str(tmp))
         os.replace(tmp, final)  # readers never see a half-written file
         keep = 3 + self.config.sampling_lag  # lagged mode: generators sample from the one η versions old
         for old in folder.glob("v*.safetensors"):
@@ -449,10 +451,10 @@ class Worker:
         if hasattr(trainer, "save_checkpoint"):
             target = folder / f"trainer-{self.pool.name}"
             target.mkdir(parents=True, exist_ok=True)
-            guard(self.nodes[-1].name, trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
+            guard(self.nodes[-1], trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
         if self.broadcasting:  # no weights file to copy: the checkpoint's policy (export, resume) is written here
             policy = None if self.follower else str(folder / f"policy-{self.pool.name}.safetensors")
-            guard(self.nodes[-1].name, trainer.save_weights, policy)
+            guard(self.nodes[-1], trainer.save_weights, policy)
         if not self.follower:
             self.control.send("checkpoint", model=self.pool.name, version=self.version, path=str(folder),
                               next_group=self.next_group)
@@ -462,8 +464,12 @@ class Worker:
             return  # the sampled policy's trainer reports held-out rounds; the others only see them pass
         reward = self.plan.reward_field
         rewards = batch[reward].tolist() if reward in batch else []
-        self.control.send("eval", round=meta.round, task_ids=list(meta.task_ids),
-                          rewards=rewards, sample_ids=batch["sample_id"].tolist())
+        self.control.send("eval", round=meta.round, task_ids=list(meta.task_ids), rewards=rewards,
+                          solved=self._solved(batch), sample_ids=batch["sample_id"].tolist())
+
+    def _solved(self, batch: Batch | None) -> list[bool]:
+        field = self.plan.solved_field
+        return solved(batch[field].tolist(), self.plan.solved_at) if batch is not None and field in batch else []
 
     def _report_metrics(self, metrics: Mapping[str, float]) -> None:
         if metrics:
@@ -512,16 +518,20 @@ def main(argv: list[str]) -> int:
     plan = Plan.from_json(Path(plan_path).read_text())
     torch.set_num_threads(plan.pool(pool_name).threads)
     control = ControlClient(plan.control_endpoint, f"{pool_name}[{replica}]", run_key(plan))
+    worker: Worker | None = None
     try:
-        Worker(plan, pool_name, replica, version, resume_dir, control).run()
+        worker = Worker(plan, pool_name, replica, version, resume_dir, control)
+        worker.run()
         return 0
     except BaseException as err:  # report everything, even KeyboardInterrupt, before exiting non-zero
         node = err.node if isinstance(err, NodeFailure) else None
         text = str(err) if isinstance(err, (NodeFailure, RunError)) else f"{type(err).__name__}: {err}"
         log.error("%s", traceback.format_exc())
-        # a broken contract fails the same way on every retry: the controller stops the run instead of restarting
-        control.send("error", node=node, message=text, traceback=traceback.format_exc(),
-                     fatal=isinstance(err, NodeContractError))
+        # a broken contract, or (unless faults.node_errors=restart) an exception in a node's own code, fails the
+        # same way on every retry: the controller stops the run instead of restarting the worker
+        restartable = worker is not None and worker.config.faults.node_errors == "restart"
+        fatal = isinstance(err, NodeContractError) or (isinstance(err, NodeFailure) and not restartable)
+        control.send("error", node=node, message=text, traceback=traceback.format_exc(), fatal=fatal)
         return 1
     finally:
         control.close()

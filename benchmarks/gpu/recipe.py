@@ -5,13 +5,10 @@ memory in use while it ran (every process on it, read from nvidia-smi).
     python -m benchmarks.gpu.recipe --device cuda --json out.json [--variant math_rl]
 
 `--variant` names another recipe in recipes/ (math_rl needs no sandbox, for a machine whose kernel refuses it).
-The model can be given as a checkpoint directory in $AREAL_GPU_MODEL (the built-in warm start carried from
-another machine, so this one does not spend its time building it).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -31,8 +28,6 @@ def settings(device: torch.device, tiny: bool) -> tuple[int, list[str]]:
     """Steps, and the overrides every run of the pair shares."""
     extra = [f"generation.device={device}", f"trainer.device={device}", "eval.interval_steps=0",
              "checkpoint.interval_steps=0"]
-    if os.environ.get("AREAL_GPU_MODEL"):
-        extra.append(f"model={os.environ['AREAL_GPU_MODEL']}")
     if tiny:
         return 2, extra + ["batch_size=2", "group_size=2", "eval.tasks=2", "eval.samples=1",
                            "generation.max_new_tokens=16"]

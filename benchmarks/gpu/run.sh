@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite on a lent GPU machine, in one call of the device tool (its image has torch and transformers
-# but not pyzmq, pydantic or bubblewrap: those travel as wheels in .gpu/wheels, with the built-in tiny coder's
-# warm start in .gpu/tiny-coder so the machine does not spend its minutes building it). Prepare here:
+# but not pyzmq, pydantic, bubblewrap or math-verify: those travel as wheels in .gpu/wheels). Prepare here:
 #
-#     bash benchmarks/gpu/prepare.sh            # .gpu/wheels and .gpu/tiny-coder, size checked
+#     bash benchmarks/gpu/prepare.sh            # .gpu/wheels, size checked
 #
 # then on the device (carry: [".gpu"]):
 #
@@ -24,7 +23,6 @@ if compgen -G ".gpu/wheels/*.whl" > /dev/null; then
   export PYTHONPATH=/tmp/areal-site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 AREAL_CACHE=/tmp/areal-cache
-[ -d .gpu/tiny-coder ] && export AREAL_GPU_MODEL=$PWD/.gpu/tiny-coder
 {
   nvidia-smi
   python3 -c "import sys, torch, transformers, zmq, pydantic; print(sys.version); print('torch', torch.__version__, \

@@ -14,7 +14,7 @@ STALENESS = 2
 BATCH, GROUP, STEPS = 8, 8, 40
 
 
-@pytest.mark.slow  # ~2 min on 2 cores (plus the one-off warm start when it is not cached)
+@pytest.mark.slow  # ~2 min on 2 cores
 def test_reward_on_a_fixed_training_set_rises_within_the_staleness_bound_and_nothing_is_lost(tmp_path):
     lines = run_on_fixed_tasks(tmp_path, "code_rl.py", BATCH, [
         "seed=0", f"steps={STEPS}", f"batch_size={BATCH}", f"group_size={GROUP}", f"staleness={STALENESS}",

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from areal.errors import ConfigError
-from areal.models import loading
-from areal.models.loading import load_policy
+from areal.models.builtin_weights import shipped_dir
+from areal.models.loading import checkpoint_dir, load_policy
 from areal.models.tiny import build_tiny_coder, tiny_coder_config
 from areal.models.tokenizer import CharTokenizer
 
@@ -49,13 +49,9 @@ def test_unknown_dtype_is_a_config_error(checkpoint):
         load_policy(str(checkpoint[0]), dtype="int8")
 
 
-def test_builtin_is_built_once_with_a_message_then_reused(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("AREAL_CACHE", str(tmp_path))
-    monkeypatch.setattr(loading, "WARMSTART_STEPS", 2)
-    monkeypatch.setattr(loading, "tiny_coder_config", lambda: tiny_coder_config(**SMALL))
+def test_a_builtin_is_the_shipped_checkpoint_whatever_the_run_seed(tmp_path, monkeypatch):
+    monkeypatch.setenv("AREAL_CACHE", str(tmp_path))  # nothing is built or cached
     model, tokenizer = load_policy("builtin:tiny-coder")
-    assert "building builtin:tiny-coder" in capsys.readouterr().err
-    assert model.config.hidden_size == 32 and isinstance(tokenizer, CharTokenizer)
-    assert len(list((tmp_path / "warmstart").glob("*/model.safetensors"))) == 1
-    load_policy("builtin:tiny-coder")
-    assert "building" not in capsys.readouterr().err
+    assert checkpoint_dir("builtin:tiny-coder") == shipped_dir("tiny-coder")
+    assert model.config.hidden_size == tiny_coder_config().hidden_size and isinstance(tokenizer, CharTokenizer)
+    assert not any(tmp_path.iterdir())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -80,3 +81,28 @@ def test_a_reward_that_overflows_float32_or_is_not_a_number_fails_its_sample_not
         4: "reward is -1e+39 (-inf as float32)",
     }
     assert out["reward"].dtype == torch.float32 and out["reward"][5].item() == 0.5
+
+
+def test_a_reward_function_with_a_setup_gets_the_workers_context():
+    from areal.config import RunConfig
+    from areal.graph.roles import NodeContext
+    from areal.runtime.context import WorkerContext
+
+    class Judge:
+        input_names = ("completion",)
+
+        def setup(self, context):
+            self.where = (context.worker_id, context.node, context.config.seed)
+
+        def __call__(self, completions):
+            return [1.0 for _ in completions]
+
+    judge = Judge()
+    pool = SimpleNamespace(name="score")
+    context = WorkerContext(RunConfig(seed=7), SimpleNamespace(run_dir="/tmp/run"), pool, 1, "score", 0, None,
+                            SimpleNamespace(send=lambda *a, **k: None))
+    assert isinstance(context, NodeContext)  # what the worker gives is what the docs promise
+    node = RewardNode(judge)
+    node.setup(context)
+    assert judge.where == ("score[1]", "score", 7)
+    assert node(Batch({"completion": ["x"]}))["reward"].tolist() == [1.0]

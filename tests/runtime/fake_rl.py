@@ -16,11 +16,12 @@ RAISE_ON_GROUP = int(os.environ["FAKE_RAISE_ON_GROUP"]) if "FAKE_RAISE_ON_GROUP"
 ADVANTAGE_POOL = int(os.environ.get("FAKE_ADVANTAGE_POOL", "0")) or None  # its own process when set
 TOOLS = bool(os.environ.get("FAKE_TOOLS"))  # the advantage node starts a long-lived process per group
 FILTER = bool(os.environ.get("FAKE_FILTER"))  # drop every third group whole, beside the advantage
+REWARD = float(os.environ.get("FAKE_REWARD", "1"))  # a weighted reward: 0.7 for a sample that passed, say
 HELDOUT = [{"prompt": f"h{i}"} for i in range(int(os.environ.get("FAKE_HELDOUT", "0")))] or None
 
 
 @node(inputs={"group_id": Int["S"], "output_ids": Int["S", "T"]},
-      outputs={"advantage": Float["S"], "reward": Float["S"]})
+      outputs={"advantage": Float["S"], "reward": Float["S"], "passed": Float["S"]})
 class advantage:  # noqa: N801 (named like the function nodes it stands beside)
     def setup(self, context):
         if "FAKE_SETUP_ERROR" in os.environ:
@@ -35,7 +36,8 @@ class advantage:  # noqa: N801 (named like the function nodes it stands beside)
                 out.write(f"{os.getpid()} {self.tools[-1].pid}\n")
         if RAISE_ON_GROUP is not None and RAISE_ON_GROUP in batch["group_id"].tolist():
             raise ValueError(f"bad group {RAISE_ON_GROUP}")
-        return {"advantage": ADVANTAGES[ADVANTAGE_KIND](batch), "reward": torch.ones(batch.size)}
+        return {"advantage": ADVANTAGES[ADVANTAGE_KIND](batch), "reward": torch.full((batch.size,), REWARD),
+                "passed": torch.ones(batch.size)}
 
 
 # what the advantage node returns (FAKE_ADVANTAGE): well-formed, or one way of breaking its contract or its data

@@ -74,10 +74,30 @@ def test_killed_trainer_stops_the_run_and_resume_trains_each_acknowledged_sample
     assert sorted(sid for r in kept for sid in r["sample_ids"]) == list(range(STEPS * B * G))
 
 
+def test_a_node_that_raises_stops_the_run_at_once_at_its_recipe_line_with_its_own_frames(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_RAISE_ON_GROUP", "3")
+    monkeypatch.setenv("FAKE_ADVANTAGE_POOL", "1")
+    controller, _ = _controller(tmp_path)
+    with pytest.raises(RunError) as raised:
+        controller.run()
+    message = str(raised.value)
+    line = next(i for i, text in enumerate(RECIPE.read_text().splitlines(), 1) if text.startswith("g.add(advantage"))
+    assert message.startswith(f"{tmp_path / 'fake_rl.py'}:{line}: node 'advantage' (custom) raised ValueError: "
+                              "bad group 3\n")
+    # the node's own frame, its file and the line that raised; no frame of the runtime before it
+    assert 'fake_rl.py", line' in message and 'raise ValueError(f"bad group {RAISE_ON_GROUP}")' in message
+    assert "areal/runtime" not in message.split("\n  (worker")[0]
+    restarts = [line for line in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text().splitlines()
+                if '"restart"' in line]
+    assert restarts == []  # the same input would raise again: no restart, no re-issue
+    for w in controller.workers.values():
+        assert w.process.poll() is not None
+
+
 def test_node_that_keeps_failing_stops_the_run_with_its_name(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_RAISE_ON_GROUP", "3")
-    controller, _ = _controller(tmp_path, "faults.max_restarts=1")
-    expected = r"(?s)keeps failing: 2 failures within 300 s.*node 'advantage' raised ValueError"
+    controller, _ = _controller(tmp_path, "faults.max_restarts=1", "faults.node_errors=restart")
+    expected = r"(?s)keeps failing: 2 failures within 300 s.*node 'advantage' \(custom\) raised ValueError"
     with pytest.raises(RunError, match=expected):
         controller.run()
     for w in controller.workers.values():

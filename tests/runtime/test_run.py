@@ -125,3 +125,26 @@ def test_a_generators_own_group_size_is_what_runs(tmp_path):
     assert (summary["started"], summary["trained"]) == (2 * 2 * 2, 2 * 2 * 2)  # steps x B x the generator's G
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [s["samples"] for s in steps if s["kind"] == "step"] == [4, 4]
+
+
+@pytest.mark.parametrize(("solved", "pass_at_1"), [((), 0.0), (("eval.solved=advantage.passed",), 1.0),
+                                                   (("eval.solved_at=0.5",), 1.0)])
+def test_a_weighted_reward_reports_its_mean_and_pass_at_1_counts_what_eval_solved_says(tmp_path, monkeypatch,
+                                                                                       solved, pass_at_1):
+    """A reward of 0.7 for a passing sample: the reported reward is 0.7; pass@1 and the step's `solved` count a
+    sample solved by the field and threshold eval.solved and eval.solved_at name (by default, reward >= 1)."""
+    monkeypatch.setenv("FAKE_HELDOUT", "2")
+    monkeypatch.setenv("FAKE_REWARD", "0.7")
+    controller = _run(tmp_path, "steps=2", "eval.interval_steps=0", *solved)
+    state = controller.run()
+    assert [e["pass@1"] for e in state.evals] == [pass_at_1, pass_at_1]
+    assert all(e["reward_mean"] == pytest.approx(0.7) for e in state.evals)
+    steps = [json.loads(x) for x in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text().splitlines()
+             if '"kind": "step"' in x]
+    assert [s["solved"] for s in steps] == [pass_at_1] * 2 and all(s["reward_mean"] == pytest.approx(0.7)
+                                                                   for s in steps)
+
+
+def test_eval_solved_must_name_a_nodes_output(tmp_path):
+    with pytest.raises(ConfigError, match=r"eval\.solved='advantage\.nope': no node 'advantage' with an output"):
+        _run(tmp_path, "eval.solved=advantage.nope")
