@@ -35,7 +35,8 @@ def view_beside(run_dir: Path, port: int, console: Console, host: str = "127.0.0
              str(os.getpid())], pass_fds=[sock.fileno()], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True)  # Ctrl-C reaches the run, which stops the view by its pid
     sock.close()
-    console.print(f"view: {url}  (pid {child.pid}; log {run_dir / 'logs' / 'view.log'})", highlight=False)
+    console.print(f"view: {url}  (pid {child.pid}; log {run_dir / 'logs' / 'view.log'})", highlight=False,
+                  soft_wrap=True)  # the URL and paths stay whole
     try:
         yield url
     finally:
@@ -45,4 +46,5 @@ def view_beside(run_dir: Path, port: int, console: Console, host: str = "127.0.0
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-        console.print(f"the view stopped with the run; reopen it with: areal view {run_dir}", highlight=False)
+        console.print(f"the view stopped with the run; reopen it with: areal view {run_dir}", highlight=False,
+                      soft_wrap=True)
