@@ -2,10 +2,12 @@
 
 Over the last WINDOW_S seconds of spans: each node's busy fraction (its calls' time over the window, per
 replica) and samples/s, each channel's samples/s and groups/s (the sender's `send` spans) with the share of
-time its senders were blocked on it (back-pressure), each trainer's share of time idle before its steps and the
-straggler its newest step waited on. Beside the window, what outlasts it: the version each follower loaded last
-and the version each trainer published last, with when. The window ends at `as_of`, which for a finished run is
-its last span, so a run reopened from its files shows its last seconds as they were.
+time its senders were blocked on it (back-pressure), each trainer's share of time idle before its steps, the
+straggler its newest step waited on, and whether a step is under way (its wait ended after its last step did).
+Beside the window, what outlasts it: each node's newest call (a step longer than the window still shows), the
+version each follower loaded last and the version each trainer published last, with when. The window ends at
+`as_of`, which for a finished run is its last span, so a run reopened from its files shows its last seconds as
+they were.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class WorkerSpans:
     loaded: dict[str, tuple[int, int]] = field(default_factory=dict)  # model -> (version, end µs) of its last load
     published: tuple[int, int] | None = None  # a trainer: (version, end µs) of its last publish
     last_wait: dict[str, Any] | None = None  # a trainer: its newest wait span
+    last_step_end: int = 0  # a trainer: when its newest step ended (µs); a wait that ended later began a step
+    last_call: dict[str, tuple[int, int]] = field(default_factory=dict)  # node -> (start, duration µs), newest
 
 
 class Activity:
@@ -55,6 +59,10 @@ class Activity:
                     w.published = (int(args.get("version", 0)), end)
                 elif span["cat"] == "wait":
                     w.last_wait = span
+                elif span["cat"] == "step":
+                    w.last_step_end = max(w.last_step_end, end)
+                elif span["cat"] == "node":
+                    w.last_call[span["name"]] = (span["ts"], span["dur"])
         for w in self.workers.values():
             while w.recent and w.recent[0]["ts"] + w.recent[0]["dur"] < self.newest_us - 2 * WINDOW_S * US:
                 w.recent.popleft()
@@ -93,11 +101,19 @@ class Activity:
                 elif cat == "wait":
                     trainer = trainers.setdefault(w.pool, {"waiting": 0.0})
                     trainer["waiting"] += seconds * share
+            for name, (began, took) in w.last_call.items():  # a call longer than the window still shows
+                node = nodes.setdefault(name, {"busy": 0.0, "samples_per_s": 0.0, "calls": 0})
+                last = node.get("last_call")
+                if last is None or as_of_us - began - took < last["ago_s"] * US:
+                    node["last_call"] = {"seconds": took / US, "ago_s": (as_of_us - began - took) / US}
             if w.last_wait is not None:
                 wait = w.last_wait
-                trainers.setdefault(w.pool, {"waiting": 0.0})["last_wait"] = {
-                    **wait.get("args", {}), "seconds": wait["dur"] / US,
-                    "ago_s": (as_of_us - wait["ts"] - wait["dur"]) / US}
+                wait_end = wait["ts"] + wait["dur"]
+                trainers.setdefault(w.pool, {"waiting": 0.0}).update({
+                    "last_wait": {**wait.get("args", {}), "seconds": wait["dur"] / US,
+                                  "ago_s": (as_of_us - wait_end) / US},
+                    # its last wait ended after its last step: a step is under way since
+                    "training_s": (as_of_us - wait_end) / US if wait_end > w.last_step_end else None})
         return {"window_s": window_s, "nodes": nodes, "channels": channels, "trainers": trainers,
                 "followers": {worker: {model: {"version": v, "ago_s": (as_of_us - end) / US}
                                        for model, (v, end) in w.loaded.items()}

@@ -81,7 +81,10 @@ function drawOnGraph(live) {
     const box = firstShape(el).getBBox();
     busyBar(el, `bar-${node}`, box, n.busy);
     const mid = box.y + box.height / 2 - 6;
-    label(`node-${node}`, el, [`busy ${pct(n.busy)}` + (n.calls ? ` · ${num(n.samples_per_s, 1)}/s` : "")], "node",
+    const text = n.calls ? `busy ${pct(n.busy)} · ${num(n.samples_per_s, 1)}/s`
+      : n.busy >= 0.005 || !n.last_call ? `busy ${pct(n.busy)}`
+        : `last call ${num(n.last_call.seconds, 1)} s, ${ago(n.last_call.ago_s)}`;  // longer than the window
+    label(`node-${node}`, el, [text], "node",
       [[box.x + box.width + 6, mid, "start"], [box.x - 6, mid, "end"], [box.x, box.y + box.height + 6, "start"],
         [box.x, box.y - 16, "start"]]);
   }
@@ -122,7 +125,10 @@ function channelLine(c) {
 function gateLines(gate, live) {
   const lines = [`admitted ${gate.admitted} · open ${gate.open} · unconsumed ${gate.unconsumed}`];
   const awaited = gate.awaited;
-  if (awaited && live.run.alive) {
+  const training = awaited && (live.activity.trainers[awaited.trainer] || {}).training_s;
+  if (awaited && live.run.alive && has(training)) {
+    lines.push(`step ${awaited.trainer_version + 1} has its groups: training for ${num(training, 1)} s`);
+  } else if (awaited && live.run.alive) {
     lines.push(awaited.admitted
       ? `step ${awaited.trainer_version + 1} waits on group ${awaited.group} (admitted at v${awaited.admitted_at},`
         + ` ${awaited.trainer_version - awaited.admitted_at} behind) for ${num(awaited.waiting_s, 1)} s`
@@ -231,7 +237,10 @@ function fillTables(live) {
     ["admitted groups", gate.admitted], ["freed groups", gate.freed], ["open slots", gate.open],
     ["unconsumed groups", gate.unconsumed]] : [];
   const awaited = gate && gate.awaited;
-  if (awaited && live.run.alive) {
+  const training = awaited && (live.activity.trainers[awaited.trainer] || {}).training_s;
+  if (awaited && live.run.alive && has(training)) {
+    rows.push([`step ${awaited.trainer_version + 1}`, `training for ${num(training, 1)} s (its groups all came)`]);
+  } else if (awaited && live.run.alive) {
     rows.push(["next step waits on", `group ${awaited.group}` + (awaited.admitted
       ? ` (admitted at v${awaited.admitted_at}; trainer '${awaited.trainer}' at v${awaited.trainer_version})`
       : " (not admitted yet)")], ["waiting for", `${num(awaited.waiting_s, 1)} s`]);
