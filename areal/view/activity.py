@@ -72,7 +72,7 @@ class Activity:
         `since_us` (the run's start: a short run's rates are over its own time)."""
         start = max(as_of_us - int(WINDOW_S * US), since_us)
         window_s = max((as_of_us - start) / US, 1e-3)
-        nodes: dict[str, dict[str, float]] = {}
+        nodes: dict[str, dict[str, Any]] = {}
         channels: dict[str, dict[str, float]] = {}
         trainers: dict[str, dict[str, Any]] = {}
         replicas = {p.name: p.replicas for p in self.plan.pools}

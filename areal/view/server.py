@@ -90,7 +90,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif url.path == "/api/live":
                 self._json(files.live())
             elif url.path == "/api/metrics":
-                self._json(files.metrics_since(_int(query, "since", 0), _int(query, "epoch", 0)))
+                self._json(files.metrics_since(_int(query, "since", 0) or 0, _int(query, "epoch", 0) or 0))
             elif url.path == "/api/samples":
                 step = _int(query, "step", None)
                 self._json(files.sample_rows(query.get("status", [""])[0] or None, step,
