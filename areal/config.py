@@ -122,13 +122,19 @@ class EvalConfig(_Section):
 
 
 class RecordsConfig(_Section):
-    """What happened to each sample, written where it happened (runtime/sample_log.py; read by `areal samples`)."""
+    """What each worker records where it happens: every sample's story (runtime/sample_log.py; read by `areal
+    samples`) and the spans of its work (runtime/spans.py; read by `areal trace` and `areal view`)."""
 
     samples: bool = Field(True, description="write samples/WORKER.jsonl: each node's declared outputs per sample, "
                           "its prompt, what was trained at which step and lag, what failed or was filtered and why")
     max_mb: PositiveFloat = Field(64.0, description="the most one worker writes (MB); past it the file says it was "
                                   "cut and stops growing")
     max_chars: PositiveInt = Field(2000, description="a text value (a prompt, a completion) longer than this is cut")
+    spans: bool = Field(True, description="write spans/WORKER.jsonl: each worker's timed work (decode steps, node "
+                        "calls, weight loads, sends, train steps and the waits before them), for `areal trace` and "
+                        "`areal view`")
+    spans_max_mb: PositiveFloat = Field(16.0, description="the most one worker's span files hold (MB): the file is "
+                                        "rotated at half of it and the older half dropped, so the newest spans stay")
 
 
 class CheckpointConfig(_Section):

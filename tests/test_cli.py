@@ -107,3 +107,27 @@ def test_samples_pages_and_filters_a_runs_records(tmp_path):
     assert [json.loads(x)["sample_id"] for x in page] == [2]
     bad = areal("samples", str(tmp_path), "--status", "lost")
     assert bad.returncode == 2 and "--status 'lost': use one of trained, failed, filtered, pending" in bad.stderr
+
+
+def test_view_and_trace_name_what_a_directory_lacks(tmp_path):
+    missing = areal("view", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2
+    assert "".join(missing.stderr.split()) == f"{tmp_path / 'nowhere'}:nosuchrundirectory"  # folded at 80 columns
+    (tmp_path / "run").mkdir()
+    no_plan = areal("trace", str(tmp_path / "run"))
+    assert no_plan.returncode == 2 and "no plan.json, so not a run directory" in " ".join(no_plan.stderr.split())
+
+
+def test_run_view_on_a_taken_port_is_refused_before_training(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = areal("run", str(Path(__file__).parents[1] / "recipes" / "emulated_rl.py"), "-q", "--view",
+                     "--view-port", str(port), "--run-dir", str(tmp_path / "run"), "--set", "steps=1")
+    assert done.returncode == 2
+    said = " ".join(done.stderr.split())  # the console folds it at 80 columns
+    assert f"cannot serve the view on 127.0.0.1:{port}: Address already in use; choose another port" in said
+    assert not (tmp_path / "run" / "plan.json").exists()  # no worker started

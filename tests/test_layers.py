@@ -17,6 +17,7 @@ ALLOWED = {
     "engines": {"engines", "kernels", "models"},
     "nodes": {"nodes", "graph", "engines", "kernels", "models", "rewards", "data"},
     "runtime": {"runtime", "graph", "kernels", "nodes", "engines", "models", "rewards", "data"},
+    "view": {"view", "runtime", "graph"},  # reads what a run writes; nothing below imports it
 }
 LEAVES = {"config", "errors"}
 

@@ -25,6 +25,7 @@ from areal.graph.roles import DROPPED, FAILED, METRICS
 from areal.runtime.outputs import NodeContractError, checked_outputs, empty_outputs
 from areal.runtime.plan import IMPLICIT, Plan
 from areal.runtime.sample_log import SampleLog
+from areal.runtime.spans import Spans
 
 Report = Callable[..., None]  # the worker's control.send
 
@@ -68,10 +69,11 @@ _RUNTIME_FOLDERS = (_AREAL / "runtime", _AREAL / "graph")
 
 class Chain:
     def __init__(self, nodes: list[Node], impls: list[Any], plan: Plan, report: Report,
-                 log: SampleLog | None = None) -> None:
+                 log: SampleLog | None = None, spans: Spans | None = None) -> None:
         self.steps = [(n, impl, plan.binding(n.name)) for n, impl in zip(nodes, impls)]
         self.report = report
         self.log = log  # each sample's outputs and removals, in this worker's samples/ file
+        self.spans = spans  # each node call, timed, in this worker's spans/ file
         self.busy_s = 0.0
 
     def run(self, batch: Batch, held_out: bool, start: int = 0, stop: int | None = None) -> tuple[Batch, dict]:
@@ -85,7 +87,10 @@ class Chain:
             view = self.view(batch, binding)
             began = time.monotonic()
             out = dict(guard(n, impl, view))
-            self.busy_s += time.monotonic() - began
+            ended = time.monotonic()
+            self.busy_s += ended - began
+            if self.spans is not None:
+                self.spans.add("node", n.name, began, ended, samples=batch.size)
             batch, found = self.absorb(n, batch, view, out, held_out)
             metrics.update(found)
         return batch, metrics

@@ -270,6 +270,7 @@ class Controller:
                             STOP_TIMEOUT_S)
             w.process.kill()
         self.state.status = "stopped"
+        self.on_event(self)
         return unwritten
 
     # -- the source -----------------------------------------------------------------------

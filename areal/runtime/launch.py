@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from areal.runtime.compile import compile_plan
 from areal.runtime.controller import Controller
 from areal.runtime.progress import live_table, summary_table
 from areal.runtime.resume import ResumePoint, check_changes, recipe_hash, resume_point
+from areal.runtime.run_status import StatusWriter
 from areal.runtime.rundir import RunDirLock, claim_run_dir, writing
 from areal.runtime.signals import Stopped
 
@@ -32,9 +35,11 @@ log = logging.getLogger("areal")
 
 def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = None, run_dir: Path | None = None,
                resume: Path | None = None, live: bool = True, console: Console | None = None,
-               allow_recipe_change: bool = False, start_over: bool = False) -> int:
+               allow_recipe_change: bool = False, start_over: bool = False,
+               beside: Callable[[Path], AbstractContextManager[Any]] | None = None) -> int:
     """`recipe_path` None with `resume`: the recipe the run recorded. `allow_recipe_change`: resume under an edited
-    recipe; `start_over`: resume a run whose every checkpoint is unreadable from version 0 (resume.py)."""
+    recipe; `start_over`: resume a run whose every checkpoint is unreadable from version 0 (resume.py). `beside`:
+    what runs beside the run, given its directory (`areal run --view`: the view's process)."""
     console = console or Console(stderr=True)
     overrides = list(overrides or [])
     point = lock = None
@@ -56,8 +61,11 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
 
     assert recipe_path is not None
     controller = build_controller(recipe_path, overrides, run_dir, point, console, _throttled(refresh), lock)
+    stack = ExitStack()
     code = 0
     try:
+        if beside is not None:
+            stack.enter_context(beside(controller.run_dir))
         if live:
             with Live(live_table(controller), console=console, refresh_per_second=4) as view:
                 controller.run()
@@ -72,6 +80,8 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
     except KeyboardInterrupt:  # raised before the controller's own handlers were in place
         console.print("[yellow]interrupted[/]: workers stopped, last checkpoint kept")
         code = 130
+    finally:
+        stack.close()
     console.print(summary_table(controller))
     return code
 
@@ -100,8 +110,8 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
                         run_dir=folder.resolve())
     plan = dataclasses.replace(plan, recipe_sha256=recipe_hash(recipe.path))
     # the controller resolves the task sources: a bad data.path fails here, before a model warm-start
-    controller = Controller(plan, recipe.graph, recipe.config, saved=saved, resume_dir=checkpoint, on_event=on_event,
-                            lock=lock)
+    controller = Controller(plan, recipe.graph, recipe.config, saved=saved, resume_dir=checkpoint,
+                            on_event=StatusWriter(folder, then=on_event), lock=lock)  # status.json: `areal view`
     _prepare_models(recipe)
     return controller
 

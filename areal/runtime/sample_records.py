@@ -13,6 +13,7 @@ from typing import Any
 
 from areal.errors import ConfigError
 from areal.runtime.sample_log import FOLDER
+from areal.runtime.tail import JsonlTail
 
 STATUSES = ("trained", "failed", "filtered", "pending")
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
@@ -52,12 +53,17 @@ def read_samples(run_dir: str | Path) -> dict[int, SampleRecord]:
                           "records.samples=true, the default, since this areal)")
     records: dict[int, SampleRecord] = {}
     for path in sorted(folder.glob("*.jsonl")):
-        for line in _lines(path):
-            if "sample_id" not in line:
-                continue  # the line that says a worker's file was cut at records.max_mb
-            record = records.setdefault(int(line["sample_id"]), SampleRecord(int(line["sample_id"])))
-            _apply(record, line)
+        fold(records, JsonlTail(path).read())
     return records
+
+
+def fold(records: dict[int, SampleRecord], lines: Iterable[dict[str, Any]]) -> None:
+    """Apply a worker's lines to the records of the samples they are about (`areal view` folds them as they come)."""
+    for line in lines:
+        if "sample_id" not in line:
+            continue  # the line that says a worker's file was cut at records.max_mb
+        record = records.setdefault(int(line["sample_id"]), SampleRecord(int(line["sample_id"])))
+        _apply(record, line)
 
 
 def select(records: Iterable[SampleRecord], *, status: str | None = None, step: int | None = None,
@@ -85,17 +91,6 @@ def _apply(record: SampleRecord, line: dict[str, Any]) -> None:
         record.step, record.lag = line.get("step"), line.get("lag")
     elif status in ("failed", "filtered") and record.status != "trained":
         record.status, record.node, record.reason = status, node, line.get("reason")
-
-
-def _lines(path: Path) -> Iterable[dict[str, Any]]:
-    with path.open() as file:
-        for text in file:
-            try:
-                line = json.loads(text)
-            except json.JSONDecodeError:
-                continue  # a line torn by a kill: everything before it stands
-            if isinstance(line, dict):
-                yield line
 
 
 def _condition(text: str) -> Callable[[SampleRecord], bool]:

@@ -60,6 +60,7 @@ from areal.runtime.reaper import guard_process_group
 from areal.runtime.sample_log import SampleLog
 from areal.runtime.security import RunKey
 from areal.runtime.solved import solved
+from areal.runtime.spans import Spans, StepWait
 
 log = logging.getLogger("areal.worker")
 
@@ -96,7 +97,8 @@ class Worker:
         records = self.config.records
         rank_follower = bool(self.pool.rendezvous) and replica > 0  # rank 0 records what its trainer's ranks did
         log = SampleLog(plan.run_dir, self.worker_id, records) if records.samples and not rank_follower else None
-        self.chain = Chain(self.nodes, self.impls, plan, self.control.send, log)
+        self.spans = Spans(plan.run_dir, self.worker_id, records)  # timed work, for `areal trace` and `areal view`
+        self.chain = Chain(self.nodes, self.impls, plan, self.control.send, log, self.spans)
         # map nodes that follow a trained model's weights (a critic's value pass): model -> their impls
         self.followers = {m: [impl for n, impl in zip(self.nodes, self.impls) if recipe.graph.model_of(n) == m]
                           for m in {recipe.graph.model_of(n) for n in self.nodes} - {None, self.pool.name}}
@@ -155,6 +157,7 @@ class Worker:
             (self._follow_loop if self.follower else loop)()
         finally:
             pulse.stop()
+            self.spans.close()
         self.control.send("stopped", **self.counts)
 
     def _wait(self, timeout_ms: int) -> None:
@@ -185,7 +188,9 @@ class Worker:
             elif kind == "weights":
                 if message.get("broadcast"):
                     # a collective: the trainer waits in it until every generator has taken its part
-                    guard(self.nodes[0], self.impls[0].receive_weights, int(message["version"]))
+                    with self.spans.timed("weights", "receive weights", model=message.get("model"),
+                                          version=int(message["version"])):
+                        guard(self.nodes[0], self.impls[0].receive_weights, int(message["version"]))
                     message = {**message, "path": None}  # loaded already: the loop only notes the version
                 self._latest_weights[str(message.get("model", ""))] = message  # with files, only the newest matters
 
@@ -221,7 +226,8 @@ class Worker:
                 outbox.check(batch, meta)
         except FrameTooLarge as err:
             batch = self.chain.fail(self.nodes[-1], batch, dict.fromkeys(range(batch.size), str(err)), meta.eval)
-        for outbox in self.outboxes.values():
+        for dst, outbox in self.outboxes.items():
+            start = time.monotonic()
             while True:
                 try:
                     outbox.send(batch, meta, timeout_ms=SEND_RETRY_MS)
@@ -230,6 +236,8 @@ class Worker:
                     self._wait(0)  # back-pressure: keep answering the controller while downstream is full
                     if self.stopping:
                         return
+            self.spans.add("send", f"send to {dst}", start, time.monotonic(), to=dst, group=meta.group,
+                           samples=batch.size)
 
     def _apply_weights(self, model: str) -> dict[str, Any] | None:
         """The newest weights message for `model`, if one came since last asked."""
@@ -240,8 +248,9 @@ class Worker:
         for model, impls in self.followers.items():
             message = self._apply_weights(model)
             if message is not None and message.get("path"):
-                for impl in impls:
-                    impl.load_weights(message["path"], int(message["version"]))
+                with self.spans.timed("weights", "load weights", model=model, version=int(message["version"])):
+                    for impl in impls:
+                        impl.load_weights(message["path"], int(message["version"]))
 
     # -- the three loops ------------------------------------------------------------------
 
@@ -271,7 +280,8 @@ class Worker:
             weights = self._apply_weights(model)
             if weights is not None:
                 policy_version = int(weights["version"])
-                guard(head, gen.load_weights, weights.get("path"), policy_version)
+                with self.spans.timed("weights", "load weights", model=model, version=policy_version):
+                    guard(head, gen.load_weights, weights.get("path"), policy_version)
                 if self.staleness_policy.drops:
                     self._abort_late(head, submitted, policy_version - self.config.staleness)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
@@ -283,10 +293,12 @@ class Worker:
                     continue  # re-issued after a crash downstream while still in flight here: that copy answers
                 submitted[meta.group] = batch
                 guard(head, gen.submit, self.chain.view(batch, self.plan.binding(head.name)), meta)
-            if gen.pending() > 0:
+            if (running := gen.pending()) > 0:
                 start = time.monotonic()
                 finished = guard(head, gen.step)
-                self.chain.busy_s += time.monotonic() - start
+                end = time.monotonic()
+                self.chain.busy_s += end - start
+                self.spans.add("decode", head.name, start, end, sequences=running)
                 for out, meta in finished:
                     self._generated(head, submitted.pop(meta.group), out, meta)
 
@@ -324,6 +336,7 @@ class Worker:
         per_step = self.pool.gather_groups
         waiting: dict[int, tuple[Batch, GroupMeta]] = {}
         dropped: list[int] = []  # groups dropped unread since the last step: consumed with the next
+        idle = StepWait(self.spans)
         while not self.stopping:
             self._wait(int(self.config.faults.heartbeat_s * 1000))
             for batch, meta in self._drain():
@@ -335,6 +348,7 @@ class Worker:
                     continue
                 waiting[meta.group] = (batch, meta)
                 self.holding.add(meta.group)
+                idle.arrived(meta)
             if self.census is not None:
                 self.control.send("census", seq=self.census, holding=sorted(self.holding))
                 self.census = None
@@ -347,8 +361,10 @@ class Worker:
                 parts = [waiting.pop(g) for g in step]  # in admission order: group ids are admission order
                 self._consume(step + dropped)
                 kept = [(b, m) for b, m in parts if b.size]
+                idle.ended(step, self.version + 1, dropped=dropped)
                 self._train(Batch.concat([b for b, _ in kept]) if kept else None, consumed=sorted(step + dropped),
                             groups=[m for _, m in kept])
+                idle.restart()
                 dropped = []
                 if self.stopping:
                     break
@@ -397,6 +413,7 @@ class Worker:
     def _train(self, batch: Batch | None, consumed: list[int], groups: list[GroupMeta] | None = None) -> None:
         """One step on `batch` (None: every sample of it is gone); `groups`: the metas of its groups (rank 0)."""
         step = self.version
+        began = time.monotonic()
         stats: dict[str, Any] = {}
         hist: dict[int, int] = {}
         if self.orders is not None and not self.follower:
@@ -419,6 +436,7 @@ class Worker:
                     hist, stats["stale_tokens"] = numbers["staleness"], numbers["stale_tokens"]
             stats |= dict(guard(self.nodes[-1], trainer, view))
             end = time.monotonic()
+            self.spans.add("node", self.nodes[-1].name, middle, end, samples=batch.size)
             if self.chain.log is not None:
                 oldest = [int(r.min()) if len(r) else step for r in batch[binding["versions"]].rows()] \
                     if "versions" in binding else [step] * batch.size
@@ -428,7 +446,10 @@ class Worker:
         else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
             guard(self.nodes[-1], trainer.empty_step)
         self.version = step + 1
-        path = self._publish()
+        with self.spans.timed("publish", "publish weights", version=self.version):
+            path = self._publish()
+        self.spans.add("step", "train step", began, time.monotonic(), version=self.version,
+                       samples=batch.size if batch is not None else 0)
         weights = guard(self.nodes[-1], trainer.policy_weights) if self.broadcasting else None
         if self.follower:
             return  # rank 0 reports the step and decides on checkpoints
