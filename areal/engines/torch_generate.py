@@ -238,11 +238,11 @@ class TorchGenerationEngine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
+            cache=cache,  # not `past_key_values`: transformers warns on every call with it and drops it in 5.40
             use_cache=True,
             logits_to_keep=1,
         )
-        return out.logits[:, -1], out.past_key_values
+        return out.logits[:, -1], out.cache
 
     def _prefill(self, rebuild: list[_Slot], admit: list[_Slot]) -> list[GenResult]:
         """One left-padded forward: running rows (after a weight update) re-read all but their pending
