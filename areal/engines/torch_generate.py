@@ -30,6 +30,7 @@ Not here: speculative decoding, paged attention, beam search; GPU serving is the
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -140,6 +141,9 @@ class TorchGenerationEngine:
                 f"got max_batch={max_batch}, refill_min_free={refill_min_free}"
             )
         self.model = model.eval()
+        # transformers >= 5.2x names the KV cache `cache` (and warns on every call given `past_key_values`,
+        # dropped in 5.40); older releases, the GPU images' among them, know only `past_key_values`
+        self._cache_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.max_new_tokens = max_new_tokens
@@ -238,11 +242,11 @@ class TorchGenerationEngine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self._cache_name: cache},
         )
-        return out.logits[:, -1], out.past_key_values
+        return out.logits[:, -1], getattr(out, self._cache_name)
 
     def _prefill(self, rebuild: list[_Slot], admit: list[_Slot]) -> list[GenResult]:
         """One left-padded forward: running rows (after a weight update) re-read all but their pending

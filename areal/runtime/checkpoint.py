@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from areal.runtime import weight_files
 from areal.runtime.rundir import writing
 
 MANIFEST = "controller.json"
@@ -164,7 +165,7 @@ class Sealing:
         del self._parts[folder]
         state = {**state_at(min(n for n, _ in parts.values())), "next_group": {t: n for t, (n, _) in parts.items()},
                  "consumed": {t: c for t, (_, c) in parts.items()}}
-        policies = {t: self.weights_dir / t / f"v{version:06d}.safetensors" for t in self.trainers}
+        policies = {t: weight_files.published(self.weights_dir, t, version) for t in self.trainers}
         with writing(Path(folder), self.run_dir):  # a full disk: the staging folder is left, resume clears it
             sealed = seal(Path(folder), version, state, policies)
         if sealed is not None:

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from areal.config import RunConfig
+from areal.runtime import weight_files
+from areal.runtime.checkpoint import policy_name
 from areal.runtime.control import ControlClient
 from areal.runtime.plan import Plan, PoolSpec
 
@@ -28,11 +30,11 @@ class WorkerContext:
 
     def published_weights(self, version: int) -> Path:
         """Where the trainer of the model this pool follows publishes version `version` (transport.weights=files)."""
-        return self.run_dir / "weights" / self.pool.model / f"v{version:06d}.safetensors"
+        return weight_files.published(self.plan.weights_dir, self.pool.model, version)
 
     def resumed_policy(self) -> Path | None:
         """The followed model's weights in the checkpoint this run resumes from (None for a fresh run)."""
-        return self.resume_dir / f"policy-{self.pool.model}.safetensors" if self.resume_dir else None
+        return self.resume_dir / policy_name(self.pool.model) if self.resume_dir else None
 
     @property
     def worker_id(self) -> str:

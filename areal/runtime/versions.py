@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from areal.errors import RunError
+from areal.runtime import weight_files
 from areal.runtime.checkpoint import policy_name
 from areal.runtime.plan import Plan
 
@@ -57,7 +58,7 @@ class Versions:
     def path(self, model: str, version: int) -> str | None:
         if version == self.current.get(model):
             return self.latest_path.get(model)
-        older = Path(self.plan.weights_dir) / model / f"v{version:06d}.safetensors"  # the trainer keeps 3 + lag
+        older = weight_files.published(self.plan.weights_dir, model, version)  # the trainer keeps 3 + lag
         return str(older) if older.exists() else None  # none for v0: followers start from the checkpoint
 
     def news(self, model: str) -> tuple[int, str | None] | None:
@@ -101,6 +102,7 @@ class Versions:
     def _check_loadable(self, model: str, version: int, path: str | None, worker: str, broadcast: bool) -> None:
         """Version 0 is the weights a follower is built with; any later one must come in a file or a broadcast."""
         if version > 0 and path is None and not broadcast:
+            folder = weight_files.model_dir(self.plan.weights_dir, model)
             raise RunError(f"model '{model}' is at version {version}, but no file holds those weights (neither "
-                           f"{Path(self.plan.weights_dir) / model} nor the resumed checkpoint): {worker} would run "
-                           "on weights it was not told to hold")
+                           f"{folder} nor the resumed checkpoint): {worker} would run on weights it was not told "
+                           "to hold")

@@ -43,9 +43,10 @@ from areal.graph.meta import GroupMeta
 from areal.graph.node import Node
 from areal.graph.recipe import load_recipe
 from areal.graph.roles import FAILED
+from areal.runtime import weight_files
 from areal.runtime.chain import Chain, NodeFailure, guard
 from areal.runtime.channels import BatchReceiver, bind_address
-from areal.runtime.checkpoint import MANIFEST, staging_dir
+from areal.runtime.checkpoint import MANIFEST, policy_name, staging_dir
 from areal.runtime.codec import FrameTooLarge
 from areal.runtime.context import WorkerContext
 from areal.runtime.control import ControlClient, Pulse
@@ -476,16 +477,16 @@ class Worker:
         if self.follower:
             guard(self.nodes[-1], trainer.save_weights, None)  # its part of gathering the weights
             return None
-        folder = Path(self.plan.weights_dir) / self.pool.name
-        folder.mkdir(parents=True, exist_ok=True)
-        final = folder / f"v{self.version:06d}.safetensors"
-        tmp = folder / f".v{self.version:06d}.tmp"
+        weights_dir, model = self.plan.weights_dir, self.pool.name
+        weight_files.model_dir(weights_dir, model).mkdir(parents=True, exist_ok=True)
+        final = weight_files.published(weights_dir, model, self.version)
+        tmp = weight_files.partial(weights_dir, model, self.version)
         guard(self.nodes[-1], trainer.save_weights, str(tmp))
         os.replace(tmp, final)  # readers never see a half-written file
         keep = 3 + self.config.sampling_lag  # lagged mode: generators sample from the one η versions old
-        for old in folder.glob("v*.safetensors"):
+        for version, old in weight_files.published_versions(weights_dir, model).items():
             # keep the newest; a file above this version is rolled-back work from before a resume
-            if not self.version - keep < int(old.stem[1:]) <= self.version:
+            if not self.version - keep < version <= self.version:
                 old.unlink(missing_ok=True)
         return str(final)
 
@@ -499,7 +500,7 @@ class Worker:
             target.mkdir(parents=True, exist_ok=True)
             guard(self.nodes[-1], trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
         if self.broadcasting:  # no weights file to copy: the checkpoint's policy (export, resume) is written here
-            policy = None if self.follower else str(folder / f"policy-{self.pool.name}.safetensors")
+            policy = None if self.follower else str(folder / policy_name(self.pool.name))
             guard(self.nodes[-1], trainer.save_weights, policy)
         if not self.follower:
             self.control.send("checkpoint", model=self.pool.name, version=self.version, path=str(folder),

@@ -1,0 +1,73 @@
+"""The weights files a trainer publishes are found again, by the same name, by its followers, the
+controller's version table and the checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from areal.graph.recipe import load_recipe
+from areal.runtime import weight_files
+from areal.runtime.checkpoint import Sealing, final_dir, policy_name, staging_dir
+from areal.runtime.compile import compile_plan
+from areal.runtime.context import WorkerContext
+from areal.runtime.versions import Versions
+from areal.runtime.worker import Worker
+
+ACTOR_CRITIC = Path(__file__).resolve().parents[2] / "recipes" / "actor_critic.py"
+
+
+def test_a_published_name_reads_back_as_its_version(tmp_path):
+    for version in (0, 7, 999_999, 1_234_567):
+        path = weight_files.published(tmp_path, "actor", version)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"w")
+    weight_files.partial(tmp_path, "actor", 8).write_bytes(b"half")  # being written: not a version yet
+    (tmp_path / "actor" / "vnotes.safetensors").write_bytes(b"?")
+    found = weight_files.published_versions(tmp_path, "actor")
+    assert found == {v: weight_files.published(tmp_path, "actor", v) for v in (0, 7, 999_999, 1_234_567)}
+    assert weight_files.published_versions(tmp_path, "critic") == {}
+
+
+class _Trainer:
+    def __init__(self) -> None:
+        self.version = 0
+
+    def save_weights(self, path: str) -> None:
+        Path(path).write_bytes(f"weights of v{self.version}".encode())
+
+
+def _publish(plan, trainer_pool, version: int, trainer: _Trainer) -> str:
+    """The trainer worker's own publishing code, run on the parts of a worker it reads."""
+    trainer.version = version
+    worker = SimpleNamespace(impls=[trainer], nodes=[SimpleNamespace(name="train")], broadcasting=False,
+                             follower=False, plan=plan, pool=trainer_pool, version=version,
+                             config=SimpleNamespace(sampling_lag=0))
+    return Worker._publish(worker)
+
+
+def test_the_trainer_the_followers_the_version_table_and_the_checkpoint_name_the_same_file(tmp_path):
+    recipe = load_recipe(ACTOR_CRITIC, ["batch_size=2", "group_size=2"])
+    plan = compile_plan(recipe.graph, recipe.config, run_dir=tmp_path / "run")
+    actor = next(p for p in plan.trainer_pools() if p.name == "actor")
+    trainer = _Trainer()
+    paths = {version: _publish(plan, actor, version, trainer) for version in range(1, 6)}
+
+    kept = weight_files.published_versions(plan.weights_dir, "actor")
+    assert sorted(kept) == [3, 4, 5]  # the trainer keeps the newest 3 (no sampling lag)
+
+    rollout = plan.pool_of("rollout")
+    assert rollout.model == "actor"
+    follower = WorkerContext(recipe.config, plan, rollout, 0, "rollout", 5, None, None)
+    assert follower.published_weights(5) == Path(paths[5])
+    assert follower.published_weights(4).read_bytes() == b"weights of v4"
+
+    versions = Versions(plan, start=0, sampling_lag=0)
+    versions.record("actor", 5, paths[5])
+    assert versions.path("actor", 4) == paths[4]  # an older version is found on disk by its name
+
+    sealing = Sealing(Path(plan.run_dir), Path(plan.weights_dir), ["actor"], keep=2)
+    staged = staging_dir(plan.run_dir, 5, tag="interval")
+    staged.mkdir(parents=True)
+    sealing.part_written(str(staged), "actor", 5, next_group=3, consumed=[], state_at=lambda group: {})
+    assert (final_dir(plan.run_dir, 5) / policy_name("actor")).read_bytes() == b"weights of v5"
