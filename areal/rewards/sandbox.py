@@ -152,9 +152,10 @@ class SandboxLayers:
             )
             cpu = (f"fallback: {timing}: each process's own and its reaped children's counters, the runner "
                    f"adopting orphans; {share}")
+        nproc_base = "" if self.namespaces else f" more than uid {self.uid} runs at its start"
         rlimits = (
             f"CPU {int(limits.timeout_s) + 1} s, AS {limits.memory_mb} MB, FSIZE {limits.max_file_bytes >> 20} MB, "
-            f"NPROC {limits.max_processes}{'' if self.namespaces else f' more than uid {self.uid} runs at its start'}, NOFILE {limits.max_open_files}, MEMLOCK 0, MSGQUEUE 0, CORE 0"
+            f"NPROC {limits.max_processes}{nproc_base}, NOFILE {limits.max_open_files}, MEMLOCK 0, MSGQUEUE 0, CORE 0"
         )
         lines = [("code sandbox", isolation), ("verdict", verdict), ("processes", processes),
                  ("seccomp", seccomp), ("cgroup", cgroup), ("memory", memory), ("cpu", cpu), ("clock", clock),

@@ -181,3 +181,20 @@ def each_path(request) -> Iterator[CodeTests]:
     """The same tests on every path (module-wide: one scorer per path)."""
     with path_scorer(request.param) as scorer:
         yield scorer
+
+
+# what a hostile program prints of its `routes` (name -> call), each "name:denied" or "name:open"
+TRY_ROUTES = """
+def call(result):
+    if result < 0:
+        raise OSError(ctypes.get_errno(), "refused")
+
+def outcome(route):
+    try:
+        route()
+    except OSError:
+        return "denied"
+    return "open"
+
+outcomes = " ".join(f"{name}:{outcome(route)}" for name, route in routes.items())
+"""

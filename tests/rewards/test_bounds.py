@@ -18,7 +18,7 @@ import pytest
 from areal.rewards import CodeTests, detect_layers
 from areal.rewards.sandbox import Limits, as_uid, pipe_bytes_bound
 from areal.rewards.sandbox_process import threads_of_uid
-from tests.rewards.conftest import job_pids, path_scorer, run_one
+from tests.rewards.conftest import TRY_ROUTES, job_pids, path_scorer, run_one
 
 HOLD_512_MB = {"kind": "stdio", "inputs": [""], "outputs": ["512"]}
 
@@ -269,10 +269,6 @@ os.unlink(name)
 other_r, other_w = os.pipe()
 os.write(other_w, b"x")
 
-def call(result):
-    if result < 0:
-        raise OSError(ctypes.get_errno(), "refused")
-
 routes = {
     "vmsplice": lambda: call(libc.vmsplice(w, iov, 1, 0)),
     "splice": lambda: os.splice(src, w, 1),
@@ -280,15 +276,8 @@ routes = {
     "sendfile": lambda: os.sendfile(w, src, 0, 1),
     "F_SETPIPE_SZ": lambda: fcntl.fcntl(w, 1031, 1 << 20),
 }
-
-def outcome(route):
-    try:
-        route()
-    except OSError:
-        return "denied"
-    return "open"
-
-print(" ".join(f"{name}:{outcome(route)}" for name, route in routes.items()))
+""" + TRY_ROUTES + """
+print(outcomes)
 """
 
 
@@ -360,8 +349,8 @@ def test_the_plain_path_forks_however_many_threads_its_account_already_runs():
     scorer = path_scorer("plain")
     busy = f"import threading, sys; [threading.Thread(target=sys.stdin.read, daemon=True).start() " \
            f"for _ in range({2 * Limits().max_processes})]; print(flush=True); sys.stdin.read()"
-    neighbour = subprocess.Popen([scorer.layers.python, "-I", "-c", busy], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 **as_uid(scorer.layers.uid))
+    neighbour = subprocess.Popen([scorer.layers.python, "-I", "-c", busy], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, **as_uid(scorer.layers.uid))
     try:
         neighbour.stdout.readline()  # its threads run
         assert threads_of_uid(scorer.layers.uid) > Limits().max_processes

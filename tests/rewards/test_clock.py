@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from areal.rewards.sandbox import Limits
-from tests.rewards.conftest import PATHS, job_pids, path_scorer, pids_with_marker, run_one
+from tests.rewards.conftest import PATHS, TRY_ROUTES, job_pids, path_scorer, pids_with_marker, run_one
 
 DONE = {"kind": "stdio", "inputs": [""], "outputs": ["done"]}
 # 1.5 s of CPU in children of 50 ms each, their parent letting the kernel reap them (the filter
@@ -110,10 +110,6 @@ runner = os.getppid()
 x86 = os.uname().machine == "x86_64"
 sched_attr = (ctypes.c_uint32 * 12)(48, 5)  # size, SCHED_IDLE
 
-def call(result):
-    if result < 0:
-        raise OSError(ctypes.get_errno(), "refused")
-
 routes = {
     "sched_setscheduler": lambda: os.sched_setscheduler(runner, os.SCHED_IDLE, os.sched_param(0)),
     "sched_setattr": lambda: call(libc.syscall(314 if x86 else 274, runner, sched_attr, 0)),
@@ -124,15 +120,7 @@ routes = {
     "prlimit": lambda: resource.prlimit(runner, resource.RLIMIT_NOFILE, (8, 8)),
     "ioprio_set": lambda: call(libc.syscall(251 if x86 else 30, 1, runner, (3 << 13) | 7)),  # idle class
 }
-
-def outcome(route):
-    try:
-        route()
-    except OSError:
-        return "denied"
-    return "open"
-
-outcomes = " ".join(f"{name}:{outcome(route)}" for name, route in routes.items())
+""" + TRY_ROUTES + """
 fields = open(f"/proc/{runner}/stat").read().rsplit(")", 1)[1].split()
 print(outcomes, "nice", fields[16], "policy", fields[38])
 """

@@ -106,7 +106,8 @@ def test_lagged_mode_refuses_to_resume(tmp_path):
 def test_node_that_raises_stops_a_fail_fast_run_naming_it_and_leaves_no_process(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_RAISE_ON_GROUP", "3")
     controller = _run(tmp_path, "steps=50", "batch_size=2", "group_size=2", "faults.policy=fail-fast")
-    with pytest.raises(RunError, match=r"fake_rl.py:\d+: node 'advantage' \(custom\) raised ValueError: bad group 3") as caught:
+    raised = r"fake_rl.py:\d+: node 'advantage' \(custom\) raised ValueError: bad group 3"
+    with pytest.raises(RunError, match=raised) as caught:
         controller.run()
     _assert_no_process_left(controller)
     log = Path(str(caught.value).split("log: ")[1].split(")")[0])
