@@ -22,12 +22,13 @@ from areal.errors import RunError
 from areal.graph.batch import Batch
 from areal.graph.node import Node
 from areal.graph.roles import DROPPED, FAILED, METRICS
+from areal.runtime.messages import Message, SamplesFailed, SamplesFiltered
 from areal.runtime.outputs import NodeContractError, checked_outputs, empty_outputs
 from areal.runtime.plan import IMPLICIT, Plan
 from areal.runtime.sample_log import SampleLog
 from areal.runtime.spans import Spans
 
-Report = Callable[..., None]  # the worker's control.send
+Report = Callable[[Message], None]  # the worker's control.send
 
 
 class NodeFailure(Exception):
@@ -119,19 +120,20 @@ class Chain:
 
     def fail(self, n: Node, batch: Batch, failed: Mapping[int, Any], held_out: bool) -> Batch:
         """Report the failed rows with their sample ids and reasons; the batch goes on without them."""
-        return self._remove("failed", n, batch, failed, eval=held_out)
+        return self._remove(SamplesFailed, n, batch, failed, eval=held_out)
 
     def drop(self, n: Node, batch: Batch, dropped: Mapping[int, Any]) -> Batch:
-        return self._remove("filtered", n, batch, dropped)
+        return self._remove(SamplesFiltered, n, batch, dropped)
 
-    def _remove(self, kind: str, n: Node, batch: Batch, rows: Mapping[int, Any], **extra: Any) -> Batch:
+    def _remove(self, message: type[SamplesFailed | SamplesFiltered], n: Node, batch: Batch, rows: Mapping[int, Any],
+                **extra: Any) -> Batch:
         if not rows:
             return batch
         bad = sorted(int(r) for r in rows)
         if bad[0] < 0 or bad[-1] >= batch.size:
-            raise NodeContractError(f"{n.describe()}: {kind} rows {bad} outside the batch of {batch.size}")
+            raise NodeContractError(f"{n.describe()}: {message.KIND} rows {bad} outside the batch of {batch.size}")
         ids, reasons = batch["sample_id"][bad].tolist(), [str(rows[r]) for r in bad]
-        self.report(kind, node=n.name, sample_ids=ids, reasons=reasons, **extra)
+        self.report(message(node=n.name, sample_ids=ids, reasons=reasons, **extra))
         if self.log is not None and not extra.get("eval"):
-            self.log.removed(n.name, kind, ids, reasons)
+            self.log.removed(n.name, message.KIND, ids, reasons)
         return batch.select([i for i in range(batch.size) if i not in rows])

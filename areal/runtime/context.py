@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from areal.config import RunConfig
-from areal.runtime import weight_files
+from areal.runtime import messages, weight_files
 from areal.runtime.checkpoint import policy_name
 from areal.runtime.control import ControlClient
 from areal.runtime.plan import Plan, PoolSpec
@@ -49,5 +49,6 @@ class WorkerContext:
         return self.plan.weights_rendezvous, members[self.worker_id], len(members)
 
     def report(self, kind: str, **fields: Any) -> None:
-        """Send an event to the controller (metrics, progress) tagged with this node."""
-        self.control.send(kind, node=self.node, **fields)
+        """Send the controller a message of `kind` (messages.py) tagged with this node. Nodes cannot import the
+        runtime's types, so the message is typed here, where it enters: a malformed one fails in the node."""
+        self.control.send(messages.parse({"type": kind, "node": self.node, **fields}, self.worker_id))

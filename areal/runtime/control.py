@@ -3,9 +3,10 @@
 Workers hold a DEALER socket named by their worker id (`score[1]`); the controller holds the
 ROUTER. A worker's `Pulse` thread holds a second one (`score[1]/pulse`) that keeps saying "alive"
 while the main loop is inside a long node call (a reward batch of slow tests, a big update).
-Messages are plain maps with a "type" (ready, heartbeat, version, failed, eval, error,
-stats from workers; weights and stop from the controller). Like the data plane, nothing here
-is ever unpickled: msgpack with tight limits, and a malformed message is dropped with a log line.
+On the socket a message is a plain map with a "type"; in the code it is one typed class per kind
+(messages.py from workers, commands.py from the controller), which senders build and receivers
+parse. Like the data plane, nothing here is ever unpickled: msgpack with tight limits, and a map
+that is not msgpack or has no "type" is dropped with a log line.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import msgpack
 import zmq
 
 from areal.runtime.channels import private_folder
+from areal.runtime.commands import Command
+from areal.runtime.messages import Alive, Message
 from areal.runtime.security import RunKey
 
 log = logging.getLogger(__name__)
@@ -56,8 +59,8 @@ class ControlClient:
         self.socket.setsockopt(zmq.LINGER, 2000)  # let the last events (error, version) reach the controller
         self.socket.connect(endpoint)
 
-    def send(self, kind: str, **fields: Any) -> None:
-        self.socket.send(pack({"type": kind, **fields}))
+    def send(self, message: Message) -> None:
+        self.socket.send(pack(message.to_wire()))
 
     def recv(self, timeout_ms: int = 0) -> dict[str, Any] | None:
         if not self.socket.poll(timeout_ms, zmq.POLLIN):
@@ -88,7 +91,7 @@ class Pulse:
         client = ControlClient(endpoint, identity, key)  # a socket of this thread's own: zmq sockets are not shared
         try:
             while not self._stopped.wait(interval_s):
-                client.send("pulse")
+                client.send(Alive())
         finally:
             client.close()
 
@@ -125,10 +128,10 @@ class ControlServer:
         message = unpack(data, sender)
         return (sender, message) if message is not None else None
 
-    def send(self, worker_id: str, kind: str, **fields: Any) -> bool:
+    def send(self, worker_id: str, command: Command) -> bool:
         """False when the worker is not connected (it died or has not started yet)."""
         try:
-            self.socket.send_multipart([worker_id.encode(), pack({"type": kind, **fields})], zmq.NOBLOCK)
+            self.socket.send_multipart([worker_id.encode(), pack(command.to_wire())], zmq.NOBLOCK)
             self.sent += 1
             return True
         except (zmq.Again, zmq.ZMQError):

@@ -30,6 +30,7 @@ from areal.runtime.accounting import Accounting
 from areal.runtime.admission import Admission, configured
 from areal.runtime.channels import is_dynamic, private_folder
 from areal.runtime.checkpoint import Sealing, final_dir, staging_dir
+from areal.runtime.commands import ForgetBelow, Stop, TakeCensus
 from areal.runtime.control import ControlServer, Pulse
 from areal.runtime.evaluation import HeldOut, first_pass
 from areal.runtime.faults import Restarts, log_tail
@@ -253,8 +254,7 @@ class Controller:
             checkpoint = staging_dir(self.run_dir, v)
         for w in self.workers.values():
             trainer = self.plan.pool(w.pool).role == "train"
-            fields = {"checkpoint": str(checkpoint)} if checkpoint and trainer else {}
-            self.control.send(w.worker_id, "stop", **fields)
+            self.control.send(w.worker_id, Stop(checkpoint=str(checkpoint) if checkpoint and trainer else None))
         deadline = time.monotonic() + STOP_TIMEOUT_S
         unwritten = None
         while any(w.process.poll() is None for w in self.workers.values()) and time.monotonic() < deadline:
@@ -313,7 +313,7 @@ class Controller:
                  and not (self.plan.pool(w.pool).rendezvous and w.replica > 0)]  # rank 0 takes a trainer's data
         self._census_due = {w.worker_id for w in asked}
         for w in asked:
-            self.control.send(w.worker_id, "census", seq=self._census_seq)
+            self.control.send(w.worker_id, TakeCensus(seq=self._census_seq))
         if not self._census_due:
             self._reissue_after_crash()
 
@@ -379,6 +379,9 @@ class Controller:
         HANDLERS[type(message)](self, worker, message)
         self.on_event(self)
 
+    def _on_alive(self, worker: WorkerProcess, m: msg.Alive) -> None:
+        """Nothing to do: any message marks its worker seen (pulses come on a socket of their own, read above)."""
+
     def _on_ready(self, worker: WorkerProcess, m: msg.Ready) -> None:
         worker.ready = True
         if self._dynamic:
@@ -401,7 +404,7 @@ class Controller:
         self.admission.consumed(frontier)
         for w in self.workers.values():
             if self.plan.pool(w.pool).role == "map":
-                self.control.send(w.worker_id, "frontier", group=frontier)
+                self.control.send(w.worker_id, ForgetBelow(group=frontier))
         if m.model == self.accounting.counted:
             self.accounting.on_consumed(m.groups)
             self.accounting.check(m.version, m.groups, time.monotonic(), self.config.faults.dead_after_s)
@@ -563,6 +566,7 @@ class Controller:
 
 
 HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], None]] = {
+    msg.Alive: Controller._on_alive,
     msg.Ready: Controller._on_ready,
     msg.Heartbeat: Controller._on_heartbeat,
     msg.Census: Controller._on_census,

@@ -1,15 +1,16 @@
-"""The control plane's messages, one class per kind: the types are the list of what workers and the
-controller say to each other.
+"""The control plane's messages, one class per kind: the types are the list of what workers say to the
+controller (the controller's commands to workers are in commands.py, on the same base).
 
-A message crosses the control socket as a msgpack map with a "type"; `parse` turns the map back
-into its class, checking every field where it enters, so a malformed message is refused with a
-reason that names the sender, the kind and the field (never a KeyError deep in a handler). The
-controller dispatches on the class (`HANDLERS` in controller.py).
+A sender builds the class; it crosses the control socket as a msgpack map with a "type" (`to_wire`);
+`parse` turns the map back into its class, checking every field where it enters, so a malformed
+message is refused with a reason that names the sender, the kind and the field (never a KeyError
+deep in a handler). The controller dispatches on the class (`HANDLERS` in controller.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -20,12 +21,19 @@ class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     KIND: ClassVar[str] = ""
 
-    def fields(self) -> dict[str, Any]:
-        """What `ControlClient.send(kind, **fields)` puts on the wire."""
-        return self.model_dump()
+    def to_wire(self) -> dict[str, Any]:
+        """The map the control socket carries: the kind, and each field not at its default (`parse` restores it)."""
+        return {"type": self.KIND, **self.model_dump(exclude_defaults=True)}
+
+
+M = TypeVar("M", bound=Message)
 
 
 # -- worker -> controller ---------------------------------------------------------------------------
+
+
+class Alive(Message):
+    KIND: ClassVar[str] = "pulse"  # from a worker's pulse thread (control.Pulse): it says nothing else
 
 
 class Ready(Message):
@@ -145,20 +153,24 @@ class WorkerError(Message):
 
 
 KINDS: dict[str, type[Message]] = {cls.KIND: cls for cls in (
-    Ready, Heartbeat, Census, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesDropped,
-    SamplesNoted, HeldOutScored,
-    CheckpointWritten, DuplicateDropped, BatchRefused, NodeMetrics, WorkerError)}
+    Alive, Ready, Heartbeat, Census, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesDropped,
+    SamplesNoted, HeldOutScored, CheckpointWritten, DuplicateDropped, BatchRefused, NodeMetrics, WorkerError)}
 
 
-def parse(raw: dict[str, Any], sender: str) -> Message:
+def parse(raw: Mapping[str, Any], sender: str) -> Message:
     """The message a worker sent, checked field by field; WireError says what is wrong."""
+    return parse_kind(raw, KINDS, "control message", sender)
+
+
+def parse_kind(raw: Mapping[str, Any], kinds: Mapping[str, type[M]], what: str, sender: str) -> M:
+    """`raw` as the class its "type" names in `kinds`; WireError names `what` came from whom, its kind and field."""
     kind = raw.get("type")
-    cls = KINDS.get(kind) if isinstance(kind, str) else None
+    cls = kinds.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise WireError(f"control message from {sender}: unknown type {kind!r} (known: {', '.join(KINDS)})")
+        raise WireError(f"{what} from {sender}: unknown type {kind!r} (known: {', '.join(kinds)})")
     try:
         return cls.model_validate({k: v for k, v in raw.items() if k != "type"})
     except ValidationError as err:
         problem = err.errors()[0]
         where = ".".join(str(p) for p in problem["loc"])
-        raise WireError(f"control message '{kind}' from {sender}: {where}: {problem['msg']}") from None
+        raise WireError(f"{what} '{kind}' from {sender}: {where}: {problem['msg']}") from None

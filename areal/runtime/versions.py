@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from areal.errors import RunError
 from areal.runtime import weight_files
 from areal.runtime.checkpoint import policy_name
+from areal.runtime.commands import Command, HoldWeights
 from areal.runtime.plan import Plan
 
 
@@ -74,7 +75,7 @@ class Versions:
 
     # -- publication: the weights messages to each model's followers -------------------------
 
-    def announce(self, model: str, workers: Iterable[Follower], send: Callable[..., Any],
+    def announce(self, model: str, workers: Iterable[Follower], send: Callable[[str, Command], Any],
                  broadcast: bool = False) -> None:
         """Send every follower of `model` the weights it should now hold, once per version.
 
@@ -87,9 +88,9 @@ class Versions:
         for w in workers:
             if w.pool in self.plan.followers(model):
                 self._check_loadable(model, version, path, w.worker_id, broadcast)
-                send(w.worker_id, "weights", model=model, version=version, path=path, broadcast=broadcast)
+                send(w.worker_id, HoldWeights(model=model, version=version, path=path, broadcast=broadcast))
 
-    def catch_up(self, worker: Follower, send: Callable[..., Any]) -> None:
+    def catch_up(self, worker: Follower, send: Callable[[str, Command], Any]) -> None:
         """A (re)started follower must not run before it holds the version it is to hold, of every model it follows."""
         for model in [trainer for trainer, follower in self.plan.weights_routes if follower == worker.pool]:
             version = self.sampled(model)
@@ -97,7 +98,7 @@ class Versions:
             # with transport.weights=broadcast the generators took the policy when the weights group formed
             self._check_loadable(model, version, path, worker.worker_id,
                                  broadcast=model == self.plan.policy and bool(self.plan.weights_rendezvous))
-            send(worker.worker_id, "weights", model=model, version=version, path=path)
+            send(worker.worker_id, HoldWeights(model=model, version=version, path=path))
 
     def _check_loadable(self, model: str, version: int, path: str | None, worker: str, broadcast: bool) -> None:
         """Version 0 is the weights a follower is built with; any later one must come in a file or a broadcast."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from areal.runtime.commands import Command, Rewire
 from areal.runtime.outbox import Outbox
 from areal.runtime.plan import Plan
 
@@ -18,7 +19,8 @@ class Wired(Protocol):
 
 
 class Wiring:
-    def __init__(self, plan: Plan, source: str, source_out: dict[str, Outbox], send: Callable[..., Any]) -> None:
+    def __init__(self, plan: Plan, source: str, source_out: dict[str, Outbox],
+                 send: Callable[[str, Command], Any]) -> None:
         self.plan = plan
         self.source = source
         self.source_out = source_out
@@ -40,11 +42,10 @@ class Wiring:
                 continue
             for w in workers:
                 if w.pool == src and w.ready:
-                    self.send(w.worker_id, "peers", channel=worker.pool, replica=worker.replica,
-                              connect=endpoint, disconnect=old)
+                    self.send(w.worker_id, Rewire(channel=worker.pool, replica=worker.replica, connect=endpoint,
+                                                  disconnect=old))
         for channel in self.plan.outputs_of(worker.pool):
             for receiver in workers:
                 bound = self.listening.get((receiver.worker_id, worker.pool))
                 if receiver.pool == channel.dst and bound is not None:
-                    self.send(worker.worker_id, "peers", channel=channel.dst, replica=receiver.replica,
-                              connect=bound, disconnect=None)
+                    self.send(worker.worker_id, Rewire(channel=channel.dst, replica=receiver.replica, connect=bound))

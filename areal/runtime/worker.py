@@ -29,7 +29,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ from areal.graph.meta import GroupMeta
 from areal.graph.node import Node
 from areal.graph.recipe import load_recipe
 from areal.graph.roles import FAILED
+from areal.runtime import commands as cmd
+from areal.runtime import messages as msg
 from areal.runtime import weight_files
 from areal.runtime.chain import Chain, NodeFailure, guard
 from areal.runtime.channels import BatchReceiver, bind_address
@@ -128,7 +130,7 @@ class Worker:
         self.counts: dict[str, int] = {"batches": 0, "samples": 0, "tokens": 0}
         self._last_beat = time.monotonic()
         self._busy_at_beat = 0.0
-        self._latest_weights: dict[str, dict[str, Any]] = {}  # model -> the newest "weights" message
+        self._latest_weights: dict[str, cmd.HoldWeights] = {}  # model -> the newest weights it was told to hold
         self.holding: set[int] = set()  # trainer: groups gathered for coming steps (not re-issued after a crash)
         self.census: int | None = None  # trainer: the controller asked what it holds (after a crash upstream)
         # trainer: the oldest group not consumed, and those above it a step took (out of admission order)
@@ -151,7 +153,7 @@ class Worker:
 
     def run(self) -> None:
         endpoints = {src: inbox.endpoint for src, inbox in self.inboxes.items()}
-        self.control.send("ready", pid=os.getpid(), endpoints=endpoints)
+        self.control.send(msg.Ready(pid=os.getpid(), endpoints=endpoints))
         pulse = Pulse(self.plan.control_endpoint, self.worker_id, self.config.faults.heartbeat_s, self.key)
         loop = {"map": self._map_loop, "stream": self._stream_loop, "train": self._train_loop}[self.pool.role]
         try:
@@ -159,7 +161,7 @@ class Worker:
         finally:
             pulse.stop()
             self.spans.close()
-        self.control.send("stopped", **self.counts)
+        self.control.send(msg.Stopped(**self.counts))
 
     def _wait(self, timeout_ms: int) -> None:
         self.poller.poll(timeout_ms)
@@ -167,33 +169,40 @@ class Worker:
         now = time.monotonic()
         if now - self._last_beat >= self.config.faults.heartbeat_s:
             busy = (self.chain.busy_s - self._busy_at_beat) / max(now - self._last_beat, 1e-9)
-            self.control.send("heartbeat", busy=busy, holding=sorted(self.holding), **self.counts)
+            self.control.send(msg.Heartbeat(busy=busy, holding=sorted(self.holding), **self.counts))
             self._last_beat, self._busy_at_beat = now, self.chain.busy_s
 
     def _commands(self) -> None:
-        while (message := self.control.recv(0)) is not None:
-            kind = message["type"]
-            if kind == "stop":
-                self.stopping = True
-                if self.pool.role == "train" and message.get("checkpoint"):
-                    self._checkpoint(Path(message["checkpoint"]))
-            elif kind == "peers":  # Ray: where a replica of the next pool listens now
-                outbox = self.outboxes[message["channel"]]
-                if message.get("disconnect"):
-                    outbox.disconnect(int(message["replica"]), message["disconnect"])
-                outbox.connect(int(message["replica"]), message["connect"])
-            elif kind == "census":  # answered by the train loop once it has drained what is queued for it
-                self.census = int(message["seq"])
-            elif kind == "frontier" and self.join is not None:
-                self.join.forget_below(int(message["group"]))
-            elif kind == "weights":
-                if message.get("broadcast"):
-                    # a collective: the trainer waits in it until every generator has taken its part
-                    with self.spans.timed("weights", "receive weights", model=message.get("model"),
-                                          version=int(message["version"])):
-                        guard(self.nodes[0], self.impls[0].receive_weights, int(message["version"]))
-                    message = {**message, "path": None}  # loaded already: the loop only notes the version
-                self._latest_weights[str(message.get("model", ""))] = message  # with files, only the newest matters
+        """Carry out the controller's commands, each parsed where it enters (a malformed one stops the worker)."""
+        while (raw := self.control.recv(0)) is not None:
+            command = cmd.parse(raw)
+            COMMANDS[type(command)](self, command)
+
+    def _on_stop(self, command: cmd.Stop) -> None:
+        self.stopping = True
+        if self.pool.role == "train" and command.checkpoint:
+            self._checkpoint(Path(command.checkpoint))
+
+    def _on_rewire(self, command: cmd.Rewire) -> None:
+        outbox = self.outboxes[command.channel]
+        if command.disconnect:
+            outbox.disconnect(command.replica, command.disconnect)
+        outbox.connect(command.replica, command.connect)
+
+    def _on_census(self, command: cmd.TakeCensus) -> None:
+        self.census = command.seq  # answered by the train loop once it has drained what is queued for it
+
+    def _on_frontier(self, command: cmd.ForgetBelow) -> None:
+        if self.join is not None:
+            self.join.forget_below(command.group)
+
+    def _on_weights(self, command: cmd.HoldWeights) -> None:
+        if command.broadcast:
+            # a collective: the trainer waits in it until every generator has taken its part
+            with self.spans.timed("weights", "receive weights", model=command.model, version=command.version):
+                guard(self.nodes[0], self.impls[0].receive_weights, command.version)
+            command = command.model_copy(update={"path": None})  # loaded already: the loop only notes the version
+        self._latest_weights[command.model] = command  # with files, only the newest matters
 
     def _drain(self) -> list[tuple[Batch, GroupMeta]]:
         """The groups whose every input has come (joined when the pool has several); a batch whose meta is
@@ -210,7 +219,7 @@ class Worker:
                 except WireError as err:
                     inbox.rejected += 1
                     groups = batch["group_id"].tolist() if isinstance(batch.get("group_id"), torch.Tensor) else []
-                    self.control.send("rejected", groups=[int(g) for g in groups], reason=str(err))
+                    self.control.send(msg.BatchRefused(groups=[int(g) for g in groups], reason=str(err)))
                     continue
                 joined = (batch, meta) if self.join is None else self.join.add(src, batch, meta)
                 if joined is not None:
@@ -240,18 +249,18 @@ class Worker:
             self.spans.add("send", f"send to {dst}", start, time.monotonic(), to=dst, group=meta.group,
                            samples=batch.size)
 
-    def _apply_weights(self, model: str) -> dict[str, Any] | None:
-        """The newest weights message for `model`, if one came since last asked."""
+    def _apply_weights(self, model: str) -> cmd.HoldWeights | None:
+        """The newest weights `model`'s followers are to hold, if they were told since last asked."""
         return self._latest_weights.pop(model, None)
 
     def _follow_weights(self) -> None:
         """Map nodes that follow a trained model take its newest weights between groups."""
         for model, impls in self.followers.items():
-            message = self._apply_weights(model)
-            if message is not None and message.get("path"):
-                with self.spans.timed("weights", "load weights", model=model, version=int(message["version"])):
+            weights = self._apply_weights(model)
+            if weights is not None and weights.path:
+                with self.spans.timed("weights", "load weights", model=model, version=weights.version):
                     for impl in impls:
-                        impl.load_weights(message["path"], int(message["version"]))
+                        impl.load_weights(weights.path, weights.version)
 
     # -- the three loops ------------------------------------------------------------------
 
@@ -280,9 +289,9 @@ class Worker:
             self._wait(0 if busy else (100 if held else int(self.config.faults.heartbeat_s * 1000)))
             weights = self._apply_weights(model)
             if weights is not None:
-                policy_version = int(weights["version"])
+                policy_version = weights.version
                 with self.spans.timed("weights", "load weights", model=model, version=policy_version):
-                    guard(head, gen.load_weights, weights.get("path"), policy_version)
+                    guard(head, gen.load_weights, weights.path, policy_version)
                 if self.staleness_policy.drops:
                     self._abort_late(head, submitted, policy_version - self.config.staleness)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
@@ -307,8 +316,8 @@ class Worker:
         """drop: stop every group holding a token sampled before version `oldest` (it can no longer be trained
         within η), report its samples dropped with the tokens they had, and send it on empty."""
         for meta, sample_ids, tokens in guard(head, self.impls[0].abort_older_than, oldest):
-            self.control.send("dropped", node=head.name, sample_ids=sample_ids, tokens=tokens,
-                              reason=f"aborted in generation: a token older than version {oldest}")
+            self.control.send(msg.SamplesDropped(node=head.name, sample_ids=sample_ids, tokens=tokens,
+                                                 reason=f"aborted in generation: a token older than version {oldest}"))
             ids = torch.empty(0, dtype=torch.int64)
             empty = Batch({**expand(submitted.pop(meta.group), ids), "sample_id": ids, "group_id": ids.clone()})
             self._send(self.chain.run(empty, held_out=False)[0], meta)
@@ -345,13 +354,13 @@ class Worker:
                     self._report_eval(batch, meta)
                     continue
                 if meta.group in waiting or meta.group < self.next_group or meta.group in self.consumed:
-                    self.control.send("duplicate", group=meta.group)  # a re-issued group that already arrived
+                    self.control.send(msg.DuplicateDropped(group=meta.group))  # a re-issued group that already arrived
                     continue
                 waiting[meta.group] = (batch, meta)
                 self.holding.add(meta.group)
                 idle.arrived(meta)
             if self.census is not None:
-                self.control.send("census", seq=self.census, holding=sorted(self.holding))
+                self.control.send(msg.Census(seq=self.census, holding=sorted(self.holding)))
                 self.census = None
             while self.version < self.config.steps:
                 dropped += self._drop_expired(waiting)
@@ -388,11 +397,11 @@ class Worker:
             return []
         late = sorted(g for g, (b, _) in waiting.items()
                       if b.size and expired(b[versions], self.version, self.config.staleness))
+        reason = f"older than η={self.config.staleness} at version {self.version}"
         for group in late:
             batch, _ = waiting.pop(group)
-            self.control.send("dropped", node=self.nodes[-1].name, sample_ids=batch["sample_id"].tolist(),
-                              tokens=batch[versions].lengths.tolist(),
-                              reason=f"older than η={self.config.staleness} at version {self.version}")
+            self.control.send(msg.SamplesDropped(node=self.nodes[-1].name, sample_ids=batch["sample_id"].tolist(),
+                                                 tokens=batch[versions].lengths.tolist(), reason=reason))
         self.holding.difference_update(late)
         return late
 
@@ -455,15 +464,15 @@ class Worker:
         if self.follower:
             return  # rank 0 reports the step and decides on checkpoints
         reward = self.plan.reward_field
-        self.control.send(
-            "version", model=self.pool.name, version=self.version, path=path, broadcast=self.broadcasting,
+        self.control.send(msg.VersionPublished(
+            model=self.pool.name, version=self.version, path=path, broadcast=self.broadcasting,
             stats=stats, staleness={str(k): v for k, v in hist.items()}, groups=consumed,
             next_group=self.next_group,
             sample_ids=batch["sample_id"].tolist() if batch is not None else [],
             rewards=batch[reward].tolist() if batch is not None and reward in batch else [],
             solved=self._solved(batch),
             tokens=_tokens(batch, self.plan.binding(self.nodes[-1].name)),
-        )
+        ))
         if weights is not None:
             self.weights_group.send(weights)  # the controller tells the generators to take their part
         every = self.config.checkpoint.interval_steps
@@ -503,16 +512,17 @@ class Worker:
             policy = None if self.follower else str(folder / policy_name(self.pool.name))
             guard(self.nodes[-1], trainer.save_weights, policy)
         if not self.follower:
-            self.control.send("checkpoint", model=self.pool.name, version=self.version, path=str(folder),
-                              next_group=self.next_group, consumed=sorted(self.consumed))
+            self.control.send(msg.CheckpointWritten(model=self.pool.name, version=self.version, path=str(folder),
+                                                    next_group=self.next_group, consumed=sorted(self.consumed)))
 
     def _report_eval(self, batch: Batch, meta: GroupMeta) -> None:
         if self.pool.name != self.plan.policy and self.plan.policy:
             return  # the sampled policy's trainer reports held-out rounds; the others only see them pass
         reward = self.plan.reward_field
         rewards = batch[reward].tolist() if reward in batch else []
-        self.control.send("eval", round=meta.round, task_ids=list(meta.task_ids), rewards=rewards,
-                          solved=self._solved(batch), sample_ids=batch["sample_id"].tolist())
+        assert meta.round is not None  # GroupMeta.from_wire refuses a held-out meta without its round
+        self.control.send(msg.HeldOutScored(round=meta.round, task_ids=list(meta.task_ids), rewards=rewards,
+                                            solved=self._solved(batch), sample_ids=batch["sample_id"].tolist()))
 
     def _solved(self, batch: Batch | None) -> list[bool]:
         field = self.plan.solved_field
@@ -520,7 +530,16 @@ class Worker:
 
     def _report_metrics(self, metrics: Mapping[str, float]) -> None:
         if metrics:
-            self.control.send("metrics", values=dict(metrics))
+            self.control.send(msg.NodeMetrics(values=dict(metrics)))
+
+
+COMMANDS: dict[type[cmd.Command], Callable[[Worker, Any], None]] = {
+    cmd.Stop: Worker._on_stop,
+    cmd.Rewire: Worker._on_rewire,
+    cmd.TakeCensus: Worker._on_census,
+    cmd.ForgetBelow: Worker._on_frontier,
+    cmd.HoldWeights: Worker._on_weights,
+}
 
 
 def _tokens(batch: Batch | None, binding: Mapping[str, str]) -> int:
@@ -564,7 +583,7 @@ def main(argv: list[str]) -> int:
         # same way on every retry: the controller stops the run instead of restarting the worker
         restartable = worker is not None and worker.config.faults.node_errors == "restart"
         fatal = isinstance(err, NodeContractError) or (isinstance(err, NodeFailure) and not restartable)
-        control.send("error", node=node, message=text, traceback=traceback.format_exc(), fatal=fatal)
+        control.send(msg.WorkerError(node=node, message=text, traceback=traceback.format_exc(), fatal=fatal))
         return 1
     finally:
         control.close()

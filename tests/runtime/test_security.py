@@ -17,6 +17,7 @@ from areal.graph.batch import Batch
 from areal.runtime.channels import BatchReceiver, BatchSender, tcp_endpoint
 from areal.runtime.control import ControlClient, ControlServer, pack
 from areal.runtime.launch import build_controller
+from areal.runtime.messages import Heartbeat
 from areal.runtime.security import RunKey
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
@@ -61,7 +62,7 @@ def test_control_messages_without_the_run_key_never_reach_the_controller(tmp_pat
     member = ControlClient(endpoint, "rollout[0]", key)
     try:
         forger.send(pack({"type": "error", "message": "stop the run"}), zmq.NOBLOCK)
-        member.send("heartbeat", busy=0.5)
+        member.send(Heartbeat(busy=0.5))
         got = server.recv(10_000)
         assert got == ("rollout[0]", {"type": "heartbeat", "busy": 0.5})
         assert server.recv(300) is None

@@ -30,7 +30,7 @@ def _plan(tmp_path: Path):
 
 def _told(versions: Versions, worker: Follower) -> dict:
     sent: list[dict] = []
-    versions.catch_up(worker, lambda to, kind, **fields: sent.append({"to": to, "kind": kind, **fields}))
+    versions.catch_up(worker, lambda to, command: sent.append({"to": to, **command.to_wire()}))  # as on the wire
     return sent[0]
 
 
@@ -43,7 +43,7 @@ def test_a_resumed_run_tells_the_critics_followers_the_checkpoints_critic(tmp_pa
     versions = Versions(plan, start=2, sampling_lag=0, resumed=checkpoint)
     values = plan.pool_of("values").name
     assert _told(versions, Follower(f"{values}[0]", values)) == {
-        "to": f"{values}[0]", "kind": "weights", "model": "critic", "version": 2,
+        "to": f"{values}[0]", "type": "weights", "model": "critic", "version": 2,
         "path": str(checkpoint / "policy-critic.safetensors")}
     rollout = plan.pool_of("rollout").name
     assert _told(versions, Follower(f"{rollout}[0]", rollout))["path"] == str(checkpoint / "policy-actor.safetensors")
