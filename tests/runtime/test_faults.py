@@ -74,16 +74,25 @@ def test_killed_trainer_stops_the_run_and_resume_trains_each_acknowledged_sample
     assert sorted(sid for r in kept for sid in r["sample_ids"]) == list(range(STEPS * B * G))
 
 
-def test_a_node_that_raises_stops_the_run_at_once_at_its_recipe_line_with_its_own_frames(tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_RAISE_ON_GROUP", "3")
-    monkeypatch.setenv("FAKE_ADVANTAGE_POOL", "1")
+def _advantage_failure(tmp_path, monkeypatch, **env: str):
+    """The error a run stops with when its `advantage` node fails as `env` tells it to, and the run's controller."""
+    for name, value in {**env, "FAKE_ADVANTAGE_POOL": "1"}.items():
+        monkeypatch.setenv(name, value)
     controller, _ = _controller(tmp_path)
     with pytest.raises(RunError) as raised:
         controller.run()
-    message = str(raised.value)
+    return str(raised.value), controller
+
+
+def _at_the_recipe_line(tmp_path) -> str:
+    """How a node error begins: the recipe's file and the line that added the node."""
     line = next(i for i, text in enumerate(RECIPE.read_text().splitlines(), 1) if text.startswith("g.add(advantage"))
-    assert message.startswith(f"{tmp_path / 'fake_rl.py'}:{line}: node 'advantage' (custom) raised ValueError: "
-                              "bad group 3\n")
+    return f"{tmp_path / 'fake_rl.py'}:{line}: node 'advantage' (custom) raised ValueError: "
+
+
+def test_a_node_that_raises_stops_the_run_at_once_at_its_recipe_line_with_its_own_frames(tmp_path, monkeypatch):
+    message, controller = _advantage_failure(tmp_path, monkeypatch, FAKE_RAISE_ON_GROUP="3")
+    assert message.startswith(_at_the_recipe_line(tmp_path) + "bad group 3\n")
     # the node's own frame, its file and the line that raised; no frame of the runtime before it
     assert 'fake_rl.py", line' in message and 'raise ValueError(f"bad group {RAISE_ON_GROUP}")' in message
     assert "areal/runtime" not in message.split("\n  (worker")[0]
@@ -147,15 +156,8 @@ def test_a_frozen_worker_is_declared_silent_restarted_and_its_work_trained_once(
 
 
 def test_a_node_that_fails_while_setting_up_stops_the_run_at_once_with_its_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_SETUP_ERROR", "advantage tables missing")
-    monkeypatch.setenv("FAKE_ADVANTAGE_POOL", "1")
-    controller, _ = _controller(tmp_path)
-    with pytest.raises(RunError) as caught:
-        controller.run()
-    message = str(caught.value)
-    line = next(i for i, text in enumerate(RECIPE.read_text().splitlines(), 1) if text.startswith("g.add(advantage"))
-    assert message.startswith(f"{tmp_path / 'fake_rl.py'}:{line}: node 'advantage' (custom) raised ValueError: "
-                              "advantage tables missing\n")
+    message, controller = _advantage_failure(tmp_path, monkeypatch, FAKE_SETUP_ERROR="advantage tables missing")
+    assert message.startswith(_at_the_recipe_line(tmp_path) + "advantage tables missing\n")
     assert ", in setup\n" in message and 'raise ValueError(os.environ["FAKE_SETUP_ERROR"])' in message  # its own frame
     assert "while setting up" in message
     assert "restart" not in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text()  # no futile restarts
