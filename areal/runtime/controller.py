@@ -4,9 +4,10 @@ This module is the event loop. What it decides with lives next to it: admission 
 and the gate), versions (one per trained model, and what followers hold), evaluation (held-out
 rounds), faults (what a dead worker gets), checkpoint (sealing what the trainers wrote),
 accounting (where every sample is). Workers' messages are typed (messages.py) and dispatched
-by class through `HANDLERS`. On an ending signal (signals.py) or a worker's error it stops every
-worker, asks the trainers for a final checkpoint when the run is healthy, and kills whatever is
-left by pid.
+by class through `HANDLERS`, to handlers here and in its two mixins: controller_reports.py
+(reports of work) and controller_recovery.py (a dead worker: restart, census, re-issue). On an
+ending signal (signals.py) or a worker's error it stops every worker, asks the trainers for a
+final checkpoint when the run is healthy, and kills whatever is left by pid.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from areal.runtime.accounting import Accounting
 from areal.runtime.admission import Admission, configured
 from areal.runtime.channels import is_dynamic, private_folder
 from areal.runtime.checkpoint import Sealing, final_dir, staging_dir
-from areal.runtime.commands import ForgetBelow, Stop, TakeCensus
+from areal.runtime.commands import Stop
 from areal.runtime.control import ControlServer, Pulse
+from areal.runtime.controller_recovery import WorkerRecovery
+from areal.runtime.controller_reports import WorkerReports
 from areal.runtime.evaluation import HeldOut, first_pass
-from areal.runtime.faults import Restarts, log_tail
+from areal.runtime.faults import Restarts
 from areal.runtime.metrics import MetricsWriter
 from areal.runtime.outbox import Outbox
 from areal.runtime.placement import WorkerHandle, launcher_for, worker_spec
@@ -50,7 +53,6 @@ log = logging.getLogger("areal.controller")
 
 READY_TIMEOUT_S = 600.0  # a worker may build the warm-start model on first use
 STOP_TIMEOUT_S = 60.0
-LOST_GROUPS_BATCHES = 10  # this many steps' worth of groups lost in a row, and nothing trained: the run stops
 
 
 @dataclass
@@ -86,7 +88,7 @@ class RunState:
     status: str = "starting"
 
 
-class Controller:
+class Controller(WorkerReports, WorkerRecovery):
     def __init__(self, plan: Plan, graph: Graph, config: RunConfig, *, saved: dict[str, Any] | None = None,
                  resume_dir: Path | None = None, on_event: Callable[[Controller], None] | None = None,
                  lock: RunDirLock | None = None) -> None:
@@ -300,45 +302,6 @@ class Controller:
                     self._listen(0)
                     self._check_processes()
 
-    def _census(self) -> None:
-        """After a crash: ask every trainer what it holds once it has drained its inputs, then re-issue the rest
-        of the groups started before the crash (those started since went to live workers).
-
-        A trainer busy in a long update reports in its heartbeats only the groups it gathered before it; those
-        queued for it since are not lost, and re-issuing them would generate (and filter, and free) them again.
-        """
-        self._census_seq += 1
-        self._census_scope |= self.admission.issued.keys()
-        asked = [w for w in self.workers.values() if w.ready and self.plan.pool(w.pool).role == "train"
-                 and not (self.plan.pool(w.pool).rendezvous and w.replica > 0)]  # rank 0 takes a trainer's data
-        self._census_due = {w.worker_id for w in asked}
-        for w in asked:
-            self.control.send(w.worker_id, TakeCensus(seq=self._census_seq))
-        if not self._census_due:
-            self._reissue_after_crash()
-
-    def _on_census(self, worker: WorkerProcess, m: msg.Census) -> None:
-        worker.holding = set(m.holding)
-        if m.seq == self._census_seq and worker.worker_id in self._census_due:
-            self._census_due.discard(worker.worker_id)
-            if not self._census_due and not self._stopping:
-                self._reissue_after_crash()
-
-    def _reissue_after_crash(self) -> None:
-        """Send again every group started before the crash that no trainer holds, and the held-out rounds in
-        flight: the dead worker may have held any of them. Trainers drop the copies they have."""
-        scope, self._census_scope = self._census_scope, set()
-        self._reissue(scope)
-        for batch, meta in self.heldout.in_flight() if self.heldout is not None else []:
-            self._send_source(batch, meta)
-
-    def _reissue(self, only: set[int]) -> None:
-        """Send again the groups in `only` that no trainer holds (nor consumed)."""
-        held = set().union(*(w.holding for w in self.workers.values()))
-        for batch, meta in self.admission.reissue(held, only):
-            self.accounting.reissued += 1
-            self._send_source(batch, meta)
-
     # -- evaluation -----------------------------------------------------------------------
 
     def _start_eval(self) -> None:
@@ -393,173 +356,7 @@ class Controller:
         worker.holding = set(getattr(m, "holding", worker.holding))
         worker.counts = {"batches": m.batches, "samples": m.samples, "tokens": m.tokens}
 
-    def _on_version(self, worker: WorkerProcess, m: msg.VersionPublished) -> None:
-        self.versions.record(m.model, m.version, m.path)
-        self.state.version = self.versions.slowest
-        if m.sample_ids:
-            self._lost_in_a_row = 0
-        self.accounting.on_trained(m.model, m.sample_ids)
-        self.next_group[m.model] = m.next_group
-        frontier = min(self.next_group.values())
-        self.admission.consumed(frontier)
-        for w in self.workers.values():
-            if self.plan.pool(w.pool).role == "map":
-                self.control.send(w.worker_id, ForgetBelow(group=frontier))
-        if m.model == self.accounting.counted:
-            self.accounting.on_consumed(m.groups)
-            self.accounting.check(m.version, m.groups, time.monotonic(), self.config.faults.dead_after_s)
-            self._step_record(m)
-        else:  # another trainer's numbers (a critic's loss) join the next step record, named by it
-            self.steps.on_metrics({f"{m.model}_{k}": v for k, v in m.stats.items() if isinstance(v, (int, float))})
-        if m.path or m.broadcast:
-            self.versions.announce(m.model, self.workers.values(), self.control.send, broadcast=m.broadcast)
-        every = self.config.eval.interval_steps
-        if (self.heldout is not None and every and m.model == (self.plan.policy or m.model)
-                and m.version % every == 0 and m.version < self.state.steps):
-            self._start_eval()
-
-    def _step_record(self, m: msg.VersionPublished) -> None:
-        self.state.staleness.update({int(k): int(v) for k, v in m.staleness.items()})
-        self.state.trained_tokens += m.tokens
-        self.state.masked_tokens += int(m.stats.get("masked_tokens", 0))
-        self.state.stale_tokens += int(m.stats.get("stale_tokens", 0))
-        record = self.steps.record(m, elapsed=self._elapsed(), versions=self.versions.current,
-                                   trained=len(self.accounting.trained), accounting=self.accounting.summary(),
-                                   generated_tokens=sum(w.counts.get("tokens", 0) for w in self.workers.values()),
-                                   trained_tokens=self.state.trained_tokens,
-                                   busy={w.worker_id: w.busy for w in self.workers.values()})
-        # the controller's own load: CPU seconds of this process (all its threads) and control messages
-        record |= {"controller_cpu_s": time.process_time(),
-                   "control_messages": self.control.received + self.control.sent}
-        self.state.last_step = record
-        for line in [record, *self.steps.warnings(record)]:
-            self.metrics.write(line)
-
-    def _on_failed(self, worker: WorkerProcess, m: msg.SamplesFailed) -> None:
-        reasons = [f"{m.node}: {r}" for r in m.reasons]
-        if m.sample_ids and self.config.faults.nodes.get(m.node, self.config.faults.policy) == "fail-fast":
-            raise RunError(f"node '{m.node}': sample {m.sample_ids[0]} failed at version {self.state.version}: "
-                           f"{m.reasons[0]} (faults.policy=fail-fast stops at the first failure)")
-        if m.eval:
-            for record in self.heldout.failed(m.sample_ids) if self.heldout is not None else []:
-                self._eval_done(record)
-            return
-        if not self.plan.pool(worker.pool).reaches_trainer:  # a side branch: the samples still train
-            for sid, reason in zip(m.sample_ids, reasons):
-                self.metrics.write({"kind": "branch_failed", "sample_id": sid, "reason": reason,
-                                    "wall_s": self._elapsed()})
-            return
-        self._free(self.accounting.on_failed(m.sample_ids, reasons), f"{reasons[0]}" if reasons else "failed")
-        for sid, reason in zip(m.sample_ids, reasons):
-            log.warning("sample %d failed: %s", sid, reason)
-            self.metrics.write({"kind": "failed", "sample_id": sid, "reason": reason, "wall_s": self._elapsed()})
-
-    def _on_filtered(self, worker: WorkerProcess, m: msg.SamplesFiltered) -> None:
-        self._free(self.accounting.on_filtered(m.sample_ids, [f"{m.node}: {r}" for r in m.reasons]),
-                   f"filtered by '{m.node}': {m.reasons[0] if m.reasons else ''}")
-
-    def _free(self, groups: list[int], why: str) -> None:
-        """Groups that will never be trained give their slots to new ones; a run that only loses groups stops."""
-        self.admission.free(groups)
-        self._lost_in_a_row += len(groups)
-        limit = LOST_GROUPS_BATCHES * self.config.batch_size
-        if self._lost_in_a_row > limit:
-            raise RunError(f"no sample of the last {self._lost_in_a_row} groups reached a trainer since version "
-                           f"{self.state.version} (the last: {why}); the run cannot make progress")
-
-    def _on_dropped(self, worker: WorkerProcess, m: msg.SamplesDropped) -> None:
-        """The staleness policy dropped samples too old to train within η: counted with the tokens they wasted,
-        and a group lost whole frees its slot for another."""
-        reason = f"{m.node}: {m.reason}"
-        self._free(self.accounting.on_dropped(m.sample_ids, m.tokens, reason), reason)
-        self.metrics.write({"kind": "dropped", "sample_ids": m.sample_ids, "tokens": sum(m.tokens), "reason": reason,
-                            "wall_s": self._elapsed()})
-
-    def _on_noted(self, worker: WorkerProcess, m: msg.SamplesNoted) -> None:
-        self.accounting.on_noted(m.sample_ids, m.reasons)
-
-    def _on_eval(self, worker: WorkerProcess, m: msg.HeldOutScored) -> None:
-        record = self.heldout.scored(m.round, m.sample_ids, m.rewards, m.solved) if self.heldout is not None else None
-        if record is not None:
-            self._eval_done(record)
-
-    def _on_checkpoint(self, worker: WorkerProcess, m: msg.CheckpointWritten) -> None:
-        self.sealing.part_written(m.path, m.model, m.version, m.next_group, m.consumed, self._checkpoint_state)
-
-    def _checkpoint_state(self, start: int) -> dict[str, Any]:
-        """What a resume needs of the controller, as of group `start` (the first not every trainer trained)."""
-        first_sample = start * self.config.group_size
-
-        def decided(sid: int) -> bool:  # its group will not start again: below `start`, or consumed out of order
-            return sid < first_sample or sid // self.config.group_size in self.accounting.consumed
-
-        return {
-            "source": self.admission.cursor_at(start),
-            "accounting": self.accounting.summary(),
-            "trained_ids": sorted(self.accounting.trained),
-            "failed": {str(k): v for k, v in self.accounting.failed.items() if decided(k)},
-            "filtered": {str(k): v for k, v in self.accounting.filtered.items() if decided(k)},
-            "dropped": {str(k): v for k, v in self.accounting.dropped.items() if decided(k)},
-            "noted": {str(k): v for k, v in self.accounting.noted.items() if decided(k)},
-            "metrics_lines": self.metrics.lines,
-            "eval_round": self.heldout.next_round if self.heldout is not None else 0,
-        }
-
-    def _on_duplicate(self, worker: WorkerProcess, m: msg.DuplicateDropped) -> None:
-        self.accounting.duplicates += 1
-
-    def _on_rejected(self, worker: WorkerProcess, m: msg.BatchRefused) -> None:
-        """A worker refused a malformed batch: logged with the reason; groups of ours it named are sent again.
-
-        A refused group never reaches the trainer, which waits for every group of its batch, so failing its
-        samples would stall the run: re-issuing (as after a crash) keeps every sample's count exact.
-        """
-        reason = f"refused by {worker.worker_id}: {m.reason}"
-        log.warning("%s", reason)
-        groups = sorted(set(m.groups) & self.admission.issued.keys())
-        self.metrics.write({"kind": "rejected", "worker": worker.worker_id, "reason": reason, "groups": groups,
-                            "wall_s": self._elapsed()})
-        self._reissue(only=set(groups))
-
-    def _on_metrics(self, worker: WorkerProcess, m: msg.NodeMetrics) -> None:
-        self.steps.on_metrics(m.values)
-
-    def _on_error(self, worker: WorkerProcess, m: msg.WorkerError) -> None:
-        where = f"node '{m.node}'" if m.node else f"worker {worker.worker_id}"
-        prefix = "" if m.message.startswith(("node '", "recipe")) or ": node '" in m.message else f"{where}: "
-        worker.last_error = f"{prefix}{m.message}"
-        worker.fatal = m.fatal
-        log.error("%s reported: %s", worker.worker_id, worker.last_error)
-
     # -- faults ---------------------------------------------------------------------------
-
-    def _check_processes(self) -> None:
-        now = time.monotonic()
-        for w in list(self.workers.values()):
-            code = w.process.poll()
-            if code is None and w.ready and now - w.last_seen > self.config.faults.dead_after_s:
-                why = f"was silent for {now - w.last_seen:.0f} s (no heartbeat)"
-                w.process.kill()
-            elif code is not None and not self._stopping:
-                self._listen(200)  # its last words (an "error" event) may still be in flight
-                why = f"exited with code {code}"
-            else:
-                continue
-            self._on_worker_death(w, why)
-
-    def _on_worker_death(self, w: WorkerProcess, why: str) -> None:
-        """Restart the worker and re-issue what it may have held, or stop the run naming the node."""
-        w.process.kill()  # what the dead worker started (its process group) dies with it
-        stop = self.restarts.verdict(w.pool, w.worker_id, why, w.last_error, w.ready, w.fatal, self.run_dir,
-                                     w.log_path, log_tail(w.log_path))
-        if stop is not None:
-            raise RunError(stop)
-        cause = f"worker {w.worker_id} {why}" + (f": {w.last_error}" if w.last_error else "")
-        log.warning("%s; restarting it (%d/%d in %.0f s)", cause, self.restarts.count(w.pool),
-                    self.config.faults.max_restarts, self.config.faults.window_s)
-        self.metrics.write({"kind": "restart", "worker": w.worker_id, "why": cause, "wall_s": self._elapsed()})
-        self._spawn(w.pool, w.replica)
-        self._census()
 
     def _elapsed(self) -> float:
         return max(time.monotonic() - self.state.started_at, 1e-9)

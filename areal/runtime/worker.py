@@ -15,7 +15,7 @@ then runs the loop of its pool's role:
   model gets its next version. The policy's trainer drops the groups too old to train (drop),
   masks the tokens too old (token) and re-checks its guarantee on what the update reads. A
   trainer of several ranks does this in rank 0, which orders the others to do the same
-  (runtime/ranks.py).
+  (runtime/ranks.py). The train role's methods live in trainer_role.py.
 Every group a pool finishes is sent on every output channel, empty if nothing is left of it, so
 joins downstream always complete. A node that raises stops the worker with an "error" event
 naming it; the controller decides what happens next.
@@ -29,7 +29,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +45,9 @@ from areal.graph.recipe import load_recipe
 from areal.graph.roles import FAILED
 from areal.runtime import commands as cmd
 from areal.runtime import messages as msg
-from areal.runtime import weight_files
 from areal.runtime.chain import Chain, NodeFailure, guard
 from areal.runtime.channels import BatchReceiver, bind_address
-from areal.runtime.checkpoint import MANIFEST, policy_name, staging_dir
+from areal.runtime.checkpoint import MANIFEST
 from areal.runtime.codec import FrameTooLarge
 from areal.runtime.context import WorkerContext
 from areal.runtime.control import ControlClient, Pulse
@@ -57,13 +56,12 @@ from areal.runtime.outbox import Outbox
 from areal.runtime.outputs import NodeContractError
 from areal.runtime.plan import Plan
 from areal.runtime.policies import POLICIES
-from areal.runtime.policies.enforce import checked_step, expired, with_policy_mask
 from areal.runtime.ranks import RankOrders, rank_environment
 from areal.runtime.reaper import guard_process_group
 from areal.runtime.sample_log import SampleLog
 from areal.runtime.security import RunKey
-from areal.runtime.solved import solved
-from areal.runtime.spans import Spans, StepWait
+from areal.runtime.spans import Spans
+from areal.runtime.trainer_role import TrainerRole
 
 log = logging.getLogger("areal.worker")
 
@@ -71,7 +69,7 @@ SEND_RETRY_MS = 500
 JOIN_CAPACITY_BATCHES = 4  # a join holds at most this many steps' worth of groups from an input that is ahead
 
 
-class Worker:
+class Worker(TrainerRole):
     def __init__(self, plan: Plan, pool_name: str, replica: int, version: int, resume_dir: Path | None,
                  control: ControlClient) -> None:
         """`control` is the worker's one control socket: made before anything that can fail, so that even
@@ -342,69 +340,6 @@ class Worker:
         self._report_metrics(metrics)
         self._send(batch, meta)
 
-    def _train_loop(self) -> None:
-        per_step = self.pool.gather_groups
-        waiting: dict[int, tuple[Batch, GroupMeta]] = {}
-        dropped: list[int] = []  # groups dropped unread since the last step: consumed with the next
-        idle = StepWait(self.spans)
-        while not self.stopping:
-            self._wait(int(self.config.faults.heartbeat_s * 1000))
-            for batch, meta in self._drain():
-                if meta.eval:
-                    self._report_eval(batch, meta)
-                    continue
-                if meta.group in waiting or meta.group < self.next_group or meta.group in self.consumed:
-                    self.control.send(msg.DuplicateDropped(group=meta.group))  # a re-issued group that already arrived
-                    continue
-                waiting[meta.group] = (batch, meta)
-                self.holding.add(meta.group)
-                idle.arrived(meta)
-            if self.census is not None:
-                self.control.send(msg.Census(seq=self.census, holding=sorted(self.holding)))
-                self.census = None
-            while self.version < self.config.steps:
-                dropped += self._drop_expired(waiting)
-                step = self.staleness_policy.pick({g: b.size for g, (b, _) in waiting.items()}, self.next_group,
-                                                  self.consumed, per_step)
-                if not step:
-                    break
-                parts = [waiting.pop(g) for g in step]  # in admission order: group ids are admission order
-                self._consume(step + dropped)
-                kept = [(b, m) for b, m in parts if b.size]
-                idle.ended(step, self.version + 1, dropped=dropped)
-                self._train(Batch.concat([b for b, _ in kept]) if kept else None, consumed=sorted(step + dropped),
-                            groups=[m for _, m in kept])
-                idle.restart()
-                dropped = []
-                if self.stopping:
-                    break
-        if self.orders is not None:
-            self.orders.send("stop")
-
-    def _consume(self, groups: list[int]) -> None:
-        """Groups a step took (or dropped): never taken again; `next_group` moves past every consumed one."""
-        self.holding.difference_update(groups)
-        self.consumed.update(groups)
-        while self.next_group in self.consumed:
-            self.consumed.discard(self.next_group)
-            self.next_group += 1
-
-    def _drop_expired(self, waiting: dict[int, tuple[Batch, GroupMeta]]) -> list[int]:
-        """drop: the arrived groups the next step could not train within η, reported dropped (with the tokens
-        they had generated) and taken out of `waiting`; they are consumed with the next step."""
-        versions = self.plan.binding(self.nodes[-1].name).get("versions")
-        if not (self.staleness_policy.drops and self.enforcing and versions):
-            return []
-        late = sorted(g for g, (b, _) in waiting.items()
-                      if b.size and expired(b[versions], self.version, self.config.staleness))
-        reason = f"older than η={self.config.staleness} at version {self.version}"
-        for group in late:
-            batch, _ = waiting.pop(group)
-            self.control.send(msg.SamplesDropped(node=self.nodes[-1].name, sample_ids=batch["sample_id"].tolist(),
-                                                 tokens=batch[versions].lengths.tolist(), reason=reason))
-        self.holding.difference_update(late)
-        return late
-
     def _follow_loop(self) -> None:
         """A trainer rank > 0: rank 0's orders, in its order, so every collective meets its peers."""
         orders = self.orders
@@ -420,119 +355,6 @@ class Worker:
 
     # -- the trainer's step -------------------------------------------------------------------
 
-    def _train(self, batch: Batch | None, consumed: list[int], groups: list[GroupMeta] | None = None) -> None:
-        """One step on `batch` (None: every sample of it is gone); `groups`: the metas of its groups (rank 0)."""
-        step = self.version
-        began = time.monotonic()
-        stats: dict[str, Any] = {}
-        hist: dict[int, int] = {}
-        if self.orders is not None and not self.follower:
-            self.orders.send("train", batch, consumed=consumed)
-        trainer = self.impls[-1]
-        if batch is not None:
-            start = time.monotonic()
-            batch, metrics = self.chain.run(batch, held_out=False, stop=len(self.nodes) - 1)
-            middle = time.monotonic()
-            stats |= metrics
-        if batch is not None and batch.size:
-            binding = self.plan.binding(self.nodes[-1].name)
-            view = self.chain.view(batch, binding)
-            if self.enforcing and "versions" in view:
-                if self.staleness_policy.masks:  # every rank: the same mask from the same versions
-                    view, stats["masked_tokens"] = with_policy_mask(view, step, self.config.staleness)
-                if not self.follower:
-                    numbers = checked_step(self.staleness_policy, view, step, self.config.effective_staleness,
-                                           self.config.batch_size, groups or [])
-                    hist, stats["stale_tokens"] = numbers["staleness"], numbers["stale_tokens"]
-            stats |= dict(guard(self.nodes[-1], trainer, view))
-            end = time.monotonic()
-            self.spans.add("node", self.nodes[-1].name, middle, end, samples=batch.size)
-            if self.chain.log is not None:
-                oldest = [int(r.min()) if len(r) else step for r in batch[binding["versions"]].rows()] \
-                    if "versions" in binding else [step] * batch.size
-                self.chain.log.trained(self.nodes[-1].name, step + 1, batch["sample_id"].tolist(), oldest)
-            self.chain.busy_s += end - middle
-            stats |= {"prox_s": middle - start, "update_s": end - middle}
-        else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
-            guard(self.nodes[-1], trainer.empty_step)
-        self.version = step + 1
-        with self.spans.timed("publish", "publish weights", version=self.version):
-            path = self._publish()
-        self.spans.add("step", "train step", began, time.monotonic(), version=self.version,
-                       samples=batch.size if batch is not None else 0)
-        weights = guard(self.nodes[-1], trainer.policy_weights) if self.broadcasting else None
-        if self.follower:
-            return  # rank 0 reports the step and decides on checkpoints
-        reward = self.plan.reward_field
-        self.control.send(msg.VersionPublished(
-            model=self.pool.name, version=self.version, path=path, broadcast=self.broadcasting,
-            stats=stats, staleness={str(k): v for k, v in hist.items()}, groups=consumed,
-            next_group=self.next_group,
-            sample_ids=batch["sample_id"].tolist() if batch is not None else [],
-            rewards=batch[reward].tolist() if batch is not None and reward in batch else [],
-            solved=self._solved(batch),
-            tokens=_tokens(batch, self.plan.binding(self.nodes[-1].name)),
-        ))
-        if weights is not None:
-            self.weights_group.send(weights)  # the controller tells the generators to take their part
-        every = self.config.checkpoint.interval_steps
-        if every and self.version % every == 0:
-            self._checkpoint(staging_dir(self.plan.run_dir, self.version, tag="interval"))
-
-    def _publish(self) -> str | None:
-        trainer = self.impls[-1]
-        if self.broadcasting:
-            return None
-        if self.follower:
-            guard(self.nodes[-1], trainer.save_weights, None)  # its part of gathering the weights
-            return None
-        weights_dir, model = self.plan.weights_dir, self.pool.name
-        weight_files.model_dir(weights_dir, model).mkdir(parents=True, exist_ok=True)
-        final = weight_files.published(weights_dir, model, self.version)
-        tmp = weight_files.partial(weights_dir, model, self.version)
-        guard(self.nodes[-1], trainer.save_weights, str(tmp))
-        os.replace(tmp, final)  # readers never see a half-written file
-        keep = 3 + self.config.sampling_lag  # lagged mode: generators sample from the one η versions old
-        for version, old in weight_files.published_versions(weights_dir, model).items():
-            # keep the newest; a file above this version is rolled-back work from before a resume
-            if not self.version - keep < version <= self.version:
-                old.unlink(missing_ok=True)
-        return str(final)
-
-    def _checkpoint(self, folder: Path) -> None:
-        """Write this trainer's part of a checkpoint into its staging folder; the controller seals it."""
-        trainer = self.impls[-1]
-        if self.orders is not None and not self.follower:
-            self.orders.send("checkpoint", folder=str(folder))
-        if hasattr(trainer, "save_checkpoint"):
-            target = folder / f"trainer-{self.pool.name}"
-            target.mkdir(parents=True, exist_ok=True)
-            guard(self.nodes[-1], trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
-        if self.broadcasting:  # no weights file to copy: the checkpoint's policy (export, resume) is written here
-            policy = None if self.follower else str(folder / policy_name(self.pool.name))
-            guard(self.nodes[-1], trainer.save_weights, policy)
-        if not self.follower:
-            self.control.send(msg.CheckpointWritten(model=self.pool.name, version=self.version, path=str(folder),
-                                                    next_group=self.next_group, consumed=sorted(self.consumed)))
-
-    def _report_eval(self, batch: Batch, meta: GroupMeta) -> None:
-        if self.pool.name != self.plan.policy and self.plan.policy:
-            return  # the sampled policy's trainer reports held-out rounds; the others only see them pass
-        reward = self.plan.reward_field
-        rewards = batch[reward].tolist() if reward in batch else []
-        assert meta.round is not None  # GroupMeta.from_wire refuses a held-out meta without its round
-        self.control.send(msg.HeldOutScored(round=meta.round, task_ids=list(meta.task_ids), rewards=rewards,
-                                            solved=self._solved(batch), sample_ids=batch["sample_id"].tolist()))
-
-    def _solved(self, batch: Batch | None) -> list[bool]:
-        field = self.plan.solved_field
-        return solved(batch[field].tolist(), self.plan.solved_at) if batch is not None and field in batch else []
-
-    def _report_metrics(self, metrics: Mapping[str, float]) -> None:
-        if metrics:
-            self.control.send(msg.NodeMetrics(values=dict(metrics)))
-
-
 COMMANDS: dict[type[cmd.Command], Callable[[Worker, Any], None]] = {
     cmd.Stop: Worker._on_stop,
     cmd.Rewire: Worker._on_rewire,
@@ -540,11 +362,6 @@ COMMANDS: dict[type[cmd.Command], Callable[[Worker, Any], None]] = {
     cmd.ForgetBelow: Worker._on_frontier,
     cmd.HoldWeights: Worker._on_weights,
 }
-
-
-def _tokens(batch: Batch | None, binding: Mapping[str, str]) -> int:
-    field = binding.get("output_ids")
-    return int(batch[field].values.numel()) if batch is not None and field in batch else 0
 
 
 def _resumed_consumption(resume_dir: Path | None, pool: str) -> tuple[int, set[int]]:

@@ -14,6 +14,7 @@ import pytest
 
 from areal.errors import RunError
 from areal.runtime.launch import build_controller, run_recipe
+from tests.runtime.kills import KillOnce
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 B, G, STEPS = 2, 3, 10
@@ -22,18 +23,10 @@ B, G, STEPS = 2, 3, 10
 def _controller(tmp_path: Path, *overrides: str, kill: str | None = None, at_version: int = 0):
     recipe = tmp_path / "fake_rl.py"
     shutil.copy(RECIPE, recipe)
-    killed: list[int] = []
-
-    def on_event(controller) -> None:
-        if kill and not killed and controller.state.version >= at_version:
-            worker = controller.workers[kill]
-            if worker.ready and worker.process.poll() is None:
-                os.kill(worker.process.pid, signal.SIGKILL)
-                killed.append(worker.process.pid)
-
+    killer = KillOnce(kill, at_version) if kill else None
     controller = build_controller(recipe, [f"steps={STEPS}", f"batch_size={B}", f"group_size={G}", *overrides],
-                                  tmp_path / "run", on_event=on_event)
-    return controller, killed
+                                  tmp_path / "run", on_event=killer or (lambda controller: None))
+    return controller, killer.killed if killer else []
 
 
 def _trained_ids(run: Path) -> list[int]:

@@ -4,14 +4,13 @@ and the invariants (exactly once, η, resume) across a killed worker in a branch
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
 
 from areal.runtime.launch import build_controller, run_recipe
+from tests.runtime.kills import KillOnce
 
 RECIPE = Path(__file__).with_name("branched_rl.py")
 B, G = 2, 3
@@ -92,14 +91,8 @@ def test_a_node_after_a_filter_that_drops_whole_groups_is_never_called_with_no_r
 
 def test_a_worker_killed_in_one_branch_is_restarted_and_every_sample_trains_once(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_BRANCH_WORK", "20")
-    killed: list[int] = []
-
-    def kill_judge_b(controller) -> None:
-        worker = controller.workers["judge_b[0]"]
-        if not killed and controller.state.version >= 2 and worker.ready and worker.process.poll() is None:
-            os.kill(worker.process.pid, signal.SIGKILL)
-            killed.append(worker.process.pid)
-
+    kill_judge_b = KillOnce("judge_b[0]", at_version=2)
+    killed = kill_judge_b.killed
     controller = _controller(tmp_path, "steps=6", on_event=kill_judge_b)
     state = controller.run()
     run = Path(controller.plan.run_dir)

@@ -11,8 +11,6 @@ the bound is tested where it binds.
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from areal.runtime import messages as msg
 from areal.runtime.launch import build_controller
 from areal.runtime.progress import staleness_line
 from areal.runtime.resume import resume_point
+from tests.runtime.kills import KillOnce
 
 RECIPE = Path(__file__).with_name("policy_rl.py")
 ETA, B, G = 1, 2, 4
@@ -113,16 +112,9 @@ def test_admission_keeps_late_groups_and_reports_their_true_lags(tmp_path, repor
 @pytest.mark.slow  # a run with a generator killed mid-way: ~25 s
 @pytest.mark.parametrize("policy", ["drop", "token"])
 def test_a_killed_generator_loses_nothing_and_trains_nothing_twice(tmp_path, reported, policy):
-    killed: list[int] = []
-
-    def kill_rollout(controller) -> None:
-        worker = controller.workers["rollout[0]"]
-        if not killed and controller.state.version >= 4 and worker.ready and worker.process.poll() is None:
-            os.kill(worker.process.pid, signal.SIGKILL)
-            killed.append(worker.process.pid)
-
+    kill_rollout = KillOnce("rollout[0]", at_version=4)
     controller, state = run(tmp_path, policy, "steps=10", on_event=kill_rollout)
-    assert killed and state.version == 10
+    assert kill_rollout.killed and state.version == 10
     trained = identity_holds(controller, reported)
     assert len(trained) == 10 * B * G
     if policy == "drop":

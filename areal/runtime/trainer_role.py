@@ -1,0 +1,209 @@
+"""The train role of a worker: taking groups in the order the staleness policy says, the step
+(proximal pass, update, the policy's check), publishing the new version, checkpoints and reports.
+A mixin of `Worker` (worker.py), which holds the state these methods read: the pool's nodes, its
+chain, its control client and its version."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from areal.graph.batch import Batch
+from areal.graph.meta import GroupMeta
+from areal.runtime import messages as msg
+from areal.runtime import weight_files
+from areal.runtime.chain import guard
+from areal.runtime.checkpoint import policy_name, staging_dir
+from areal.runtime.policies.enforce import checked_step, expired, with_policy_mask
+from areal.runtime.solved import solved
+from areal.runtime.spans import StepWait
+
+log = logging.getLogger("areal.worker")
+
+
+class TrainerRole:
+    """What a worker of a train pool does beyond the common loop (see the module's docstring)."""
+
+    def _train_loop(self) -> None:
+        per_step = self.pool.gather_groups
+        waiting: dict[int, tuple[Batch, GroupMeta]] = {}
+        dropped: list[int] = []  # groups dropped unread since the last step: consumed with the next
+        idle = StepWait(self.spans)
+        while not self.stopping:
+            self._wait(int(self.config.faults.heartbeat_s * 1000))
+            for batch, meta in self._drain():
+                if meta.eval:
+                    self._report_eval(batch, meta)
+                    continue
+                if meta.group in waiting or meta.group < self.next_group or meta.group in self.consumed:
+                    self.control.send(msg.DuplicateDropped(group=meta.group))  # a re-issued group that already arrived
+                    continue
+                waiting[meta.group] = (batch, meta)
+                self.holding.add(meta.group)
+                idle.arrived(meta)
+            if self.census is not None:
+                self.control.send(msg.Census(seq=self.census, holding=sorted(self.holding)))
+                self.census = None
+            while self.version < self.config.steps:
+                dropped += self._drop_expired(waiting)
+                step = self.staleness_policy.pick({g: b.size for g, (b, _) in waiting.items()}, self.next_group,
+                                                  self.consumed, per_step)
+                if not step:
+                    break
+                parts = [waiting.pop(g) for g in step]  # in admission order: group ids are admission order
+                self._consume(step + dropped)
+                kept = [(b, m) for b, m in parts if b.size]
+                idle.ended(step, self.version + 1, dropped=dropped)
+                self._train(Batch.concat([b for b, _ in kept]) if kept else None, consumed=sorted(step + dropped),
+                            groups=[m for _, m in kept])
+                idle.restart()
+                dropped = []
+                if self.stopping:
+                    break
+        if self.orders is not None:
+            self.orders.send("stop")
+
+    def _consume(self, groups: list[int]) -> None:
+        """Groups a step took (or dropped): never taken again; `next_group` moves past every consumed one."""
+        self.holding.difference_update(groups)
+        self.consumed.update(groups)
+        while self.next_group in self.consumed:
+            self.consumed.discard(self.next_group)
+            self.next_group += 1
+
+    def _drop_expired(self, waiting: dict[int, tuple[Batch, GroupMeta]]) -> list[int]:
+        """drop: the arrived groups the next step could not train within η, reported dropped (with the tokens
+        they had generated) and taken out of `waiting`; they are consumed with the next step."""
+        versions = self.plan.binding(self.nodes[-1].name).get("versions")
+        if not (self.staleness_policy.drops and self.enforcing and versions):
+            return []
+        late = sorted(g for g, (b, _) in waiting.items()
+                      if b.size and expired(b[versions], self.version, self.config.staleness))
+        reason = f"older than η={self.config.staleness} at version {self.version}"
+        for group in late:
+            batch, _ = waiting.pop(group)
+            self.control.send(msg.SamplesDropped(node=self.nodes[-1].name, sample_ids=batch["sample_id"].tolist(),
+                                                 tokens=batch[versions].lengths.tolist(), reason=reason))
+        self.holding.difference_update(late)
+        return late
+
+    def _train(self, batch: Batch | None, consumed: list[int], groups: list[GroupMeta] | None = None) -> None:
+        """One step on `batch` (None: every sample of it is gone); `groups`: the metas of its groups (rank 0)."""
+        step = self.version
+        began = time.monotonic()
+        stats: dict[str, Any] = {}
+        hist: dict[int, int] = {}
+        if self.orders is not None and not self.follower:
+            self.orders.send("train", batch, consumed=consumed)
+        trainer = self.impls[-1]
+        if batch is not None:
+            start = time.monotonic()
+            batch, metrics = self.chain.run(batch, held_out=False, stop=len(self.nodes) - 1)
+            middle = time.monotonic()
+            stats |= metrics
+        if batch is not None and batch.size:
+            binding = self.plan.binding(self.nodes[-1].name)
+            view = self.chain.view(batch, binding)
+            if self.enforcing and "versions" in view:
+                if self.staleness_policy.masks:  # every rank: the same mask from the same versions
+                    view, stats["masked_tokens"] = with_policy_mask(view, step, self.config.staleness)
+                if not self.follower:
+                    numbers = checked_step(self.staleness_policy, view, step, self.config.effective_staleness,
+                                           self.config.batch_size, groups or [])
+                    hist, stats["stale_tokens"] = numbers["staleness"], numbers["stale_tokens"]
+            stats |= dict(guard(self.nodes[-1], trainer, view))
+            end = time.monotonic()
+            self.spans.add("node", self.nodes[-1].name, middle, end, samples=batch.size)
+            if self.chain.log is not None:
+                oldest = [int(r.min()) if len(r) else step for r in batch[binding["versions"]].rows()] \
+                    if "versions" in binding else [step] * batch.size
+                self.chain.log.trained(self.nodes[-1].name, step + 1, batch["sample_id"].tolist(), oldest)
+            self.chain.busy_s += end - middle
+            stats |= {"prox_s": middle - start, "update_s": end - middle}
+        else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
+            guard(self.nodes[-1], trainer.empty_step)
+        self.version = step + 1
+        with self.spans.timed("publish", "publish weights", version=self.version):
+            path = self._publish()
+        self.spans.add("step", "train step", began, time.monotonic(), version=self.version,
+                       samples=batch.size if batch is not None else 0)
+        weights = guard(self.nodes[-1], trainer.policy_weights) if self.broadcasting else None
+        if self.follower:
+            return  # rank 0 reports the step and decides on checkpoints
+        reward = self.plan.reward_field
+        self.control.send(msg.VersionPublished(
+            model=self.pool.name, version=self.version, path=path, broadcast=self.broadcasting,
+            stats=stats, staleness={str(k): v for k, v in hist.items()}, groups=consumed,
+            next_group=self.next_group,
+            sample_ids=batch["sample_id"].tolist() if batch is not None else [],
+            rewards=batch[reward].tolist() if batch is not None and reward in batch else [],
+            solved=self._solved(batch),
+            tokens=_tokens(batch, self.plan.binding(self.nodes[-1].name)),
+        ))
+        if weights is not None:
+            self.weights_group.send(weights)  # the controller tells the generators to take their part
+        every = self.config.checkpoint.interval_steps
+        if every and self.version % every == 0:
+            self._checkpoint(staging_dir(self.plan.run_dir, self.version, tag="interval"))
+
+    def _publish(self) -> str | None:
+        trainer = self.impls[-1]
+        if self.broadcasting:
+            return None
+        if self.follower:
+            guard(self.nodes[-1], trainer.save_weights, None)  # its part of gathering the weights
+            return None
+        weights_dir, model = self.plan.weights_dir, self.pool.name
+        weight_files.model_dir(weights_dir, model).mkdir(parents=True, exist_ok=True)
+        final = weight_files.published(weights_dir, model, self.version)
+        tmp = weight_files.partial(weights_dir, model, self.version)
+        guard(self.nodes[-1], trainer.save_weights, str(tmp))
+        os.replace(tmp, final)  # readers never see a half-written file
+        keep = 3 + self.config.sampling_lag  # lagged mode: generators sample from the one η versions old
+        for version, old in weight_files.published_versions(weights_dir, model).items():
+            # keep the newest; a file above this version is rolled-back work from before a resume
+            if not self.version - keep < version <= self.version:
+                old.unlink(missing_ok=True)
+        return str(final)
+
+    def _checkpoint(self, folder: Path) -> None:
+        """Write this trainer's part of a checkpoint into its staging folder; the controller seals it."""
+        trainer = self.impls[-1]
+        if self.orders is not None and not self.follower:
+            self.orders.send("checkpoint", folder=str(folder))
+        if hasattr(trainer, "save_checkpoint"):
+            target = folder / f"trainer-{self.pool.name}"
+            target.mkdir(parents=True, exist_ok=True)
+            guard(self.nodes[-1], trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
+        if self.broadcasting:  # no weights file to copy: the checkpoint's policy (export, resume) is written here
+            policy = None if self.follower else str(folder / policy_name(self.pool.name))
+            guard(self.nodes[-1], trainer.save_weights, policy)
+        if not self.follower:
+            self.control.send(msg.CheckpointWritten(model=self.pool.name, version=self.version, path=str(folder),
+                                                    next_group=self.next_group, consumed=sorted(self.consumed)))
+
+    def _report_eval(self, batch: Batch, meta: GroupMeta) -> None:
+        if self.pool.name != self.plan.policy and self.plan.policy:
+            return  # the sampled policy's trainer reports held-out rounds; the others only see them pass
+        reward = self.plan.reward_field
+        rewards = batch[reward].tolist() if reward in batch else []
+        assert meta.round is not None  # GroupMeta.from_wire refuses a held-out meta without its round
+        self.control.send(msg.HeldOutScored(round=meta.round, task_ids=list(meta.task_ids), rewards=rewards,
+                                            solved=self._solved(batch), sample_ids=batch["sample_id"].tolist()))
+
+    def _solved(self, batch: Batch | None) -> list[bool]:
+        field = self.plan.solved_field
+        return solved(batch[field].tolist(), self.plan.solved_at) if batch is not None and field in batch else []
+
+    def _report_metrics(self, metrics: Mapping[str, float]) -> None:
+        if metrics:
+            self.control.send(msg.NodeMetrics(values=dict(metrics)))
+
+
+def _tokens(batch: Batch | None, binding: Mapping[str, str]) -> int:
+    field = binding.get("output_ids")
+    return int(batch[field].values.numel()) if batch is not None and field in batch else 0
