@@ -43,9 +43,9 @@ INSTALL = "pip install 'areal[eval]' (or pip install 'reasoning-gym>=0.1.19')"
 TASK = "basic_arithmetic"
 OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
            "allow_negation": False, "allow_parentheses": False}
-TASKS_GENERATED = 2000  # before the split and the removal of repeats
+TASKS_GENERATED = 3000  # before the split and the removal of repeats
 INSTRUCTION = "\nPut your final answer within \\boxed{}."
-WARMSTART_STEPS = 400
+WARMSTART_STEPS = 1200
 WARMSTART_SEED = 0
 JUDGES = ("new", "old")  # the training judges
 SCORERS = ("reasoning-gym", "new", "old")  # who scores the held-out answers
