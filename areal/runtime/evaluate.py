@@ -152,7 +152,7 @@ def evaluate(model: str, settings: EvalSettings, out: Path | None = None,
     chat = uses_chat(tokenizer, "off" if settings.chat_template == "off" else "auto")
     tasks, stops = build_tasks(chat)
     begin = time.perf_counter()
-    outputs = _generate(policy, tokenizer, tasks, settings, chat, stops, report)
+    outputs = generate_completions(policy, tokenizer, tasks, settings, chat, stops, report)
     generate_s = time.perf_counter() - begin
     begin = time.perf_counter()
     judged = _judge(tasks, outputs, judge, settings, report)
@@ -221,7 +221,7 @@ def _benchmark(settings: EvalSettings) -> tuple[Any, Callable[[bool], tuple[list
     return ReasoningGymScore(), lambda chat: (tasks, [])
 
 
-def _generate(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]], settings: EvalSettings, chat: bool,
+def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]], settings: EvalSettings, chat: bool,
               stops: list[str], report: Progress) -> list[tuple[str, int]]:
     """(completion text cut at the first stop string, output tokens) per task × sample, in that order."""
     from areal.engines.torch_generate import GenRequest, TorchGenerationEngine
