@@ -25,7 +25,8 @@ role needs, so a mistake is never found by a `hasattr` deep in a worker loop.
 Any role may also have `setup(context)` (once per worker, before the first batch), and so may a
 reward function (`reward(name, fn)` calls `fn.setup(context)` when it has one): `context` is a
 `NodeContext`, below. A map node that names a trained model (`model=`) outside its trainer's pool
-follows that model's weights and needs `load_weights(path, version)` too.
+follows that model's weights and needs `load_weights(weights, version)` too: the tensors of that
+version, however they travelled (runtime/weights/).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import inspect
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor
 
 from areal.config import RunConfig
 from areal.graph.batch import Batch
@@ -83,7 +86,19 @@ class StreamNode(Protocol):
     def submit(self, batch: Batch, meta: GroupMeta) -> None: ...
     def step(self) -> list[tuple[Batch, GroupMeta]]: ...
     def pending(self) -> int: ...
-    def load_weights(self, path: str | None, version: int) -> None: ...
+    def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None: ...
+
+
+class Follower(Protocol):
+    """A node that holds a copy of a trained model: a stream node, or a map that follows a model."""
+
+    def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None: ...
+
+
+class GroupMember(Protocol):
+    """A stream node in the weights group (transport.weights=broadcast): it takes part in each broadcast."""
+
+    def receive_weights(self, version: int) -> None: ...
 
 
 class LLM(Protocol):

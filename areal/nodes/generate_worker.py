@@ -16,14 +16,15 @@ on like any other and earns its reward, but the run's accounting counts it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from areal.graph.batch import Batch, Ragged
 from areal.graph.meta import GroupMeta
-from areal.nodes.policy import load_weights
 
 
 @dataclass
@@ -64,9 +65,8 @@ class GenerateNode:
     def pending(self) -> int:
         return self.engine.pending()
 
-    def load_weights(self, path: str | None, version: int) -> None:
-        if path is not None:
-            self.engine.update_weights(load_weights(path), version)  # the engine a test may have put in place
+    def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
+        self.engine.update_weights(dict(weights), version)  # the engine a test may have put in place
 
     def submit(self, batch: Batch, meta: GroupMeta) -> None:
         from areal.engines.torch_generate import GenRequest

@@ -6,7 +6,6 @@ chain, its control client and its version."""
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,9 +14,8 @@ from typing import Any
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.runtime import messages as msg
-from areal.runtime import weight_files
 from areal.runtime.chain import guard
-from areal.runtime.checkpoint import policy_name, staging_dir
+from areal.runtime.checkpoint import staging_dir
 from areal.runtime.policies.enforce import checked_step, expired, with_policy_mask
 from areal.runtime.solved import solved
 from areal.runtime.spans import StepWait
@@ -128,15 +126,14 @@ class TrainerRole:
             guard(self.nodes[-1], trainer.empty_step)
         self.version = step + 1
         with self.spans.timed("publish", "publish weights", version=self.version):
-            path = self._publish()
+            via = self.publisher.publish(self.version)
         self.spans.add("step", "train step", began, time.monotonic(), version=self.version,
                        samples=batch.size if batch is not None else 0)
-        weights = guard(self.nodes[-1], trainer.policy_weights) if self.broadcasting else None
         if self.follower:
             return  # rank 0 reports the step and decides on checkpoints
         reward = self.plan.reward_field
         self.control.send(msg.VersionPublished(
-            model=self.pool.name, version=self.version, path=path, broadcast=self.broadcasting,
+            model=self.pool.name, version=self.version, via=via,
             stats=stats, staleness={str(k): v for k, v in hist.items()}, groups=consumed,
             next_group=self.next_group,
             sample_ids=batch["sample_id"].tolist() if batch is not None else [],
@@ -144,31 +141,10 @@ class TrainerRole:
             solved=self._solved(batch),
             tokens=_tokens(batch, self.plan.binding(self.nodes[-1].name)),
         ))
-        if weights is not None:
-            self.weights_group.send(weights)  # the controller tells the generators to take their part
+        self.publisher.reported()  # a broadcast sends now: the controller tells the generators to take their part
         every = self.config.checkpoint.interval_steps
         if every and self.version % every == 0:
             self._checkpoint(staging_dir(self.plan.run_dir, self.version, tag="interval"))
-
-    def _publish(self) -> str | None:
-        trainer = self.impls[-1]
-        if self.broadcasting:
-            return None
-        if self.follower:
-            guard(self.nodes[-1], trainer.save_weights, None)  # its part of gathering the weights
-            return None
-        weights_dir, model = self.plan.weights_dir, self.pool.name
-        weight_files.model_dir(weights_dir, model).mkdir(parents=True, exist_ok=True)
-        final = weight_files.published(weights_dir, model, self.version)
-        tmp = weight_files.partial(weights_dir, model, self.version)
-        guard(self.nodes[-1], trainer.save_weights, str(tmp))
-        os.replace(tmp, final)  # readers never see a half-written file
-        keep = 3 + self.config.sampling_lag  # lagged mode: generators sample from the one η versions old
-        for version, old in weight_files.published_versions(weights_dir, model).items():
-            # keep the newest; a file above this version is rolled-back work from before a resume
-            if not self.version - keep < version <= self.version:
-                old.unlink(missing_ok=True)
-        return str(final)
 
     def _checkpoint(self, folder: Path) -> None:
         """Write this trainer's part of a checkpoint into its staging folder; the controller seals it."""
@@ -179,9 +155,7 @@ class TrainerRole:
             target = folder / f"trainer-{self.pool.name}"
             target.mkdir(parents=True, exist_ok=True)
             guard(self.nodes[-1], trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
-        if self.broadcasting:  # no weights file to copy: the checkpoint's policy (export, resume) is written here
-            policy = None if self.follower else str(folder / policy_name(self.pool.name))
-            guard(self.nodes[-1], trainer.save_weights, policy)
+        self.publisher.checkpoint(folder)
         if not self.follower:
             self.control.send(msg.CheckpointWritten(model=self.pool.name, version=self.version, path=str(folder),
                                                     next_group=self.next_group, consumed=sorted(self.consumed)))

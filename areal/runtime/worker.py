@@ -30,6 +30,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from areal.graph.recipe import load_recipe
 from areal.graph.roles import FAILED
 from areal.runtime import commands as cmd
 from areal.runtime import messages as msg
+from areal.runtime import weights
 from areal.runtime.chain import Chain, NodeFailure, guard
 from areal.runtime.channels import BatchReceiver, bind_address
 from areal.runtime.checkpoint import MANIFEST
@@ -62,6 +64,8 @@ from areal.runtime.sample_log import SampleLog
 from areal.runtime.security import RunKey
 from areal.runtime.spans import Spans
 from areal.runtime.trainer_role import TrainerRole
+from areal.runtime.weights import WeightUpdate
+from areal.runtime.weights.transport import Source
 
 log = logging.getLogger("areal.worker")
 
@@ -105,11 +109,7 @@ class Worker(TrainerRole):
                           for m in {recipe.graph.model_of(n) for n in self.nodes} - {None, self.pool.name}}
         self.orders = RankOrders() if self.pool.rendezvous else None
         self.follower = self.orders is not None and replica > 0  # gets its steps from rank 0, not a socket
-        # transport.weights=broadcast: the policy trainer's ranks gather the weights, rank 0 broadcasts them
-        self.broadcasting = self.pool.role == "train" and bool(plan.weights_rendezvous) and pool_name == plan.policy
-        self.weights_group: Any = None
-        if self.broadcasting:
-            self._join_weights_group()
+        self.publisher = self._publisher() if self.pool.role == "train" else None
         self.poller = zmq.Poller()
         self.inboxes: dict[str, BatchReceiver] = {}
         allow_remote = self.config.transport.host != "127.0.0.1"  # asked for
@@ -128,7 +128,7 @@ class Worker(TrainerRole):
         self.counts: dict[str, int] = {"batches": 0, "samples": 0, "tokens": 0}
         self._last_beat = time.monotonic()
         self._busy_at_beat = 0.0
-        self._latest_weights: dict[str, cmd.HoldWeights] = {}  # model -> the newest weights it was told to hold
+        self._latest_weights: dict[str, WeightUpdate] = {}  # model -> the newest weights it was told to hold
         self.holding: set[int] = set()  # trainer: groups gathered for coming steps (not re-issued after a crash)
         self.census: int | None = None  # trainer: the controller asked what it holds (after a crash upstream)
         # trainer: the oldest group not consumed, and those above it a step took (out of admission order)
@@ -136,16 +136,12 @@ class Worker(TrainerRole):
         self.staleness_policy = POLICIES[self.config.staleness_policy]
         self.enforcing = self.pool.role == "train" and pool_name == plan.policy  # its versions count the lags
 
-    def _join_weights_group(self) -> None:
-        """Trainer: form the weights group with the generators and send them the weights it starts from."""
-        from areal.engines.weight_group import WeightGroup, group_device
-
-        weights = guard(self.nodes[-1], self.impls[-1].policy_weights)
-        if not self.follower:
-            members = self.plan.weights_members()
-            self.weights_group = WeightGroup(self.plan.weights_rendezvous, 0, len(members),
-                                             device=group_device(self.config.generation.engine))
-            self.weights_group.send(weights)
+    def _publisher(self) -> weights.Publisher:
+        """How this trainer's new versions reach their followers (a broadcast's group forms here)."""
+        node, trainer = self.nodes[-1], self.impls[-1]
+        return weights.publisher(Source(
+            model=self.pool.name, plan=self.plan, config=self.config, rank_follower=self.follower,
+            gather=partial(guard, node, trainer.policy_weights), save=partial(guard, node, trainer.save_weights)))
 
     # -- the shell around the loops -----------------------------------------------------
 
@@ -159,6 +155,8 @@ class Worker(TrainerRole):
         finally:
             pulse.stop()
             self.spans.close()
+            if self.publisher is not None:
+                self.publisher.close()
         self.control.send(msg.Stopped(**self.counts))
 
     def _wait(self, timeout_ms: int) -> None:
@@ -195,12 +193,13 @@ class Worker(TrainerRole):
             self.join.forget_below(command.group)
 
     def _on_weights(self, command: cmd.HoldWeights) -> None:
-        if command.broadcast:
+        update = command.update
+        if weights.collective(update.via):
             # a collective: the trainer waits in it until every generator has taken its part
-            with self.spans.timed("weights", "receive weights", model=command.model, version=command.version):
-                guard(self.nodes[0], self.impls[0].receive_weights, command.version)
-            command = command.model_copy(update={"path": None})  # loaded already: the loop only notes the version
-        self._latest_weights[command.model] = command  # with files, only the newest matters
+            with self.spans.timed("weights", "receive weights", model=update.model, version=update.version):
+                guard(self.nodes[0], weights.receive, update, self.impls[0])
+            update = WeightUpdate(update.model, update.version)  # loaded already: the loop only notes the version
+        self._latest_weights[update.model] = update  # otherwise only the newest matters
 
     def _drain(self) -> list[tuple[Batch, GroupMeta]]:
         """The groups whose every input has come (joined when the pool has several); a batch whose meta is
@@ -247,18 +246,18 @@ class Worker(TrainerRole):
             self.spans.add("send", f"send to {dst}", start, time.monotonic(), to=dst, group=meta.group,
                            samples=batch.size)
 
-    def _apply_weights(self, model: str) -> cmd.HoldWeights | None:
+    def _apply_weights(self, model: str) -> WeightUpdate | None:
         """The newest weights `model`'s followers are to hold, if they were told since last asked."""
         return self._latest_weights.pop(model, None)
 
     def _follow_weights(self) -> None:
         """Map nodes that follow a trained model take its newest weights between groups."""
         for model, impls in self.followers.items():
-            weights = self._apply_weights(model)
-            if weights is not None and weights.path:
-                with self.spans.timed("weights", "load weights", model=model, version=weights.version):
+            update = self._apply_weights(model)
+            if update is not None and update.via is not None:
+                with self.spans.timed("weights", "load weights", model=model, version=update.version):
                     for impl in impls:
-                        impl.load_weights(weights.path, weights.version)
+                        weights.receive(update, impl)
 
     # -- the three loops ------------------------------------------------------------------
 
@@ -285,11 +284,11 @@ class Worker(TrainerRole):
         while not self.stopping:
             busy = gen.pending() > 0
             self._wait(0 if busy else (100 if held else int(self.config.faults.heartbeat_s * 1000)))
-            weights = self._apply_weights(model)
-            if weights is not None:
-                policy_version = weights.version
+            update = self._apply_weights(model)
+            if update is not None:
+                policy_version = update.version
                 with self.spans.timed("weights", "load weights", model=model, version=policy_version):
-                    guard(head, gen.load_weights, weights.path, policy_version)
+                    guard(head, weights.receive, update, gen)
                 if self.staleness_policy.drops:
                     self._abort_late(head, submitted, policy_version - self.config.staleness)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
