@@ -10,13 +10,14 @@ from typing import Any
 
 from areal.config import RunConfig
 from areal.runtime.plan import Plan
-from areal.runtime.weights import broadcast, files
+from areal.runtime.weights import broadcast, files, shm
 from areal.runtime.weights.transport import Publisher, Source, Transport
 from areal.runtime.weights.update import Via, WeightUpdate
 
 TRANSPORTS: dict[str, Transport] = {
     files.KIND: files.TRANSPORT,
     broadcast.KIND: broadcast.TRANSPORT,
+    shm.KIND: shm.TRANSPORT,
 }
 
 
