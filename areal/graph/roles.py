@@ -78,6 +78,34 @@ class NodeContext(Protocol):
     def report(self, kind: str, **fields: Any) -> None: ...
 
 
+@runtime_checkable
+class SetUp(Protocol):
+    """A node of any role that prepares itself once per worker, before its first batch (`context`: NodeContext)."""
+
+    def setup(self, context: NodeContext) -> None: ...
+
+
+@runtime_checkable
+class Closes(Protocol):
+    """A node that holds something to let go of when it is done (a judge's sandbox pool)."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ConfiguredSource(Protocol):
+    """A task source that depends on the run's config (`code_tasks`): resolved once, where the run starts."""
+
+    def configure(self, config: RunConfig) -> Any: ...
+
+
+@runtime_checkable
+class ResumableSource(Protocol):
+    """A task source with a cursor: its state goes into each checkpoint, so a resumed run goes on from it."""
+
+    def state(self) -> dict[str, Any]: ...
+
+
 class MapNode(Protocol):
     def __call__(self, batch: Batch) -> Mapping[str, Any]: ...
 
@@ -87,6 +115,13 @@ class StreamNode(Protocol):
     def step(self) -> list[tuple[Batch, GroupMeta]]: ...
     def pending(self) -> int: ...
     def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None: ...
+
+
+class Aborting(Protocol):
+    """A stream node that can stop the groups holding a token older than a version (staleness_policy=drop):
+    each one's meta, sample ids, and the tokens each sample had."""
+
+    def abort_older_than(self, version: int) -> list[tuple[GroupMeta, list[int], list[int]]]: ...
 
 
 class Follower(Protocol):
@@ -121,7 +156,15 @@ class EpisodeNode(Protocol):
 class TrainerNode(Protocol):
     def __call__(self, batch: Batch) -> Mapping[str, float]: ...
     def empty_step(self) -> None: ...
+    def policy_weights(self) -> dict[str, Tensor]: ...  # the whole policy (FSDP: a collective on every rank)
     def save_weights(self, path: str | None) -> None: ...
+
+
+@runtime_checkable
+class Checkpointed(Protocol):
+    """A trainer whose own state (optimizer, engine) goes into each checkpoint beside the policy."""
+
+    def save_checkpoint(self, folder: str) -> None: ...
 
 
 PROTOCOLS: dict[str, type] = {"map": MapNode, "filter": MapNode, "stream": StreamNode, "episode": EpisodeNode,

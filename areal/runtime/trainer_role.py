@@ -13,6 +13,7 @@ from typing import Any
 
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
+from areal.graph.roles import Checkpointed, TrainerNode
 from areal.runtime import messages as msg
 from areal.runtime.chain import guard
 from areal.runtime.checkpoint import staging_dir
@@ -97,7 +98,7 @@ class TrainerRole:
         hist: dict[int, int] = {}
         if self.orders is not None and not self.follower:
             self.orders.send("train", batch, consumed=consumed)
-        trainer = self.impls[-1]
+        trainer: TrainerNode = self.impls[-1]
         if batch is not None:
             start = time.monotonic()
             batch, metrics = self.chain.run(batch, held_out=False, stop=len(self.nodes) - 1)
@@ -148,10 +149,10 @@ class TrainerRole:
 
     def _checkpoint(self, folder: Path) -> None:
         """Write this trainer's part of a checkpoint into its staging folder; the controller seals it."""
-        trainer = self.impls[-1]
+        trainer: TrainerNode = self.impls[-1]
         if self.orders is not None and not self.follower:
             self.orders.send("checkpoint", folder=str(folder))
-        if hasattr(trainer, "save_checkpoint"):
+        if isinstance(trainer, Checkpointed):
             target = folder / f"trainer-{self.pool.name}"
             target.mkdir(parents=True, exist_ok=True)
             guard(self.nodes[-1], trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes

@@ -43,7 +43,7 @@ from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.graph.node import Node
 from areal.graph.recipe import load_recipe
-from areal.graph.roles import FAILED
+from areal.graph.roles import FAILED, Aborting, SetUp, StreamNode
 from areal.runtime import commands as cmd
 from areal.runtime import messages as msg
 from areal.runtime import weights
@@ -94,7 +94,7 @@ class Worker(TrainerRole):
             rank_environment(self.pool.rendezvous, replica, self.pool.replicas)
         for n in self.nodes:
             impl = n.spec.instantiate()
-            if hasattr(impl, "setup"):
+            if isinstance(impl, SetUp):
                 context = WorkerContext(recipe.node_config(n.name), plan, self.pool, replica, n.name, version,
                                         resume_dir, self.control)
                 guard(n, impl.setup, context)
@@ -274,7 +274,8 @@ class Worker(TrainerRole):
                 self._send(done, meta)
 
     def _stream_loop(self) -> None:
-        gen, head = self.impls[0], self.nodes[0]
+        gen: StreamNode = self.impls[0]
+        head = self.nodes[0]
         model = self.pool.model
         while model not in self._latest_weights and not self.stopping:
             self._wait(100)  # the controller answers "ready" with the newest version: sample nothing before it
@@ -312,7 +313,8 @@ class Worker(TrainerRole):
     def _abort_late(self, head: Node, submitted: dict[int, Batch], oldest: int) -> None:
         """drop: stop every group holding a token sampled before version `oldest` (it can no longer be trained
         within η), report its samples dropped with the tokens they had, and send it on empty."""
-        for meta, sample_ids, tokens in guard(head, self.impls[0].abort_older_than, oldest):
+        gen: Aborting = self.impls[0]
+        for meta, sample_ids, tokens in guard(head, gen.abort_older_than, oldest):
             self.control.send(msg.SamplesDropped(node=head.name, sample_ids=sample_ids, tokens=tokens,
                                                  reason=f"aborted in generation: a token older than version {oldest}"))
             ids = torch.empty(0, dtype=torch.int64)
