@@ -5,6 +5,7 @@ chain, its control client and its version."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -16,7 +17,7 @@ from areal.graph.meta import GroupMeta
 from areal.graph.roles import Checkpointed, TrainerNode
 from areal.runtime import messages as msg
 from areal.runtime.chain import guard
-from areal.runtime.checkpoint import staging_dir
+from areal.runtime.checkpoint import MANIFEST, staging_dir
 from areal.runtime.policies.enforce import checked_step, expired, with_policy_mask
 from areal.runtime.solved import solved
 from areal.runtime.spans import StepWait
@@ -161,6 +162,19 @@ class TrainerRole:
             self.control.send(msg.CheckpointWritten(model=self.pool.name, version=self.version, path=str(folder),
                                                     next_group=self.next_group, consumed=sorted(self.consumed)))
 
+    def _follow_loop(self) -> None:
+        """A trainer rank > 0: rank 0's orders, in its order, so every collective meets its peers."""
+        orders = self.orders
+        assert orders is not None  # a follower is a rank of a multi-rank trainer
+        while True:
+            order, batch, fields = orders.receive()
+            if order == "stop":
+                return
+            if order == "checkpoint":
+                self._checkpoint(Path(fields["folder"]))
+            else:
+                self._train(batch, consumed=list(fields.get("consumed", [])))
+
     def _report_eval(self, batch: Batch, meta: GroupMeta) -> None:
         if self.pool.name != self.plan.policy and self.plan.policy:
             return  # the sampled policy's trainer reports held-out rounds; the others only see them pass
@@ -182,3 +196,12 @@ class TrainerRole:
 def _tokens(batch: Batch | None, binding: Mapping[str, str]) -> int:
     field = binding.get("output_ids")
     return int(batch[field].values.numel()) if batch is not None and field in batch else 0
+
+
+def resumed_consumption(resume_dir: Path | None, pool: str) -> tuple[int, set[int]]:
+    """A resumed trainer's oldest unconsumed group and the groups above it it consumed, as its checkpoint recorded;
+    (0, none) for a fresh run."""
+    if resume_dir is None:
+        return 0, set()
+    state = json.loads((resume_dir / MANIFEST).read_text())
+    return int(state.get("next_group", {}).get(pool, 0)), {int(g) for g in state.get("consumed", {}).get(pool, [])}
