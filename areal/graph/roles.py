@@ -154,6 +154,7 @@ class EpisodeNode(Protocol):
 
 
 class TrainerNode(Protocol):
+    version: int  # its model's policy version, the run's only counter of it: one more after each step
     def __call__(self, batch: Batch) -> Mapping[str, float]: ...
     def empty_step(self) -> None: ...
     def policy_weights(self) -> dict[str, Tensor]: ...  # the whole policy (FSDP: a collective on every rank)

@@ -30,7 +30,7 @@ class StreamRole:
         model = self.pool.model
         while model not in self._latest_weights and not self.stopping:
             self._wait(100)  # the controller answers "ready" with the newest version: sample nothing before it
-        policy_version = self.version
+        policy_version = self.start_version
         held: list[tuple[Batch, GroupMeta]] = []  # admitted at a version whose weights have not arrived
         submitted: dict[int, Batch] = {}  # group key -> the input it came with (its fields go on with its samples)
         while not self.stopping:
