@@ -61,6 +61,7 @@ class NodeContext(Protocol):
     - `run_dir`: the run directory (write your own files under it, one per worker: `run_dir / worker_id`);
     - `version`: the policy version the run is at (above 0 after `--resume`);
     - `resume_dir`: the checkpoint this run resumes from, or None;
+    - `note(sample_ids, reasons)`: samples that train on but are counted (an over-long or empty generation);
     - `report(kind, **fields)`: an event for the controller (the runtime's own kinds: "metrics" with
       `values={name: number}` is averaged into the step's metrics, as METRICS returned by a call is).
     """
@@ -75,6 +76,7 @@ class NodeContext(Protocol):
     def run_dir(self) -> Path: ...
     @property
     def worker_id(self) -> str: ...
+    def note(self, sample_ids: list[int], reasons: list[str]) -> None: ...
     def report(self, kind: str, **fields: Any) -> None: ...
 
 

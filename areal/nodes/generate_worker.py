@@ -49,7 +49,7 @@ class GenerateNode:
     def setup(self, context: Any) -> None:
         from areal.nodes.policy_copy import PolicyCopy
 
-        self.report = context.report
+        self.note = context.note
         self.group_size = context.config.group_size  # the run's, with this node's own setting in it
         self.policy = PolicyCopy(context)
         self.engine, self.tokenizer = self.policy.engine, self.policy.tokenizer
@@ -137,7 +137,7 @@ class GenerateNode:
         notes = {r.request_id: why for r, text in zip(results, fields["completion"])
                  if (why := generation_problem(r.finish_reason, text))}
         if notes and not entry.meta.eval:
-            self.report("noted", sample_ids=list(notes), reasons=list(notes.values()))
+            self.note(list(notes), list(notes.values()))
         return Batch(fields)
 
     def _completion(self, ids: list[int]) -> str:
