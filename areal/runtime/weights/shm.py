@@ -24,7 +24,7 @@ from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 import torch
 from torch import Tensor
 
@@ -108,10 +108,11 @@ class ShmPublisher:
 
 def write(name: str, weights: dict[str, Tensor]) -> None:
     """A segment named `name` holding `weights` (from any device), closed in this process once written."""
-    index, offset = [], 0
+    index: list[tuple[str, str, list[int], int, int]] = []  # name, dtype, shape, offset, bytes
+    offset = 0
     for key, t in weights.items():
         nbytes = t.numel() * t.element_size()
-        index.append([key, str(t.dtype).removeprefix("torch."), list(t.shape), offset, nbytes])
+        index.append((key, str(t.dtype).removeprefix("torch."), list(t.shape), offset, nbytes))
         offset += _aligned(nbytes)
     header = msgpack.packb(index)
     start = _aligned(LENGTH.size + len(header))
@@ -123,7 +124,8 @@ def write(name: str, weights: dict[str, Tensor]) -> None:
         os.pwrite(fd, LENGTH.pack(len(header)) + header, 0)
         for (_, _, _, at, nbytes), t in zip(index, weights.values()):
             if nbytes:
-                os.pwrite(fd, t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy(), start + at)
+                flat = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+                os.pwrite(fd, memoryview(flat.numpy()), start + at)  # type: ignore[arg-type]
     finally:
         segment.close()
 
@@ -142,16 +144,18 @@ def receive(via: Via, follower: Follower, version: int) -> None:
 
 def read(segment: SharedMemory) -> dict[str, Tensor]:
     """The tensors a segment holds, as views of it; a malformed index is a RunError naming the segment."""
+    buf = segment.buf
+    assert buf is not None  # an open segment is mapped
     try:
-        (length,) = LENGTH.unpack_from(segment.buf, 0)
-        index = msgpack.unpackb(bytes(segment.buf[LENGTH.size:LENGTH.size + length]))
+        (length,) = LENGTH.unpack_from(buf, 0)
+        index = msgpack.unpackb(bytes(buf[LENGTH.size:LENGTH.size + length]))
         start = _aligned(LENGTH.size + length)
         weights = {}
         for key, dtype_name, shape, at, nbytes in index:
             dtype = getattr(torch, dtype_name)
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"{key}: {dtype_name} is no dtype")
-            flat = torch.frombuffer(segment.buf, dtype=torch.uint8, count=nbytes, offset=start + at) if nbytes \
+            flat = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=start + at) if nbytes \
                 else torch.empty(0, dtype=torch.uint8)
             weights[key] = flat.view(dtype).view(shape)
         return weights
