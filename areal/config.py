@@ -174,9 +174,10 @@ class TransportConfig(_Section):
         "127.0.0.1", description="where the controller and workers bind: 127.0.0.1 keeps a run on one machine; "
         "'node' binds each process on its own Ray node's IP, for a cluster of machines (cluster.backend=ray)"
     )
-    weights: Literal["files", "broadcast"] = Field(
+    weights: Literal["files", "broadcast", "shm"] = Field(
         "files", description="files: the trainer writes each version to the run directory (a restarted generator "
-        "reads it); broadcast: a process group from trainer to generators (NCCL on GPU, gloo on CPU), no disk"
+        "reads it); broadcast: a process group from trainer to generators (NCCL on GPU, gloo on CPU), no disk; "
+        "shm: one shared-memory segment per version that followers on the same machine map, no disk"
     )
 
 

@@ -1,116 +1,161 @@
-"""Publishing a policy: through a safetensors file vs over the weights group (gloo on CPU here).
+"""Publishing a policy and loading it into a follower's model: files vs shared memory vs broadcast (gloo here).
 
-    python benchmarks/bench_weights.py                 # 25 M and 100 M float32 parameters
-    python benchmarks/bench_weights.py --params 5e6    # a quick run
+    python benchmarks/bench_weights.py                   # the built-in tiny model and a Qwen2-0.5B-shaped one
+    python benchmarks/bench_weights.py --models tiny     # a quick run
 
-Files: the trainer writes v{n}.safetensors (temp file, then rename) and a generator reads it.
-Broadcast: the trainer sends the same tensors to one generator over `WeightGroup` (the route of
-transport.weights=broadcast), timed on the receiving side from the moment the sender starts.
-Both sides run in separate processes, as in a run; the state is shaped like a transformer's
-(many matrices of a few sizes). On GPU the group is NCCL between devices, not measured here.
+Each route is the runtime's own transport (areal/runtime/weights/: `TRANSPORTS[kind]`), the trainer's
+publisher in one process and a follower in another, as in a run:
+- files: the trainer writes vNNNNNN.safetensors (temp file, then rename) and the follower reads it;
+- shm: the trainer writes the tensors once into a shared-memory segment and the follower maps it;
+- broadcast: the trainer sends the tensors over the weights group (gloo on CPU) and the follower receives them.
+A round is timed from the trainer starting to publish to the follower's model holding the new weights
+(`load_state_dict`); "publish" is the trainer's part (written and, for a broadcast, sent), "load" the
+follower's. Best of ROUNDS after one untimed round (a broadcast's first carries the layout). The 0.5B
+model is Qwen2-0.5B's shape (24 layers, width 896, vocabulary 151,936, tied embeddings) with random weights
+in bfloat16, so every copy of it is ~1 GB and a run stays under 8 GB. On GPU the group is NCCL between
+devices, not measured here.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
-from safetensors.torch import load_file, save_file
 
-from areal.engines.weight_group import WeightGroup
+from areal.runtime.weights import TRANSPORTS, WeightUpdate, receive
+from areal.runtime.weights.transport import Source
 
 ROUNDS = 3
+ROUTES = ("files", "shm", "broadcast")
 
 
-def make_state(params: int) -> dict[str, torch.Tensor]:
-    width = 1024
-    layers = max(1, params // (12 * width * width))
-    g = torch.Generator().manual_seed(0)
-    state = {}
-    for i in range(layers):
-        state[f"layers.{i}.attn.qkv"] = torch.randn(3 * width, width, generator=g)
-        state[f"layers.{i}.attn.out"] = torch.randn(width, width, generator=g)
-        state[f"layers.{i}.mlp.up"] = torch.randn(4 * width, width, generator=g)
-        state[f"layers.{i}.mlp.down"] = torch.randn(width, 4 * width, generator=g)
-        state[f"layers.{i}.norm"] = torch.ones(width)
-    return state
+def make_model(name: str) -> torch.nn.Module:
+    """The model a route moves: random weights, the same in every process (seeded)."""
+    torch.manual_seed(0)
+    if name == "tiny":
+        from areal.models.loading import load_policy
+
+        return load_policy("builtin:tiny-coder")[0]
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+    return Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
 
 
-def _files_reader(path: str, ready, done) -> None:
-    for _ in range(ROUNDS):
-        ready.wait()
-        ready.clear()
-        load_file(path)
-        done.set()
+class _Follower:
+    """A follower's model, as the generate node holds it: the transport hands it the tensors (or the group's)."""
+
+    def __init__(self, model: torch.nn.Module, group: Any = None) -> None:
+        self.model, self.group = model, group
+
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
+        with torch.no_grad():
+            self.model.load_state_dict(weights)
+
+    def receive_weights(self, version: int) -> None:
+        self.load_weights(self.group.receive(), version)
 
 
-def time_files(state: dict[str, torch.Tensor], folder: Path) -> float:
-    final, tmp = folder / "v000001.safetensors", folder / ".v000001.tmp"
-    ctx = mp.get_context("spawn")
-    ready, done = ctx.Event(), ctx.Event()
-    reader = ctx.Process(target=_files_reader, args=(str(final), ready, done))
-    reader.start()
-    times = []
+def _plan(run_dir: str, port: int) -> Any:
+    members = {"trainer[0]": 0, "rollout[0]": 1}
+    return SimpleNamespace(run_dir=run_dir, weights_dir=str(Path(run_dir) / "weights"), policy="actor",
+                           weights_rendezvous=f"127.0.0.1:{port}", weights_members=lambda: members)
+
+
+def _trainer(route: str, model_name: str, run_dir: str, port: int, told: Any, loaded: Any, out: Any) -> None:
+    torch.set_num_threads(1)
+    state = make_model(model_name).state_dict()
+    config = SimpleNamespace(sampling_lag=0, generation=SimpleNamespace(engine="torch"),
+                             transport=SimpleNamespace(weights=route))
+    source = Source(model="actor", plan=_plan(run_dir, port), config=config, rank_follower=False,
+                    gather=lambda: state, save=lambda path: _save(state, path))
+    publisher = TRANSPORTS[route].publisher(source)  # a broadcast's group forms here: its first send
+    rows = []
     try:
-        for _ in range(ROUNDS):
+        for version in range(1, ROUNDS + 2):
             start = time.perf_counter()
-            save_file(state, str(tmp))
-            os.replace(tmp, final)
-            ready.set()
-            done.wait()
-            done.clear()
-            times.append(time.perf_counter() - start)
+            via = publisher.publish(version)
+            told.put(WeightUpdate("actor", version, via))  # the controller tells the follower
+            publisher.reported()
+            published = time.perf_counter()
+            load_s = loaded.get()
+            rows.append((published - start, load_s, time.perf_counter() - start))
     finally:
-        reader.join(60)
-    return min(times)
+        publisher.close()
+    out.put(rows[1:])
 
 
-def _member(member: int, port: int, params: int, out: str) -> None:
-    group = WeightGroup(f"127.0.0.1:{port}", member, 2)
-    state = make_state(params) if member == 0 else None
-    times = []
-    for _ in range(ROUNDS + 1):  # the first publish also carries the layout: not timed
+def _save(state: dict[str, torch.Tensor], path: str | None) -> None:
+    from areal.nodes.policy import save_weights
+
+    if path is not None:  # None: a rank's part of gathering, which one process has not
+        save_weights(state, path)
+
+
+def _follower(route: str, model_name: str, port: int, told: Any, loaded: Any) -> None:
+    torch.set_num_threads(1)
+    group = None
+    follower = _Follower(make_model(model_name))
+    if route == "broadcast":
+        from areal.engines.weight_group import WeightGroup
+
+        group = WeightGroup(f"127.0.0.1:{port}", 1, 2)
+        follower.group = group
+        follower.receive_weights(0)  # the weights the trainer starts from, as the group forms
+    for _ in range(ROUNDS + 1):
+        update = told.get()
         start = time.perf_counter()
-        if state is not None:
-            group.send(state)
-        else:
-            group.receive()
-        times.append(time.perf_counter() - start)
-    if member == 1:
-        Path(out).write_text(str(min(times[1:])))
+        receive(update, follower)
+        loaded.put(time.perf_counter() - start)
 
 
-def time_broadcast(params: int, folder: Path) -> float:
+def time_route(route: str, model_name: str, run_dir: Path) -> tuple[float, float, float]:
+    """(publish s, load s, total s), each the best of ROUNDS."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = folder / "broadcast.txt"
-    mp.start_processes(_member, args=(port, params, str(out)), nprocs=2, start_method="spawn")
-    return float(out.read_text())
+    ctx = mp.get_context("spawn")
+    told, loaded, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    follower = ctx.Process(target=_follower, args=(route, model_name, port, told, loaded))
+    follower.start()
+    trainer = ctx.Process(target=_trainer, args=(route, model_name, str(run_dir), port, told, loaded, out))
+    trainer.start()
+    try:
+        rows = out.get(timeout=1800)
+    finally:
+        trainer.join(60)
+        follower.join(60)
+    return min(r[0] for r in rows), min(r[1] for r in rows), min(r[2] for r in rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--params", type=float, nargs="+", default=[25e6, 100e6])
+    parser.add_argument("--models", nargs="+", default=["tiny", "qwen2-0.5b"], choices=["tiny", "qwen2-0.5b"])
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    print(f"best of {ROUNDS} publishes, one reader; seconds from the trainer starting to publish to the reader "
-          f"holding the tensors")
-    print(f"{'parameters':>12} {'MiB':>8} {'files s':>9} {'broadcast s':>12} {'files / broadcast':>18}")
-    for params in (int(p) for p in args.params):
-        state = make_state(params)
+    print(f"best of {ROUNDS} publishes, one follower; seconds from the trainer starting to publish to the "
+          "follower's model holding the weights")
+    print(f"{'model':>11} {'params':>12} {'MiB':>6} {'route':>10} {'publish s':>10} {'load s':>8} {'total s':>8} "
+          f"{'files / route':>14}")
+    for name in args.models:
+        state = make_model(name).state_dict()
+        params = sum(t.numel() for t in state.values())
         mib = sum(t.numel() * t.element_size() for t in state.values()) / 2**20
-        with tempfile.TemporaryDirectory(prefix="areal-bench-weights-") as tmp:
-            files = time_files(state, Path(tmp))
-            broadcast = time_broadcast(params, Path(tmp))
-        count = sum(t.numel() for t in state.values())
-        print(f"{count:>12,} {mib:>8.0f} {files:>9.3f} {broadcast:>12.3f} {files / broadcast:>17.2f}x")
+        del state
+        totals = {}
+        for route in ROUTES:
+            with tempfile.TemporaryDirectory(prefix="areal-bench-weights-") as tmp:
+                publish, load, total = time_route(route, name, Path(tmp))
+            totals[route] = total
+            print(f"{name:>11} {params:>12,} {mib:>6.0f} {route:>10} {publish:>10.3f} {load:>8.3f} {total:>8.3f} "
+                  f"{totals['files'] / total:>13.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,15 +18,14 @@ import textwrap
 from dataclasses import dataclass
 
 from areal.graph.picture import Arrow, Cluster, Picture
+from areal.graph.text_width import CHAR_W, fitted, text_width
 
 BOX_W, BOX_H = 170, 50
 PAD, HEADER = 12, 22  # inside a pool's frame: padding, and its caption's line
 STACK_GAP = 40  # between the boxes of one pool
 LAYER_GAP_MIN, CLUSTER_GAP = 56, 56
 LANE_OFFSET, LANE_GAP = 30, 24
-LINE_H, CHAR_W, PILL_H = 14, 7.0, 18  # 12 px: line height, the width of most glyphs (DejaVu Sans, the widest
-BOLD = 1.18  # of the usual stand-ins for Helvetica), and how much wider bold is
-NARROW, WIDE = set("ijlftrI.,:;!|()[]{}' "), set("mwMW")  # glyphs about half as wide, and half again as wide
+LINE_H, PILL_H = 14, 18  # 12 px text: line height; a pill's height
 
 KIND_FILL = {
     "source": "#e8f1fb", "generate": "#e6f6ea", "reward": "#fff4dd",
@@ -119,7 +118,7 @@ def _frame(c: Cluster, pic: Picture) -> _Frame:
         else:
             left = max(left, BOX_W / 2 + 30 + w + pad)
     if c.framed:
-        right = max(right, _text_width(_caption(c), bold=True) + 2 * PAD - left)
+        right = max(right, text_width(_caption(c), bold=True) + 2 * PAD - left)
     height = (HEADER + 2 * PAD if c.framed else 0) + n * BOX_H + (n - 1) * STACK_GAP
     return _Frame(c, left, right, height)
 
@@ -304,13 +303,13 @@ def _label(route: _Route, blocked: list[Rect]) -> tuple[str, Rect]:
     parts = [f'<text x="{x:.1f}" y="{rect[1] + LINE_H * (k + 1) - 3:.1f}" text-anchor="{anchor}" '
              f'fill="{colour}">{html.escape(line)}</text>' for k, line in enumerate(a.label)]
     if a.bound:
-        pw = _text_width(a.bound, bold=True) + 12
+        pw = text_width(a.bound, bold=True) + 12
         px = x - pw if anchor == "end" else x
         py = rect[1] + LINE_H * len(a.label) + 2
         parts.append(f'<rect class="bound" x="{px:.1f}" y="{py:.1f}" width="{pw:.1f}" height="{PILL_H - 3}" rx="8" '
                      f'fill="{PILL_FILL[ink]}" stroke="{INK[ink]}"/>')
         parts.append(f'<text class="bound" x="{px + 6:.1f}" y="{py + PILL_H - 8:.1f}" font-weight="bold" '
-                     f'fill="{INK[ink]}"{_fitted(a.bound, pw - 12)}>{html.escape(a.bound)}</text>')
+                     f'fill="{INK[ink]}"{fitted(a.bound, pw - 12)}>{html.escape(a.bound)}</text>')
     return '<g class="label">' + "".join(parts) + "</g>", rect
 
 
@@ -321,7 +320,7 @@ def _cluster_svg(f: _Frame, pic: Picture) -> str:
         parts.append(f'<rect x="{f.x0:.1f}" y="{f.y:.1f}" width="{f.left + f.right:.1f}" height="{f.height:.1f}" '
                      'rx="10" fill="#f7f8fa" stroke="#8a94a6" stroke-width="1.2"/>')
         parts.append(f'<text x="{f.x0 + PAD:.1f}" y="{f.y + PAD + 8:.1f}" font-weight="bold" fill="#44506a"'
-                     f'{_fitted(_caption(c), f.left + f.right - 2 * PAD)}>{html.escape(_caption(c))}</text>')
+                     f'{fitted(_caption(c), f.left + f.right - 2 * PAD)}>{html.escape(_caption(c))}</text>')
     for i, name in enumerate(c.boxes):
         box = pic.boxes[name]
         x, y = f.x - BOX_W / 2, f.box_top(i)
@@ -332,9 +331,9 @@ def _cluster_svg(f: _Frame, pic: Picture) -> str:
                      f'<rect x="{x:.1f}" y="{y:.1f}" width="{BOX_W}" '
                      f'height="{BOX_H}" rx="{rx}" fill="{KIND_FILL.get(box.kind, "#f2f2f2")}" {outline}/>'
                      f'<text x="{f.x:.1f}" y="{y + 21:.1f}" text-anchor="middle" font-weight="bold"'
-                     f"{_fitted(name, BOX_W - 12)}>{html.escape(name)}</text>"
+                     f"{fitted(name, BOX_W - 12)}>{html.escape(name)}</text>"
                      f'<text x="{f.x:.1f}" y="{y + 38:.1f}" text-anchor="middle"'
-                     f'{_fitted(box.caption, BOX_W - 12, bold=False)}>{html.escape(box.caption)}</text></g>')
+                     f'{fitted(box.caption, BOX_W - 12, bold=False)}>{html.escape(box.caption)}</text></g>')
     parts.append("</g>")
     return "".join(parts)
 
@@ -354,7 +353,7 @@ def _document(pic: Picture, extent: list[Rect], body: list[str], heading: bool) 
         lines = [f"graph {pic.title}" + (" as it runs: one frame per pool (a process per replica)" if framed else "")]
         lines += textwrap.wrap(pic.summary, max(60, int((x1 - x0) / CHAR_W)))
         y0 -= LINE_H * len(lines) + 6
-        x1 = max(x1, x0 + max(_text_width(line) for line in lines) + 16)
+        x1 = max(x1, x0 + max(text_width(line) for line in lines) + 16)
     head = "".join(f'<text x="{x0 + 8:.1f}" y="{y0 + LINE_H * (k + 1):.1f}" fill="#44506a" '
                    f'font-weight="{"bold" if k == 0 else "normal"}">{html.escape(line)}</text>'
                    for k, line in enumerate(lines))
@@ -373,23 +372,10 @@ def _document(pic: Picture, extent: list[Rect], body: list[str], heading: bool) 
 # -- geometry --------------------------------------------------------------------------------------
 
 
-def _text_width(text: str, bold: bool = False) -> float:
-    """An estimate that errs wide: no font metrics are at hand, and a label cut short is worse than a gap."""
-    width = sum(CHAR_W * (0.55 if c in NARROW else 1.45 if c in WIDE else 1.2 if c.isupper() else 1.0) for c in text)
-    return width * (BOLD if bold else 1.0)
-
-
-def _fitted(text: str, room: float, bold: bool = True) -> str:
-    """SVG attributes that squeeze text into `room` when the estimate says it may not fit, whatever the font."""
-    if _text_width(text, bold) <= room * 0.9:
-        return ""
-    return f' textLength="{min(room, _text_width(text, bold)):.1f}" lengthAdjust="spacingAndGlyphs"'
-
-
 def _block_width(a: Arrow) -> float:
-    widths = [_text_width(line) for line in a.label]
+    widths = [text_width(line) for line in a.label]
     if a.bound:
-        widths.append(_text_width(a.bound, bold=True) + 12)
+        widths.append(text_width(a.bound, bold=True) + 12)
     return max(widths, default=0.0)
 
 

@@ -25,7 +25,8 @@ role needs, so a mistake is never found by a `hasattr` deep in a worker loop.
 Any role may also have `setup(context)` (once per worker, before the first batch), and so may a
 reward function (`reward(name, fn)` calls `fn.setup(context)` when it has one): `context` is a
 `NodeContext`, below. A map node that names a trained model (`model=`) outside its trainer's pool
-follows that model's weights and needs `load_weights(path, version)` too.
+follows that model's weights and needs `load_weights(weights, version)` too: the tensors of that
+version, however they travelled (runtime/weights/).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import inspect
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor
 
 from areal.config import RunConfig
 from areal.graph.batch import Batch
@@ -58,6 +61,7 @@ class NodeContext(Protocol):
     - `run_dir`: the run directory (write your own files under it, one per worker: `run_dir / worker_id`);
     - `version`: the policy version the run is at (above 0 after `--resume`);
     - `resume_dir`: the checkpoint this run resumes from, or None;
+    - `note(sample_ids, reasons)`: samples that train on but are counted (an over-long or empty generation);
     - `report(kind, **fields)`: an event for the controller (the runtime's own kinds: "metrics" with
       `values={name: number}` is averaged into the step's metrics, as METRICS returned by a call is).
     """
@@ -72,7 +76,36 @@ class NodeContext(Protocol):
     def run_dir(self) -> Path: ...
     @property
     def worker_id(self) -> str: ...
+    def note(self, sample_ids: list[int], reasons: list[str]) -> None: ...
     def report(self, kind: str, **fields: Any) -> None: ...
+
+
+@runtime_checkable
+class SetUp(Protocol):
+    """A node of any role that prepares itself once per worker, before its first batch (`context`: NodeContext)."""
+
+    def setup(self, context: NodeContext) -> None: ...
+
+
+@runtime_checkable
+class Closes(Protocol):
+    """A node that holds something to let go of when it is done (a judge's sandbox pool)."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ConfiguredSource(Protocol):
+    """A task source that depends on the run's config (`code_tasks`): resolved once, where the run starts."""
+
+    def configure(self, config: RunConfig) -> Any: ...
+
+
+@runtime_checkable
+class ResumableSource(Protocol):
+    """A task source with a cursor: its state goes into each checkpoint, so a resumed run goes on from it."""
+
+    def state(self) -> dict[str, Any]: ...
 
 
 class MapNode(Protocol):
@@ -83,7 +116,26 @@ class StreamNode(Protocol):
     def submit(self, batch: Batch, meta: GroupMeta) -> None: ...
     def step(self) -> list[tuple[Batch, GroupMeta]]: ...
     def pending(self) -> int: ...
-    def load_weights(self, path: str | None, version: int) -> None: ...
+    def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None: ...
+
+
+class Aborting(Protocol):
+    """A stream node that can stop the groups holding a token older than a version (staleness_policy=drop):
+    each one's meta, sample ids, and the tokens each sample had."""
+
+    def abort_older_than(self, version: int) -> list[tuple[GroupMeta, list[int], list[int]]]: ...
+
+
+class Follower(Protocol):
+    """A node that holds a copy of a trained model: a stream node, or a map that follows a model."""
+
+    def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None: ...
+
+
+class GroupMember(Protocol):
+    """A stream node in the weights group (transport.weights=broadcast): it takes part in each broadcast."""
+
+    def receive_weights(self, version: int) -> None: ...
 
 
 class LLM(Protocol):
@@ -104,9 +156,18 @@ class EpisodeNode(Protocol):
 
 
 class TrainerNode(Protocol):
+    version: int  # its model's policy version, the run's only counter of it: one more after each step
     def __call__(self, batch: Batch) -> Mapping[str, float]: ...
     def empty_step(self) -> None: ...
+    def policy_weights(self) -> dict[str, Tensor]: ...  # the whole policy (FSDP: a collective on every rank)
     def save_weights(self, path: str | None) -> None: ...
+
+
+@runtime_checkable
+class Checkpointed(Protocol):
+    """A trainer whose own state (optimizer, engine) goes into each checkpoint beside the policy."""
+
+    def save_checkpoint(self, folder: str) -> None: ...
 
 
 PROTOCOLS: dict[str, type] = {"map": MapNode, "filter": MapNode, "stream": StreamNode, "episode": EpisodeNode,

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from areal.errors import ConfigError
 from areal.graph.batch import Batch, Ragged
 from areal.graph.roles import METRICS
-from areal.nodes.policy import full_sequences, load_run_policy, load_weights
+from areal.nodes.policy import full_sequences, load_run_policy
 from areal.nodes.trainer_worker import TrainerNode
 
 
@@ -32,9 +34,8 @@ class ValuesNode:
     def setup(self, context: Any) -> None:
         self.engine = _critic_engine(context.config)  # version 0: the same critic its trainer starts from
 
-    def load_weights(self, path: str | None, version: int) -> None:
-        if path:
-            self.engine.load_state_dict(load_weights(path))
+    def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
+        self.engine.load_state_dict(dict(weights))
 
     def __call__(self, batch: Batch) -> dict[str, Any]:
         sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from areal.graph.batch import Batch, Ragged
 from areal.graph.meta import GroupMeta
@@ -134,8 +135,8 @@ class EpisodeRunner:
     def pending(self) -> int:
         return len(self._groups)
 
-    def load_weights(self, path: str | None, version: int) -> None:
-        self.policy.load_weights(path, version)
+    def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
+        self.policy.load_weights(weights, version)
 
     def receive_weights(self, version: int) -> None:
         self.policy.receive_weights(version)

@@ -16,14 +16,15 @@ on like any other and earns its reward, but the run's accounting counts it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from areal.graph.batch import Batch, Ragged
 from areal.graph.meta import GroupMeta
-from areal.nodes.policy import load_weights
 
 
 @dataclass
@@ -48,7 +49,7 @@ class GenerateNode:
     def setup(self, context: Any) -> None:
         from areal.nodes.policy_copy import PolicyCopy
 
-        self.report = context.report
+        self.note = context.note
         self.group_size = context.config.group_size  # the run's, with this node's own setting in it
         self.policy = PolicyCopy(context)
         self.engine, self.tokenizer = self.policy.engine, self.policy.tokenizer
@@ -64,9 +65,8 @@ class GenerateNode:
     def pending(self) -> int:
         return self.engine.pending()
 
-    def load_weights(self, path: str | None, version: int) -> None:
-        if path is not None:
-            self.engine.update_weights(load_weights(path), version)  # the engine a test may have put in place
+    def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
+        self.engine.update_weights(dict(weights), version)  # the engine a test may have put in place
 
     def submit(self, batch: Batch, meta: GroupMeta) -> None:
         from areal.engines.torch_generate import GenRequest
@@ -137,7 +137,7 @@ class GenerateNode:
         notes = {r.request_id: why for r, text in zip(results, fields["completion"])
                  if (why := generation_problem(r.finish_reason, text))}
         if notes and not entry.meta.eval:
-            self.report("noted", sample_ids=list(notes), reasons=list(notes.values()))
+            self.note(list(notes), list(notes.values()))
         return Batch(fields)
 
     def _completion(self, ids: list[int]) -> str:

@@ -10,10 +10,13 @@ where the model is). What each does with the engine (groups of G completions, or
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from torch import Tensor
+
 from areal.errors import ConfigError
-from areal.nodes.policy import first_file, load_weights
+from areal.nodes.policy import first_file
 
 
 class PolicyCopy:
@@ -50,10 +53,9 @@ class PolicyCopy:
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def load_weights(self, path: str | None, version: int) -> None:
-        """Weights the trainer published as a file; requests in flight continue on them."""
-        if path is not None:
-            self.engine.update_weights(load_weights(path), version)
+    def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
+        """Weights the trainer published (a file, shared memory); requests in flight continue on them."""
+        self.engine.update_weights(dict(weights), version)
 
     def receive_weights(self, version: int) -> None:
         """Take part in the trainer's broadcast of `version`; in-flight requests continue on the new weights."""

@@ -21,6 +21,7 @@ from areal.errors import RunError
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.graph.node import Node
+from areal.graph.roles import ConfiguredSource, ResumableSource
 from areal.runtime.codec import FrameTooLarge, encode
 from areal.runtime.plan import Plan
 from areal.runtime.staleness import StalenessGate
@@ -92,7 +93,7 @@ class Admission:
         return [item for group, item in sorted(self.issued.items()) if group not in held and group in only]
 
     def cursor(self) -> dict[str, Any]:
-        return self.tasks.state() if hasattr(self.tasks, "state") else {}
+        return self.tasks.state() if isinstance(self.tasks, ResumableSource) else {}
 
     def cursor_at(self, group: int) -> dict[str, Any]:
         """The source's cursor just before `group` started (now, if it has not)."""
@@ -146,4 +147,4 @@ class Admission:
 
 def configured(source: Any, config: RunConfig) -> Any:
     """Sources that depend on the config (`code_tasks`) resolve here; others are used as they are."""
-    return source.configure(config) if hasattr(source, "configure") else source
+    return source.configure(config) if isinstance(source, ConfiguredSource) else source

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from areal.runtime.messages import Message, parse_kind
+from areal.runtime.weights.update import WeightUpdate
 
 
 class Command(Message):
@@ -42,11 +43,8 @@ class ForgetBelow(Command):
 
 
 class HoldWeights(Command):
-    KIND: ClassVar[str] = "weights"  # the version of `model` a follower is to hold now
-    model: str
-    version: int
-    path: str | None  # its weights file; None: the weights it was built with (v0), or those a broadcast brings
-    broadcast: bool = False  # take part in the weights group's broadcast of this version (the trainer waits in it)
+    KIND: ClassVar[str] = "weights"  # the version of a model a follower is to hold now, and how it travels
+    update: WeightUpdate
 
 
 KINDS: dict[str, type[Command]] = {cls.KIND: cls for cls in (Stop, Rewire, TakeCensus, ForgetBelow, HoldWeights)}

@@ -48,6 +48,10 @@ class WorkerContext:
             return None
         return self.plan.weights_rendezvous, members[self.worker_id], len(members)
 
+    def note(self, sample_ids: list[int], reasons: list[str]) -> None:
+        """Samples that train on but are counted, each with its reason (an over-long or empty generation)."""
+        self.control.send(messages.SamplesNoted(node=self.node, sample_ids=sample_ids, reasons=reasons))
+
     def report(self, kind: str, **fields: Any) -> None:
         """Send the controller a message of `kind` (messages.py) tagged with this node. Nodes cannot import the
         runtime's types, so the message is typed here, where it enters: a malformed one fails in the node."""

@@ -26,7 +26,7 @@ class WorkerReports:
     """The handlers of the workers' reports of work (see the module's docstring)."""
 
     def _on_version(self, worker: WorkerProcess, m: msg.VersionPublished) -> None:
-        self.versions.record(m.model, m.version, m.path)
+        self.versions.record(m.model, m.version, m.via)
         self.state.version = self.versions.slowest
         if m.sample_ids:
             self._lost_in_a_row = 0
@@ -43,8 +43,8 @@ class WorkerReports:
             self._step_record(m)
         else:  # another trainer's numbers (a critic's loss) join the next step record, named by it
             self.steps.on_metrics({f"{m.model}_{k}": v for k, v in m.stats.items() if isinstance(v, (int, float))})
-        if m.path or m.broadcast:
-            self.versions.announce(m.model, self.workers.values(), self.control.send, broadcast=m.broadcast)
+        if m.via is not None:
+            self.versions.announce(m.model, self.workers.values(), self.control.send)
         every = self.config.eval.interval_steps
         if (self.heldout is not None and every and m.model == (self.plan.policy or m.model)
                 and m.version % every == 0 and m.version < self.state.steps):

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from areal.errors import ConfigError
+from areal.graph.roles import Closes
 from areal.runtime.eval_inputs import check_output, check_weights, write_results
 from areal.runtime.solved import solved
 
@@ -267,7 +268,7 @@ def _judge(tasks: list[dict[str, Any]], outputs: list[tuple[str, int]], judge: A
             results += judge(completions[start:start + chunk], refs[start:start + chunk])
             report("judge", len(results), len(completions))
     finally:
-        if hasattr(judge, "close"):
+        if isinstance(judge, Closes):
             judge.close()
     judged = []
     for i, task in enumerate(tasks):

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from areal.errors import WireError
+from areal.runtime.weights.update import Via
 
 
 class Message(BaseModel):
@@ -68,8 +69,7 @@ class VersionPublished(Message):
     KIND: ClassVar[str] = "version"
     model: str  # the trainer node, whose model has a new version
     version: int
-    path: str | None = None  # its weights file (transport.weights=files)
-    broadcast: bool = False  # the trainer waits in the weights group's broadcast of this version
+    via: Via | None = None  # how the new weights travel (None from a trainer rank's part of a step)
     stats: dict[str, Any] = {}
     staleness: dict[str, int] = {}
     groups: list[int] = []  # the groups the step consumed, in order (empty ones too)

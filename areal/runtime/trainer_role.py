@@ -1,12 +1,12 @@
 """The train role of a worker: taking groups in the order the staleness policy says, the step
 (proximal pass, update, the policy's check), publishing the new version, checkpoints and reports.
 A mixin of `Worker` (worker.py), which holds the state these methods read: the pool's nodes, its
-chain, its control client and its version."""
+chain and its control client. The model's version is the trainer node's own counter, read, never kept."""
 
 from __future__ import annotations
 
+import json
 import logging
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,10 +14,11 @@ from typing import Any
 
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
+from areal.graph.roles import Checkpointed, TrainerNode
 from areal.runtime import messages as msg
-from areal.runtime import weight_files
 from areal.runtime.chain import guard
-from areal.runtime.checkpoint import policy_name, staging_dir
+from areal.runtime.checkpoint import MANIFEST, staging_dir
+from areal.runtime.outputs import NodeContractError
 from areal.runtime.policies.enforce import checked_step, expired, with_policy_mask
 from areal.runtime.solved import solved
 from areal.runtime.spans import StepWait
@@ -48,7 +49,7 @@ class TrainerRole:
             if self.census is not None:
                 self.control.send(msg.Census(seq=self.census, holding=sorted(self.holding)))
                 self.census = None
-            while self.version < self.config.steps:
+            while self.trained_version < self.config.steps:
                 dropped += self._drop_expired(waiting)
                 step = self.staleness_policy.pick({g: b.size for g, (b, _) in waiting.items()}, self.next_group,
                                                   self.consumed, per_step)
@@ -57,7 +58,7 @@ class TrainerRole:
                 parts = [waiting.pop(g) for g in step]  # in admission order: group ids are admission order
                 self._consume(step + dropped)
                 kept = [(b, m) for b, m in parts if b.size]
-                idle.ended(step, self.version + 1, dropped=dropped)
+                idle.ended(step, self.trained_version + 1, dropped=dropped)
                 self._train(Batch.concat([b for b, _ in kept]) if kept else None, consumed=sorted(step + dropped),
                             groups=[m for _, m in kept])
                 idle.restart()
@@ -66,6 +67,11 @@ class TrainerRole:
                     break
         if self.orders is not None:
             self.orders.send("stop")
+
+    @property
+    def trained_version(self) -> int:
+        """This pool's model's version: its trainer node's own counter, the only one (the worker keeps none)."""
+        return int(self.impls[-1].version)
 
     def _consume(self, groups: list[int]) -> None:
         """Groups a step took (or dropped): never taken again; `next_group` moves past every consumed one."""
@@ -82,8 +88,8 @@ class TrainerRole:
         if not (self.staleness_policy.drops and self.enforcing and versions):
             return []
         late = sorted(g for g, (b, _) in waiting.items()
-                      if b.size and expired(b[versions], self.version, self.config.staleness))
-        reason = f"older than η={self.config.staleness} at version {self.version}"
+                      if b.size and expired(b[versions], self.trained_version, self.config.staleness))
+        reason = f"older than η={self.config.staleness} at version {self.trained_version}"
         for group in late:
             batch, _ = waiting.pop(group)
             self.control.send(msg.SamplesDropped(node=self.nodes[-1].name, sample_ids=batch["sample_id"].tolist(),
@@ -93,13 +99,13 @@ class TrainerRole:
 
     def _train(self, batch: Batch | None, consumed: list[int], groups: list[GroupMeta] | None = None) -> None:
         """One step on `batch` (None: every sample of it is gone); `groups`: the metas of its groups (rank 0)."""
-        step = self.version
+        step = self.trained_version
         began = time.monotonic()
         stats: dict[str, Any] = {}
         hist: dict[int, int] = {}
         if self.orders is not None and not self.follower:
             self.orders.send("train", batch, consumed=consumed)
-        trainer = self.impls[-1]
+        trainer: TrainerNode = self.impls[-1]
         if batch is not None:
             start = time.monotonic()
             batch, metrics = self.chain.run(batch, held_out=False, stop=len(self.nodes) - 1)
@@ -126,17 +132,18 @@ class TrainerRole:
             stats |= {"prox_s": middle - start, "update_s": end - middle}
         else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
             guard(self.nodes[-1], trainer.empty_step)
-        self.version = step + 1
-        with self.spans.timed("publish", "publish weights", version=self.version):
-            path = self._publish()
-        self.spans.add("step", "train step", began, time.monotonic(), version=self.version,
+        if self.trained_version != step + 1:
+            raise NodeContractError(f"trainer node '{self.nodes[-1].name}': a step must advance its version by one "
+                                    f"(from {step} it went to {self.trained_version})")
+        with self.spans.timed("publish", "publish weights", version=self.trained_version):
+            via = self.publisher.publish(self.trained_version)
+        self.spans.add("step", "train step", began, time.monotonic(), version=self.trained_version,
                        samples=batch.size if batch is not None else 0)
-        weights = guard(self.nodes[-1], trainer.policy_weights) if self.broadcasting else None
         if self.follower:
             return  # rank 0 reports the step and decides on checkpoints
         reward = self.plan.reward_field
         self.control.send(msg.VersionPublished(
-            model=self.pool.name, version=self.version, path=path, broadcast=self.broadcasting,
+            model=self.pool.name, version=self.trained_version, via=via,
             stats=stats, staleness={str(k): v for k, v in hist.items()}, groups=consumed,
             next_group=self.next_group,
             sample_ids=batch["sample_id"].tolist() if batch is not None else [],
@@ -144,47 +151,38 @@ class TrainerRole:
             solved=self._solved(batch),
             tokens=_tokens(batch, self.plan.binding(self.nodes[-1].name)),
         ))
-        if weights is not None:
-            self.weights_group.send(weights)  # the controller tells the generators to take their part
+        self.publisher.reported()  # a broadcast sends now: the controller tells the generators to take their part
         every = self.config.checkpoint.interval_steps
-        if every and self.version % every == 0:
-            self._checkpoint(staging_dir(self.plan.run_dir, self.version, tag="interval"))
-
-    def _publish(self) -> str | None:
-        trainer = self.impls[-1]
-        if self.broadcasting:
-            return None
-        if self.follower:
-            guard(self.nodes[-1], trainer.save_weights, None)  # its part of gathering the weights
-            return None
-        weights_dir, model = self.plan.weights_dir, self.pool.name
-        weight_files.model_dir(weights_dir, model).mkdir(parents=True, exist_ok=True)
-        final = weight_files.published(weights_dir, model, self.version)
-        tmp = weight_files.partial(weights_dir, model, self.version)
-        guard(self.nodes[-1], trainer.save_weights, str(tmp))
-        os.replace(tmp, final)  # readers never see a half-written file
-        keep = 3 + self.config.sampling_lag  # lagged mode: generators sample from the one η versions old
-        for version, old in weight_files.published_versions(weights_dir, model).items():
-            # keep the newest; a file above this version is rolled-back work from before a resume
-            if not self.version - keep < version <= self.version:
-                old.unlink(missing_ok=True)
-        return str(final)
+        if every and self.trained_version % every == 0:
+            self._checkpoint(staging_dir(self.plan.run_dir, self.trained_version, tag="interval"))
 
     def _checkpoint(self, folder: Path) -> None:
         """Write this trainer's part of a checkpoint into its staging folder; the controller seals it."""
-        trainer = self.impls[-1]
+        trainer: TrainerNode = self.impls[-1]
         if self.orders is not None and not self.follower:
             self.orders.send("checkpoint", folder=str(folder))
-        if hasattr(trainer, "save_checkpoint"):
+        if isinstance(trainer, Checkpointed):
             target = folder / f"trainer-{self.pool.name}"
             target.mkdir(parents=True, exist_ok=True)
             guard(self.nodes[-1], trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
-        if self.broadcasting:  # no weights file to copy: the checkpoint's policy (export, resume) is written here
-            policy = None if self.follower else str(folder / policy_name(self.pool.name))
-            guard(self.nodes[-1], trainer.save_weights, policy)
+        self.publisher.checkpoint(folder)
         if not self.follower:
-            self.control.send(msg.CheckpointWritten(model=self.pool.name, version=self.version, path=str(folder),
-                                                    next_group=self.next_group, consumed=sorted(self.consumed)))
+            self.control.send(msg.CheckpointWritten(model=self.pool.name, version=self.trained_version,
+                                                    path=str(folder), next_group=self.next_group,
+                                                    consumed=sorted(self.consumed)))
+
+    def _follow_loop(self) -> None:
+        """A trainer rank > 0: rank 0's orders, in its order, so every collective meets its peers."""
+        orders = self.orders
+        assert orders is not None  # a follower is a rank of a multi-rank trainer
+        while True:
+            order, batch, fields = orders.receive()
+            if order == "stop":
+                return
+            if order == "checkpoint":
+                self._checkpoint(Path(fields["folder"]))
+            else:
+                self._train(batch, consumed=list(fields.get("consumed", [])))
 
     def _report_eval(self, batch: Batch, meta: GroupMeta) -> None:
         if self.pool.name != self.plan.policy and self.plan.policy:
@@ -207,3 +205,12 @@ class TrainerRole:
 def _tokens(batch: Batch | None, binding: Mapping[str, str]) -> int:
     field = binding.get("output_ids")
     return int(batch[field].values.numel()) if batch is not None and field in batch else 0
+
+
+def resumed_consumption(resume_dir: Path | None, pool: str) -> tuple[int, set[int]]:
+    """A resumed trainer's oldest unconsumed group and the groups above it it consumed, as its checkpoint recorded;
+    (0, none) for a fresh run."""
+    if resume_dir is None:
+        return 0, set()
+    state = json.loads((resume_dir / MANIFEST).read_text())
+    return int(state.get("next_group", {}).get(pool, 0)), {int(g) for g in state.get("consumed", {}).get(pool, [])}

@@ -15,7 +15,10 @@ then runs the loop of its pool's role:
   model gets its next version. The policy's trainer drops the groups too old to train (drop),
   masks the tokens too old (token) and re-checks its guarantee on what the update reads. A
   trainer of several ranks does this in rank 0, which orders the others to do the same
-  (runtime/ranks.py). The train role's methods live in trainer_role.py.
+  (runtime/ranks.py).
+Each role's loop is a mixin of its own (map_role.py, stream_role.py, trainer_role.py; an episode node runs
+in the stream role); this module is what they share: the commands, the inputs drained and joined, the
+groups sent on, and the weights the worker was told to hold.
 Every group a pool finishes is sent on every output channel, empty if nothing is left of it, so
 joins downstream always complete. A node that raises stops the worker with an "error" event
 naming it; the controller decides what happens next.
@@ -23,13 +26,13 @@ naming it; the controller decides what happens next.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +45,17 @@ from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.graph.node import Node
 from areal.graph.recipe import load_recipe
-from areal.graph.roles import FAILED
+from areal.graph.roles import SetUp
 from areal.runtime import commands as cmd
 from areal.runtime import messages as msg
+from areal.runtime import weights
 from areal.runtime.chain import Chain, NodeFailure, guard
 from areal.runtime.channels import BatchReceiver, bind_address
-from areal.runtime.checkpoint import MANIFEST
 from areal.runtime.codec import FrameTooLarge
 from areal.runtime.context import WorkerContext
 from areal.runtime.control import ControlClient, Pulse
-from areal.runtime.join import Join, expand
+from areal.runtime.join import Join
+from areal.runtime.map_role import MapRole
 from areal.runtime.outbox import Outbox
 from areal.runtime.outputs import NodeContractError
 from areal.runtime.plan import Plan
@@ -61,7 +65,10 @@ from areal.runtime.reaper import guard_process_group
 from areal.runtime.sample_log import SampleLog
 from areal.runtime.security import RunKey
 from areal.runtime.spans import Spans
-from areal.runtime.trainer_role import TrainerRole
+from areal.runtime.stream_role import StreamRole
+from areal.runtime.trainer_role import TrainerRole, resumed_consumption
+from areal.runtime.weights import WeightUpdate
+from areal.runtime.weights.transport import Source
 
 log = logging.getLogger("areal.worker")
 
@@ -69,7 +76,7 @@ SEND_RETRY_MS = 500
 JOIN_CAPACITY_BATCHES = 4  # a join holds at most this many steps' worth of groups from an input that is ahead
 
 
-class Worker(TrainerRole):
+class Worker(MapRole, StreamRole, TrainerRole):
     def __init__(self, plan: Plan, pool_name: str, replica: int, version: int, resume_dir: Path | None,
                  control: ControlClient) -> None:
         """`control` is the worker's one control socket: made before anything that can fail, so that even
@@ -78,7 +85,7 @@ class Worker(TrainerRole):
         self.plan = plan
         self.pool = plan.pool(pool_name)
         self.replica = replica
-        self.version = version
+        self.start_version = version  # the run's policy version when this worker started (its nodes count on)
         self.worker_id = f"{pool_name}[{replica}]"
         self.control = control
         self.key = run_key(plan)
@@ -90,7 +97,7 @@ class Worker(TrainerRole):
             rank_environment(self.pool.rendezvous, replica, self.pool.replicas)
         for n in self.nodes:
             impl = n.spec.instantiate()
-            if hasattr(impl, "setup"):
+            if isinstance(impl, SetUp):
                 context = WorkerContext(recipe.node_config(n.name), plan, self.pool, replica, n.name, version,
                                         resume_dir, self.control)
                 guard(n, impl.setup, context)
@@ -105,11 +112,7 @@ class Worker(TrainerRole):
                           for m in {recipe.graph.model_of(n) for n in self.nodes} - {None, self.pool.name}}
         self.orders = RankOrders() if self.pool.rendezvous else None
         self.follower = self.orders is not None and replica > 0  # gets its steps from rank 0, not a socket
-        # transport.weights=broadcast: the policy trainer's ranks gather the weights, rank 0 broadcasts them
-        self.broadcasting = self.pool.role == "train" and bool(plan.weights_rendezvous) and pool_name == plan.policy
-        self.weights_group: Any = None
-        if self.broadcasting:
-            self._join_weights_group()
+        self.publisher = self._publisher() if self.pool.role == "train" else None
         self.poller = zmq.Poller()
         self.inboxes: dict[str, BatchReceiver] = {}
         allow_remote = self.config.transport.host != "127.0.0.1"  # asked for
@@ -128,24 +131,20 @@ class Worker(TrainerRole):
         self.counts: dict[str, int] = {"batches": 0, "samples": 0, "tokens": 0}
         self._last_beat = time.monotonic()
         self._busy_at_beat = 0.0
-        self._latest_weights: dict[str, cmd.HoldWeights] = {}  # model -> the newest weights it was told to hold
+        self._latest_weights: dict[str, WeightUpdate] = {}  # model -> the newest weights it was told to hold
         self.holding: set[int] = set()  # trainer: groups gathered for coming steps (not re-issued after a crash)
         self.census: int | None = None  # trainer: the controller asked what it holds (after a crash upstream)
         # trainer: the oldest group not consumed, and those above it a step took (out of admission order)
-        self.next_group, self.consumed = _resumed_consumption(resume_dir, pool_name)
+        self.next_group, self.consumed = resumed_consumption(resume_dir, pool_name)
         self.staleness_policy = POLICIES[self.config.staleness_policy]
         self.enforcing = self.pool.role == "train" and pool_name == plan.policy  # its versions count the lags
 
-    def _join_weights_group(self) -> None:
-        """Trainer: form the weights group with the generators and send them the weights it starts from."""
-        from areal.engines.weight_group import WeightGroup, group_device
-
-        weights = guard(self.nodes[-1], self.impls[-1].policy_weights)
-        if not self.follower:
-            members = self.plan.weights_members()
-            self.weights_group = WeightGroup(self.plan.weights_rendezvous, 0, len(members),
-                                             device=group_device(self.config.generation.engine))
-            self.weights_group.send(weights)
+    def _publisher(self) -> weights.Publisher:
+        """How this trainer's new versions reach their followers (a broadcast's group forms here)."""
+        node, trainer = self.nodes[-1], self.impls[-1]
+        return weights.publisher(Source(
+            model=self.pool.name, plan=self.plan, config=self.config, rank_follower=self.follower,
+            gather=partial(guard, node, trainer.policy_weights), save=partial(guard, node, trainer.save_weights)))
 
     # -- the shell around the loops -----------------------------------------------------
 
@@ -159,6 +158,8 @@ class Worker(TrainerRole):
         finally:
             pulse.stop()
             self.spans.close()
+            if self.publisher is not None:
+                self.publisher.close()
         self.control.send(msg.Stopped(**self.counts))
 
     def _wait(self, timeout_ms: int) -> None:
@@ -195,12 +196,13 @@ class Worker(TrainerRole):
             self.join.forget_below(command.group)
 
     def _on_weights(self, command: cmd.HoldWeights) -> None:
-        if command.broadcast:
+        update = command.update
+        if weights.collective(update.via):
             # a collective: the trainer waits in it until every generator has taken its part
-            with self.spans.timed("weights", "receive weights", model=command.model, version=command.version):
-                guard(self.nodes[0], self.impls[0].receive_weights, command.version)
-            command = command.model_copy(update={"path": None})  # loaded already: the loop only notes the version
-        self._latest_weights[command.model] = command  # with files, only the newest matters
+            with self.spans.timed("weights", "receive weights", model=update.model, version=update.version):
+                guard(self.nodes[0], weights.receive, update, self.impls[0])
+            update = WeightUpdate(update.model, update.version)  # loaded already: the loop only notes the version
+        self._latest_weights[update.model] = update  # otherwise only the newest matters
 
     def _drain(self) -> list[tuple[Batch, GroupMeta]]:
         """The groups whose every input has come (joined when the pool has several); a batch whose meta is
@@ -247,113 +249,9 @@ class Worker(TrainerRole):
             self.spans.add("send", f"send to {dst}", start, time.monotonic(), to=dst, group=meta.group,
                            samples=batch.size)
 
-    def _apply_weights(self, model: str) -> cmd.HoldWeights | None:
+    def _apply_weights(self, model: str) -> WeightUpdate | None:
         """The newest weights `model`'s followers are to hold, if they were told since last asked."""
         return self._latest_weights.pop(model, None)
-
-    def _follow_weights(self) -> None:
-        """Map nodes that follow a trained model take its newest weights between groups."""
-        for model, impls in self.followers.items():
-            weights = self._apply_weights(model)
-            if weights is not None and weights.path:
-                with self.spans.timed("weights", "load weights", model=model, version=weights.version):
-                    for impl in impls:
-                        impl.load_weights(weights.path, weights.version)
-
-    # -- the three loops ------------------------------------------------------------------
-
-    def _map_loop(self) -> None:
-        routed = [m for m in self.followers if self.pool.name in self.plan.followers(m)]
-        while any(m not in self._latest_weights for m in routed) and not self.stopping:
-            self._wait(100)  # the controller answers "ready" with each followed model's version: run nothing before
-        while not self.stopping:
-            self._wait(int(self.config.faults.heartbeat_s * 1000))
-            self._follow_weights()
-            for batch, meta in self._drain():
-                done, metrics = self.chain.run(batch, held_out=meta.eval)
-                self._report_metrics(metrics)
-                self._send(done, meta)
-
-    def _stream_loop(self) -> None:
-        gen, head = self.impls[0], self.nodes[0]
-        model = self.pool.model
-        while model not in self._latest_weights and not self.stopping:
-            self._wait(100)  # the controller answers "ready" with the newest version: sample nothing before it
-        policy_version = self.version
-        held: list[tuple[Batch, GroupMeta]] = []  # admitted at a version whose weights have not arrived
-        submitted: dict[int, Batch] = {}  # group key -> the input it came with (its fields go on with its samples)
-        while not self.stopping:
-            busy = gen.pending() > 0
-            self._wait(0 if busy else (100 if held else int(self.config.faults.heartbeat_s * 1000)))
-            weights = self._apply_weights(model)
-            if weights is not None:
-                policy_version = weights.version
-                with self.spans.timed("weights", "load weights", model=model, version=policy_version):
-                    guard(head, gen.load_weights, weights.path, policy_version)
-                if self.staleness_policy.drops:
-                    self._abort_late(head, submitted, policy_version - self.config.staleness)
-            # weights travel on the control socket, prompts on the data socket: either may arrive first
-            held += self._drain()
-            ready = [item for item in held if item[1].admitted_at <= policy_version]
-            held = [item for item in held if item[1].admitted_at > policy_version]
-            for batch, meta in ready:
-                if meta.group in submitted:
-                    continue  # re-issued after a crash downstream while still in flight here: that copy answers
-                submitted[meta.group] = batch
-                guard(head, gen.submit, self.chain.view(batch, self.plan.binding(head.name)), meta)
-            if (running := gen.pending()) > 0:
-                start = time.monotonic()
-                finished = guard(head, gen.step)
-                end = time.monotonic()
-                self.chain.busy_s += end - start
-                self.spans.add("decode", head.name, start, end, sequences=running)
-                for out, meta in finished:
-                    self._generated(head, submitted.pop(meta.group), out, meta)
-
-    def _abort_late(self, head: Node, submitted: dict[int, Batch], oldest: int) -> None:
-        """drop: stop every group holding a token sampled before version `oldest` (it can no longer be trained
-        within η), report its samples dropped with the tokens they had, and send it on empty."""
-        for meta, sample_ids, tokens in guard(head, self.impls[0].abort_older_than, oldest):
-            self.control.send(msg.SamplesDropped(node=head.name, sample_ids=sample_ids, tokens=tokens,
-                                                 reason=f"aborted in generation: a token older than version {oldest}"))
-            ids = torch.empty(0, dtype=torch.int64)
-            empty = Batch({**expand(submitted.pop(meta.group), ids), "sample_id": ids, "group_id": ids.clone()})
-            self._send(self.chain.run(empty, held_out=False)[0], meta)
-
-    def _generated(self, head: Node, submitted: Batch, out: Batch, meta: GroupMeta) -> None:
-        """A finished group: the generator's outputs beside its input's fields, one row per sample; then the rest
-        of the pool's nodes."""
-        if "output_ids" in out:
-            self.counts["tokens"] += int(out["output_ids"].values.numel())
-        batch = Batch({**expand(submitted, out["group_id"]), "sample_id": out["sample_id"],
-                       "group_id": out["group_id"]})
-        fields: dict[str, Any] = dict(out)
-        failed = fields.pop(FAILED, None)  # a stream node's per-row reasons (None: the sample is fine)
-        if failed is not None:
-            fields[FAILED] = {row: why for row, why in enumerate(failed) if why}
-        if self.chain.log is not None and not meta.eval:
-            texts = {port: batch[field] for port, field in self.plan.binding(head.name).items()
-                     if head.inputs[port].dtype == "json"}
-            self.chain.log.inputs(head.name, batch, texts)
-        batch, _ = self.chain.absorb(head, batch, out, fields, meta.eval)
-        batch, metrics = self.chain.run(batch, held_out=meta.eval, start=1)
-        self._report_metrics(metrics)
-        self._send(batch, meta)
-
-    def _follow_loop(self) -> None:
-        """A trainer rank > 0: rank 0's orders, in its order, so every collective meets its peers."""
-        orders = self.orders
-        assert orders is not None  # a follower is a rank of a multi-rank trainer
-        while True:
-            order, batch, fields = orders.receive()
-            if order == "stop":
-                return
-            if order == "checkpoint":
-                self._checkpoint(Path(fields["folder"]))
-            else:
-                self._train(batch, consumed=list(fields.get("consumed", [])))
-
-    # -- the trainer's step -------------------------------------------------------------------
 
 COMMANDS: dict[type[cmd.Command], Callable[[Worker, Any], None]] = {
     cmd.Stop: Worker._on_stop,
@@ -362,15 +260,6 @@ COMMANDS: dict[type[cmd.Command], Callable[[Worker, Any], None]] = {
     cmd.ForgetBelow: Worker._on_frontier,
     cmd.HoldWeights: Worker._on_weights,
 }
-
-
-def _resumed_consumption(resume_dir: Path | None, pool: str) -> tuple[int, set[int]]:
-    """A resumed trainer's oldest unconsumed group and the groups above it it consumed, as its checkpoint recorded;
-    (0, none) for a fresh run."""
-    if resume_dir is None:
-        return 0, set()
-    state = json.loads((resume_dir / MANIFEST).read_text())
-    return int(state.get("next_group", {}).get(pool, 0)), {int(g) for g in state.get("consumed", {}).get(pool, [])}
 
 
 def run_key(plan: Plan) -> RunKey | None:

@@ -37,7 +37,7 @@ def test_a_function_is_a_map_or_a_filter_but_never_a_stream_or_a_trainer():
         return {}
 
     assert missing_methods("map", f) == [] and missing_methods("filter", f) == []
-    assert missing_methods("trainer", f) == ["empty_step", "save_weights"]
+    assert missing_methods("trainer", f) == ["empty_step", "policy_weights", "save_weights"]
 
 
 def test_declared_roles_and_kind_roles():

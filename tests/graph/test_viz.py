@@ -177,14 +177,15 @@ def _view_box(root: ET.Element) -> tuple[float, float, float, float]:
 def test_every_label_lies_inside_the_picture_and_bold_text_inside_its_shape(monkeypatch):
     """Measured with the layout's own (wide) estimate: a label on a left lane or a weights pill on the right edge
     is inside the canvas, and bold text in a pill or a box is squeezed to its shape when it might spill."""
-    from areal.graph.layout import BOX_W, _text_width
+    from areal.graph.layout import BOX_W
+    from areal.graph.text_width import text_width
 
     monkeypatch.setattr(viz.shutil, "which", lambda _: None)
     graph, view = _kl_recipe()
     root = ET.fromstring(viz.to_svg(graph, view))
     x0, _, x1, _ = _view_box(root)
     for text in root.iter(f"{SVG}text"):
-        width = float(text.get("textLength") or _text_width(text.text or "", text.get("font-weight") == "bold"))
+        width = float(text.get("textLength") or text_width(text.text or "", text.get("font-weight") == "bold"))
         left = float(text.get("x")) - {"end": width, "middle": width / 2}.get(text.get("text-anchor"), 0.0)
         assert x0 <= left and left + width <= x1, text.text
     for label in (g for g in root.iter(f"{SVG}g") if g.get("class") == "label"):
@@ -192,7 +193,7 @@ def test_every_label_lies_inside_the_picture_and_bold_text_inside_its_shape(monk
                                                          if t.get("class") == "bound"), strict=True):
             assert float(text.get("textLength")) <= float(pill.get("width")) - 12 + 1e-6
     long_name = "a_node_with_a_name_far_longer_than_its_box"
-    assert _text_width(long_name, bold=True) > BOX_W
+    assert text_width(long_name, bold=True) > BOX_W
     from areal.graph.layout import layered_svg
     from areal.graph.picture import Box, Cluster, Picture
 

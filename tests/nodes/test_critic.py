@@ -14,7 +14,7 @@ from areal.kernels.advantage import gae
 from areal.models.loading import load_policy
 from areal.models.value import value_model
 from areal.nodes.critic_worker import GAENode, ValuesNode, ValueTrainerNode
-from areal.nodes.policy import save_weights
+from areal.nodes.policy import load_weights, save_weights
 from tests.local_model import make_checkpoint
 
 
@@ -63,7 +63,7 @@ def test_the_critic_learns_the_returns_publishes_weights_its_values_node_loads_a
         values = scorer(Batch(batch))["values"]
         losses.append(trainer(Batch({**batch, "values": values, "returns": returns}))["loss"])
         save_weights(trainer.policy_weights(), str(tmp_path / "critic.safetensors"))
-        scorer.load_weights(str(tmp_path / "critic.safetensors"), trainer.version)
+        scorer.load_weights(load_weights(str(tmp_path / "critic.safetensors")), trainer.version)
     assert losses[0] == pytest.approx(0.5)  # values 0 against returns ±1
     assert losses[-1] < 0.5 * losses[0] and trainer.version == 12
     scored = scorer(Batch(batch))["values"]

@@ -10,6 +10,7 @@ import torch
 from areal.graph.ports import Float, Int
 from areal.graph.roles import FAILED
 from areal.models.tokenizer import CharTokenizer
+from areal.nodes.policy import load_weights
 from tests.nodes.episodes import group, run_all, runner_on, token_logprobs, weights_file
 
 TOKENS_1, TOKENS_2 = 6, 10
@@ -34,13 +35,13 @@ def test_loss_mask_versions_and_logprobs_are_exact_with_an_update_between_turns_
     runner.submit(*group(["def f(x):\n"]))
     while not at_gate:
         assert not runner.step()
-    runner.load_weights(str(v1), 1)  # between turns: turn 2 reads its whole context with version 1
+    runner.load_weights(load_weights(str(v1)), 1)  # between turns: turn 2 reads its whole context with version 1
     gate.set()
     steps = 4
     for _ in range(steps):  # the first step prefills turn 2 (its first token) and decodes one; each next decodes one
         assert not runner.step()
     mid_turn = steps + 1  # tokens of turn 2 sampled with version 1
-    runner.load_weights(str(v2), 2)  # mid-turn: the rest of turn 2 is re-prefilled and sampled with version 2
+    runner.load_weights(load_weights(str(v2)), 2)  # mid-turn: the rest of turn 2 is re-prefilled, sampled with v2
     (batch, meta), = run_all(runner)
 
     tok = CharTokenizer()

@@ -29,10 +29,10 @@ def test_a_group_reissued_while_still_in_flight_is_generated_once(tmp_path):
     node = GenerateNode()
     config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")), group_size=2,
                        generation=GenerationConfig(max_new_tokens=3, stop=[]))
-    reports: list[tuple[str, dict]] = []
+    noted: list[list[int]] = []
     node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
                                published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
-                               report=lambda kind, **fields: reports.append((kind, fields))))
+                               note=lambda sample_ids, reasons: noted.append(sorted(sample_ids))))
     group = Batch({"prompt": ["def f(x):\n"], "group_id": torch.tensor([5]), "sample_id": torch.tensor([5])})
     meta = GroupMeta(group=5, samples=2, admitted_at=0)
     node.submit(group, meta)
@@ -44,7 +44,7 @@ def test_a_group_reissued_while_still_in_flight_is_generated_once(tmp_path):
     batch, _ = done[0]
     assert batch["sample_id"].tolist() == [10, 11]  # group 5 of size 2: ids 5·2 + k
     # 3 tokens cannot finish a program: both are noted as over-long (or empty), each once
-    assert [sorted(fields["sample_ids"]) for _, fields in reports] == [[10, 11]]
+    assert noted == [[10, 11]]
 
 
 class OneAtATime:
@@ -70,7 +70,7 @@ class OneAtATime:
 
 def test_a_group_reissued_when_part_of_it_has_finished_is_not_submitted_again(tmp_path):
     node = GenerateNode()
-    node.engine, node.tokenizer, node.stops, node.report = OneAtATime(), make_tokenizer(), [], lambda *a, **k: None
+    node.engine, node.tokenizer, node.stops, node.note = OneAtATime(), make_tokenizer(), [], lambda *a: None
     node.chat = False
     group = Batch({"prompt": ["def f(x):\n"], "group_id": torch.tensor([7]), "sample_id": torch.tensor([7])})
     meta = GroupMeta(group=7, samples=2, admitted_at=0)
@@ -95,7 +95,7 @@ def test_prompts_go_through_the_chat_template_of_a_model_that_has_one_unless_it_
                            generation=GenerationConfig(max_new_tokens=2, stop=[], chat_template=setting))
         node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
                                    published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
-                                   report=lambda kind, **fields: None))
+                                   note=lambda sample_ids, reasons: None))
         node.submit(Batch({"prompt": ["2+2?"], "group_id": torch.tensor([0]), "sample_id": torch.tensor([0])}),
                     GroupMeta(group=0, samples=1, admitted_at=0))
         done = []
@@ -112,7 +112,7 @@ def test_a_group_holding_a_token_older_than_asked_is_aborted_whole_and_a_fresh_o
     node = GenerateNode()
     node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
                                published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
-                               report=lambda kind, **fields: None))
+                               note=lambda sample_ids, reasons: None))
     node.engine.quantum_s = 1e-12  # one decode step per step(): nothing finishes before the abort
     for group in (3, 4):  # group 3's two samples fill both slots; group 4 waits
         node.submit(Batch({"prompt": ["1+1="], "group_id": torch.tensor([group]), "sample_id": torch.tensor([group])}),

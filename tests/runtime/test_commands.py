@@ -11,6 +11,7 @@ import pytest
 from areal.errors import WireError
 from areal.runtime.commands import KINDS, Command, ForgetBelow, HoldWeights, Rewire, Stop, TakeCensus, parse
 from areal.runtime.control import pack, unpack
+from areal.runtime.weights import Via, WeightUpdate
 from areal.runtime.worker import COMMANDS, Worker
 
 EVERY_KIND = [  # every field away from its default
@@ -18,7 +19,7 @@ EVERY_KIND = [  # every field away from its default
     Rewire(channel="score", replica=1, connect="tcp://10.0.0.2:5001", disconnect="tcp://10.0.0.3:5001"),
     TakeCensus(seq=3),
     ForgetBelow(group=17),
-    HoldWeights(model="actor", version=5, path="/run/weights/actor/v000005.safetensors", broadcast=True),
+    HoldWeights(update=WeightUpdate("actor", 5, Via("files", "/run/weights/actor/v000005.safetensors"))),
 ]
 
 
@@ -35,16 +36,16 @@ def test_a_command_on_the_wire_is_a_map_with_its_type_and_the_fields_not_at_thei
         "type": "peers", "channel": "score", "replica": 0, "connect": "tcp://h:1"}
     assert TakeCensus(seq=2).to_wire() == {"type": "census", "seq": 2}
     assert ForgetBelow(group=7).to_wire() == {"type": "frontier", "group": 7}
-    assert HoldWeights(model="actor", version=0, path=None).to_wire() == {
-        "type": "weights", "model": "actor", "version": 0, "path": None}  # a path of None still says "no file"
+    assert HoldWeights(update=WeightUpdate("actor", 0)).to_wire() == {
+        "type": "weights", "update": {"model": "actor", "version": 0}}  # no via: the weights it holds
     assert parse({"type": "stop"}) == Stop(checkpoint=None)
 
 
 @pytest.mark.parametrize(("raw", "error"), [
     ({"type": "peers", "channel": "score", "connect": "tcp://h:1"},
      r"^command 'peers' from the controller: replica: Field required$"),
-    ({"type": "weights", "model": "actor", "version": 1},
-     r"^command 'weights' from the controller: path: Field required$"),
+    ({"type": "weights", "update": {"model": "actor", "via": {"kind": "files"}}},
+     r"^command 'weights' from the controller: update.version: Field required$"),
     ({"type": "frontier", "group": "seven"},
      r"^command 'frontier' from the controller: group: Input should be a valid integer"),
     ({"type": "stop", "checkpiont": "/c"},
@@ -91,13 +92,13 @@ def test_the_worker_has_one_handler_for_every_command_kind():
 
 
 def test_the_worker_carries_out_each_command_it_is_sent_in_order():
-    weights = HoldWeights(model="actor", version=4, path="/w/v000004.safetensors")
+    weights = HoldWeights(update=WeightUpdate("actor", 4, Via("files", "/w/v000004.safetensors")))
     worker = _worker(TakeCensus(seq=4).to_wire(), ForgetBelow(group=9).to_wire(), weights.to_wire(),
                      Stop().to_wire())
     worker._commands()
     join = worker.join
     assert isinstance(join, Join)
-    assert (worker.census, join.forgotten, worker._latest_weights) == (4, [9], {"actor": weights})
+    assert (worker.census, join.forgotten, worker._latest_weights) == (4, [9], {"actor": weights.update})
     assert worker.stopping
 
 

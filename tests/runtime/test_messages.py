@@ -14,6 +14,7 @@ from areal.runtime import messages as msg
 from areal.runtime.context import WorkerContext
 from areal.runtime.control import pack, unpack
 from areal.runtime.controller import HANDLERS
+from areal.runtime.weights import Via
 
 EVERY_KIND = [  # every field away from its default
     msg.Alive(),
@@ -21,7 +22,7 @@ EVERY_KIND = [  # every field away from its default
     msg.Heartbeat(busy=0.25, holding=[3, 4], batches=2, samples=8, tokens=120),
     msg.Census(seq=2, holding=[5]),
     msg.Stopped(batches=3, samples=12, tokens=300),
-    msg.VersionPublished(model="actor", version=3, path="/w/actor/v000003.safetensors", broadcast=True,
+    msg.VersionPublished(model="actor", version=3, via=Via("files", "/w/actor/v000003.safetensors"),
                          stats={"loss": 0.5}, staleness={"0": 4, "1": 2}, groups=[6, 7], next_group=8,
                          sample_ids=[60, 61], rewards=[1.0, 0.0], solved=[True, False], tokens=42),
     msg.SamplesFailed(node="score", sample_ids=[1, 2], reasons=["timeout", "boom"], eval=True),

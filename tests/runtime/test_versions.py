@@ -43,10 +43,12 @@ def test_a_resumed_run_tells_the_critics_followers_the_checkpoints_critic(tmp_pa
     versions = Versions(plan, start=2, sampling_lag=0, resumed=checkpoint)
     values = plan.pool_of("values").name
     assert _told(versions, Follower(f"{values}[0]", values)) == {
-        "to": f"{values}[0]", "type": "weights", "model": "critic", "version": 2,
-        "path": str(checkpoint / "policy-critic.safetensors")}
+        "to": f"{values}[0]", "type": "weights", "update": {
+            "model": "critic", "version": 2,
+            "via": {"kind": "files", "where": str(checkpoint / "policy-critic.safetensors")}}}
     rollout = plan.pool_of("rollout").name
-    assert _told(versions, Follower(f"{rollout}[0]", rollout))["path"] == str(checkpoint / "policy-actor.safetensors")
+    told = _told(versions, Follower(f"{rollout}[0]", rollout))["update"]["via"]
+    assert told == {"kind": "files", "where": str(checkpoint / "policy-actor.safetensors")}
 
 
 def test_a_follower_told_a_trained_version_with_no_file_to_load_stops_the_run_naming_the_model(tmp_path):
@@ -60,4 +62,4 @@ def test_a_follower_told_a_trained_version_with_no_file_to_load_stops_the_run_na
                                        rf"{values}\[0\] would run on weights it was not told to hold"):
         _told(versions, Follower(f"{values}[0]", values))
     fresh = Versions(plan, start=0, sampling_lag=0)
-    assert _told(fresh, Follower(f"{values}[0]", values))["path"] is None  # version 0: the weights it is built with
+    assert "via" not in _told(fresh, Follower(f"{values}[0]", values))["update"]  # v0: the weights it is built with

@@ -12,7 +12,9 @@ from areal.runtime.checkpoint import Sealing, final_dir, policy_name, staging_di
 from areal.runtime.compile import compile_plan
 from areal.runtime.context import WorkerContext
 from areal.runtime.versions import Versions
-from areal.runtime.worker import Worker
+from areal.runtime.weights import Via
+from areal.runtime.weights.files import FilesPublisher
+from areal.runtime.weights.transport import Source
 
 ACTOR_CRITIC = Path(__file__).resolve().parents[2] / "recipes" / "actor_critic.py"
 
@@ -38,12 +40,13 @@ class _Trainer:
 
 
 def _publish(plan, trainer_pool, version: int, trainer: _Trainer) -> str:
-    """The trainer worker's own publishing code, run on the parts of a worker it reads."""
+    """The trainer worker's own publishing code (the files transport's publisher) on a trainer that writes text."""
     trainer.version = version
-    worker = SimpleNamespace(impls=[trainer], nodes=[SimpleNamespace(name="train")], broadcasting=False,
-                             follower=False, plan=plan, pool=trainer_pool, version=version,
-                             config=SimpleNamespace(sampling_lag=0))
-    return Worker._publish(worker)
+    source = Source(model=trainer_pool.name, plan=plan, config=SimpleNamespace(sampling_lag=0), rank_follower=False,
+                    gather=dict, save=trainer.save_weights)
+    via = FilesPublisher(source).publish(version)
+    assert via is not None
+    return via.where
 
 
 def test_the_trainer_the_followers_the_version_table_and_the_checkpoint_name_the_same_file(tmp_path):
@@ -63,8 +66,8 @@ def test_the_trainer_the_followers_the_version_table_and_the_checkpoint_name_the
     assert follower.published_weights(4).read_bytes() == b"weights of v4"
 
     versions = Versions(plan, start=0, sampling_lag=0)
-    versions.record("actor", 5, paths[5])
-    assert versions.path("actor", 4) == paths[4]  # an older version is found on disk by its name
+    versions.record("actor", 5, Via("files", paths[5]))
+    assert versions.update("actor", 4).via == Via("files", paths[4])  # an older version is found on disk by its name
 
     sealing = Sealing(Path(plan.run_dir), Path(plan.weights_dir), ["actor"], keep=2)
     staged = staging_dir(plan.run_dir, 5, tag="interval")

@@ -1,0 +1,45 @@
+"""How a trained model's new weights reach the nodes that follow it: one module per transport, chosen
+from the one table below (`transport.weights` names the policy's; another trained model, a critic,
+publishes files). A `WeightUpdate` names its transport, so a follower loads any version, a resumed
+checkpoint's file included, the way it was published.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from areal.config import RunConfig
+from areal.runtime.plan import Plan
+from areal.runtime.weights import broadcast, files, shm
+from areal.runtime.weights.transport import Publisher, Source, Transport
+from areal.runtime.weights.update import Via, WeightUpdate
+
+TRANSPORTS: dict[str, Transport] = {
+    files.KIND: files.TRANSPORT,
+    broadcast.KIND: broadcast.TRANSPORT,
+    shm.KIND: shm.TRANSPORT,
+}
+
+
+def kind_of(config: RunConfig, plan: Plan, model: str) -> str:
+    """The transport of `model`'s weights: transport.weights for the sampled policy, files for the others."""
+    return config.transport.weights if model == plan.policy else files.KIND
+
+
+def collective(via: Via | None) -> bool:
+    """A version that travels as a collective: its followers take part when told, and only then."""
+    return via is not None and TRANSPORTS[via.kind].collective
+
+
+def publisher(source: Source) -> Publisher:
+    """The publisher of the trainer `source` describes, by the transport its model's weights take."""
+    return TRANSPORTS[kind_of(source.config, source.plan, source.model)].publisher(source)
+
+
+def receive(update: WeightUpdate, follower: Any) -> None:
+    """Load `update` into `follower`; an update with no `via` is the weights it holds already."""
+    if update.via is not None:
+        TRANSPORTS[update.via.kind].receive(update.via, follower, update.version)
+
+
+__all__ = ["TRANSPORTS", "Publisher", "Source", "Via", "WeightUpdate", "collective", "kind_of", "publisher", "receive"]

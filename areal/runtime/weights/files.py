@@ -1,0 +1,56 @@
+"""transport.weights=files: each version is a safetensors file in `weights/MODEL/` (runtime/weight_files.py
+names it). The trainer writes it through a hidden temporary name renamed into place, so a reader never
+sees half of it, and keeps the newest `keep`; a follower reads the whole file. The checkpoint copies the
+published file (checkpoint.Sealing), so the trainer writes nothing more for it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from areal.graph.roles import Follower
+from areal.nodes.policy import load_weights
+from areal.runtime import weight_files
+from areal.runtime.weights.transport import Source, Transport
+from areal.runtime.weights.update import Via
+
+KIND = "files"
+
+
+class FilesPublisher:
+    def __init__(self, source: Source) -> None:
+        self.source = source
+
+    def publish(self, version: int) -> Via | None:
+        source = self.source
+        if source.rank_follower:
+            source.save(None)  # its part of gathering the weights
+            return None
+        weights_dir, model = source.plan.weights_dir, source.model
+        weight_files.model_dir(weights_dir, model).mkdir(parents=True, exist_ok=True)
+        final = weight_files.published(weights_dir, model, version)
+        tmp = weight_files.partial(weights_dir, model, version)
+        source.save(str(tmp))
+        os.replace(tmp, final)  # readers never see a half-written file
+        for older, path in weight_files.published_versions(weights_dir, model).items():
+            # keep the newest; a file above this version is rolled-back work from before a resume
+            if not version - source.keep < older <= version:
+                path.unlink(missing_ok=True)
+        return Via(KIND, str(final))
+
+    def reported(self) -> None:
+        pass
+
+    def checkpoint(self, folder: Path) -> None:
+        pass  # the controller copies the published file into the checkpoint as it seals it
+
+    def close(self) -> None:
+        pass  # the newest files stay: a resumed or restarted follower starts from them
+
+
+def receive(via: Via, follower: Follower, version: int) -> None:
+    follower.load_weights(load_weights(via.where), version)
+
+
+TRANSPORT = Transport(publisher=FilesPublisher, receive=receive)
