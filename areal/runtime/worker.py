@@ -13,7 +13,8 @@ then runs the loop of its pool's role:
   order, or the oldest finished first), skipping those left empty (every sample failed or
   filtered), until B are gathered; then the proximal pass and the update run and the trainer's
   model gets its next version. The policy's trainer drops the groups too old to train (drop),
-  masks the tokens too old (token) and re-checks its guarantee on what the update reads. A
+  masks the tokens too old (token, recycle) and re-checks its guarantee on what the update reads;
+  a generator re-queues the groups it started more than η versions ago (recycle). A
   trainer of several ranks does this in rank 0, which orders the others to do the same
   (runtime/ranks.py). The train role's methods live in trainer_role.py.
 Every group a pool finishes is sent on every output channel, empty if nothing is left of it, so
@@ -55,7 +56,7 @@ from areal.runtime.join import Join, expand
 from areal.runtime.outbox import Outbox
 from areal.runtime.outputs import NodeContractError
 from areal.runtime.plan import Plan
-from areal.runtime.policies import POLICIES
+from areal.runtime.policies import policy_named
 from areal.runtime.ranks import RankOrders, rank_environment
 from areal.runtime.reaper import guard_process_group
 from areal.runtime.sample_log import SampleLog
@@ -133,7 +134,7 @@ class Worker(TrainerRole):
         self.census: int | None = None  # trainer: the controller asked what it holds (after a crash upstream)
         # trainer: the oldest group not consumed, and those above it a step took (out of admission order)
         self.next_group, self.consumed = _resumed_consumption(resume_dir, pool_name)
-        self.staleness_policy = POLICIES[self.config.staleness_policy]
+        self.staleness_policy = policy_named(self.config.staleness_policy, self.config.recycle_keep_prefix)
         self.enforcing = self.pool.role == "train" and pool_name == plan.policy  # its versions count the lags
 
     def _join_weights_group(self) -> None:
@@ -292,6 +293,8 @@ class Worker(TrainerRole):
                     guard(head, gen.load_weights, weights.path, policy_version)
                 if self.staleness_policy.drops:
                     self._abort_late(head, submitted, policy_version - self.config.staleness)
+                if self.staleness_policy.recycles:
+                    self._recycle_late(head, policy_version - self.config.staleness)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
             held += self._drain()
             ready = [item for item in held if item[1].admitted_at <= policy_version]
@@ -319,6 +322,16 @@ class Worker(TrainerRole):
             ids = torch.empty(0, dtype=torch.int64)
             empty = Batch({**expand(submitted.pop(meta.group), ids), "sample_id": ids, "group_id": ids.clone()})
             self._send(self.chain.run(empty, held_out=False)[0], meta)
+
+    def _recycle_late(self, head: Node, oldest: int) -> None:
+        """recycle: re-queue every group stamped before version `oldest` with its output, and report them."""
+        recycled = guard(head, self.impls[0].recycle_stamped_before, oldest)
+        if recycled:
+            stamp = recycled[0][0].stamped_at
+            assert stamp is not None  # the generator stamps what it re-queues
+            self.control.send(msg.GroupsRecycled(node=head.name, version=stamp,
+                                                 groups=[meta.group for meta, _ in recycled],
+                                                 tokens=[tokens for _, tokens in recycled]))
 
     def _generated(self, head: Node, submitted: Batch, out: Batch, meta: GroupMeta) -> None:
         """A finished group: the generator's outputs beside its input's fields, one row per sample; then the rest

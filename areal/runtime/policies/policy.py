@@ -2,10 +2,11 @@
 
 A `Policy` is a row of the table in `__init__.py`: its name, what η bounds (in words, for the
 gate's label and the run summary), the order its trainer takes groups in, whether a group that
-can no longer be trained within η is dropped, and whether its trainer masks the tokens older than
-η. Its `check` reads a `TrainedStep`: the version stamped on every output token by the generator
-that sampled it, the loss mask the update reads, and each group's admission record. Nothing in it
-is a timing, so a broken guarantee is named on the step that broke it."""
+can no longer be trained within η is dropped or re-queued in its generator, and whether its
+trainer masks the tokens older than η. Its `check` reads a `TrainedStep`: the version stamped on
+every output token by the generator that sampled it, the loss mask the update reads, and each
+group's admission record (and its generator's stamp). Nothing in it is a timing, so a broken
+guarantee is named on the step that broke it."""
 
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ class Policy:
     in_order: bool = False  # the trainer takes groups in admission order (else: the oldest finished first)
     drops: bool = False  # a group with a token older than η at the next step is aborted, or dropped unread
     masks: bool = False  # the trainer gives loss mask 0 to every token older than η
+    recycles: bool = False  # a generator re-queues a group stamped more than η versions ago, with its output
 
     def describe(self, staleness: int) -> str:
         return f"{self.name}: {self.bound.format(eta=staleness)}"
