@@ -126,3 +126,12 @@ def test_keeping_the_prefix_is_refused_without_recycle():
     with pytest.raises(ValueError, match="recycle_keep_prefix=true needs staleness_policy=recycle, not token"):
         RunConfig(staleness_policy="token", recycle_keep_prefix=True)
     assert policy_named("token", recycle_keep_prefix=False) is POLICIES["token"]
+
+
+def test_a_sample_with_no_tokens_has_lag_zero_beside_others_read_from_the_packed_versions():
+    # step 6, η 2: sample 1 (versions 3 and 6) is 3 behind, sample 0 has no output token, sample 2 is current
+    steps = view([[], [3, 6], [6]], [0, 0, 1])
+    masked, count = with_policy_mask(steps, 6, 2)
+    assert count == 1 and [m.tolist() for m in masked["loss_mask"].rows()] == [[], [0, 1], [1]]
+    numbers = checked_step(POLICIES["recycle"], masked, 6, 2, 2, metas((0, 3, 0, 4), (1, 4, 1, 4)))
+    assert numbers == {"staleness": {0: 2, 3: 1}, "stale_tokens": 0}

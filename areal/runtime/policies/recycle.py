@@ -23,6 +23,8 @@ stamp + η; then, masked, token's check, and kept, admission's.
 
 from __future__ import annotations
 
+import torch
+
 from areal.runtime.policies.admission import admitted_within
 from areal.runtime.policies.policy import Check, Policy, TrainedStep
 from areal.runtime.policies.token import every_token_within
@@ -31,15 +33,17 @@ from areal.runtime.policies.token import every_token_within
 def stamped_within(step: TrainedStep) -> str | None:
     """None when no trained sample holds a token more than η versions newer than its group's last stamp."""
     stamps = {meta.group: meta.stamped_at for meta in step.groups}
-    for versions, group in zip(step.versions, step.group_ids, strict=True):
-        stamp = stamps.get(group)
-        if stamp is None:
-            return f"a sample of group {group} came with no generator's stamp (staleness_policy=recycle)"
-        if len(versions) and int(versions.max()) > stamp + step.staleness:
-            return (f"a sample of group {group} holds a token of version {int(versions.max())}, more than "
-                    f"η={step.staleness} after its group's last stamp at version {stamp}: it was not re-queued")
+    missing = next((g for g in step.group_ids if stamps.get(g) is None), None)
+    if missing is not None:
+        return f"a sample of group {missing} came with no generator's stamp (staleness_policy=recycle)"
+    stamp = torch.tensor([stamps[g] for g in step.group_ids], dtype=torch.int64)
+    late = (step.newest > stamp + step.staleness).nonzero()
+    if len(late):
+        row = int(late[0])
+        return (f"a sample of group {step.group_ids[row]} holds a token of version {int(step.newest[row])}, more "
+                f"than η={step.staleness} after its group's last stamp at version {int(stamp[row])}: it was not "
+                "re-queued")
     return None
-
 
 def both(first: Check, second: Check) -> Check:
     """The first broken promise of two checks."""
