@@ -207,10 +207,15 @@ class RunConfig(_Section):
     batch_size: int = Field(16, ge=1, le=1 << 16, description="B: prompt groups per trainer step")
     group_size: int = Field(8, ge=1, le=1 << 12, description="G: samples generated per prompt")
     staleness: NonNegativeInt = Field(2, description="η: no trained sample is more than η versions behind")
-    staleness_policy: Literal["strict", "admission", "drop", "token"] = Field(
+    staleness_policy: Literal["strict", "admission", "drop", "token", "recycle"] = Field(
         "strict", description="what η bounds and what a group that cannot make it in time costs "
         "(docs/design-notes.md): strict (every trained sample, in admission order), admission (only when a group "
-        "starts), drop (every trained sample: late groups aborted), token (every trained token: older ones masked)"
+        "starts), drop (every trained sample: late groups aborted), token (every trained token: older ones masked), "
+        "recycle (every trained token: late groups re-queued with their output, older tokens masked)"
+    )
+    recycle_keep_prefix: bool = Field(
+        False, description="staleness_policy=recycle: train a re-queued group's tokens older than η as sampled "
+        "instead of masking them (the lag of trained tokens is then unbounded, and measured)"
     )
     mode: Literal["async", "sync", "lagged"] = Field(
         "async", description="sync: η 0, generation waits for training; lagged: as sync, but every sample is drawn "
@@ -253,6 +258,9 @@ class RunConfig(_Section):
         if self.staleness_policy != "strict" and self.mode != "async":
             raise ValueError(f"staleness_policy={self.staleness_policy} needs mode=async (a {self.mode} run trains "
                              "every sample at one fixed lag: there is no late group to treat differently)")
+        if self.recycle_keep_prefix and self.staleness_policy != "recycle":
+            raise ValueError(f"recycle_keep_prefix=true needs staleness_policy=recycle, not {self.staleness_policy} "
+                             "(only recycle re-queues a group with its output)")
         return self
 
     @model_validator(mode="after")

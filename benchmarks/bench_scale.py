@@ -53,7 +53,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "emulated_rl.py"
 PROFILES = ROOT / "areal" / "engines" / "profiles"
 GROUP = 8
-RUNTIME_POLICIES = ("strict", "admission", "drop", "token")  # recycle is modelled only (docs/design-notes.md)
 
 
 def run(overrides: list[str], run_dir: Path, on_started: Callable[[Any], None] | None = None) -> dict[str, Any]:
@@ -208,7 +207,7 @@ def modelled_rate(overrides: list[str], generators: int) -> float:
 
 def modelled(overrides: list[str], generators: int, policy: str | None = None) -> tuple[float, scale_model.Outcome]:
     """`modelled_rate`, and what the model measured besides (lags, stale, masked and dropped tokens, lengths);
-    `policy` for one the runtime does not have (recycle), else the config's."""
+    `policy` to model another policy than the config's."""
     from areal.engines.emulated_device import DeviceProfile, OutputLengths
     from areal.engines.emulated_generate import QUANTUM_S
 
@@ -220,7 +219,7 @@ def modelled(overrides: list[str], generators: int, policy: str | None = None) -
         max_batch=config.generation.max_batch, max_new_tokens=config.generation.max_new_tokens,
         trainer_gpus=e.trainer_gpus_per_rank * config.trainer.ranks,
         quantum_s=QUANTUM_S / e.time_scale if e.time_scale > 0 else float("inf"),
-        policy=policy or config.staleness_policy)
+        policy=policy or config.staleness_policy, keep_prefix=config.recycle_keep_prefix)
     outcome = scale_model.simulate(schedule)
     return outcome.samples_per_s(config.batch_size * config.group_size) / (e.time_scale or 1.0), outcome
 
@@ -333,7 +332,7 @@ def policy_runs(args: argparse.Namespace, tmp: Path) -> list[str]:
              f"{'of model':>9} {PRICES}"]
     one = None
     for n in args.generators:
-        for policy in [p for p in args.policies if p in RUNTIME_POLICIES]:
+        for policy in args.policies:
             overrides = weak_scaling(args, n, f"staleness={eta}", f"emulation.trainer_gpus_per_rank={n}",
                                      f"staleness_policy={policy}")
             result = run(overrides, tmp / f"policy-{policy}-{n}")

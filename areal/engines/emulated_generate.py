@@ -10,6 +10,8 @@ that the runtime relies on:
 - interruptible generation: `update_weights` costs the profile's `weights_load_s`, and the next step
   re-prefills every running sequence's context (prompt and tokens so far) before decoding on; tokens
   sampled before keep their version, later ones record the new one;
+- re-queueing (`requeue`, staleness_policy=recycle): a running sequence leaves its slot for the back
+  of the queue with its output; readmitted, its prefill reads prompt and output;
 - a regenerated sample is the same sample: its length and tokens are drawn from its request id.
 
 A decode step of b sequences over C cached tokens costs `DeviceProfile.decode_s(b, C)`. One `step()`
@@ -120,6 +122,15 @@ class EmulatedGenerationEngine:
         self._waiting = deque(s for s in self._waiting if s.request_id not in ids)
         return gone
 
+    def requeue(self, request_ids: Iterable[int]) -> dict[int, int]:
+        """Send these running requests to the back of the queue with what they sampled: readmitted, each pays a
+        prefill of its prompt and output so far and samples on. The output tokens each holds."""
+        ids = set(request_ids)
+        moved = [s for s in self._active if s.request_id in ids]
+        self._active = [s for s in self._active if s.request_id not in ids]
+        self._waiting.extend(moved)
+        return {s.request_id: s.done for s in moved}
+
     def step(self) -> list[GenResult]:
         """Admit waiting requests into free slots (and re-prefill after new weights), then decode."""
         finished: list[_Sequence] = []
@@ -127,8 +138,8 @@ class EmulatedGenerationEngine:
         rebuild = self._active if self._stale else []
         self._stale = False
         if rebuild or admit:
-            prefill = self.profile.prefill_s(sum(s.context for s in rebuild) + sum(len(s.prompt) for s in admit))
-            for s in admit:  # the prefill's last logits sample each newcomer's first token
+            prefill = self.profile.prefill_s(sum(s.context for s in rebuild) + sum(s.context for s in admit))
+            for s in admit:  # the prefill's last logits sample each newcomer's next token (a re-queued one's too)
                 s.sample(1, self.version)
                 (finished if s.done >= s.length else self._active).append(s)
             self._spend("prefill", prefill)

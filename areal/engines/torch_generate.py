@@ -18,7 +18,10 @@ and edits that cache between decode steps instead of restarting the batch:
   dropped and every running row is re-prefilled with the new weights over its prompt and the
   tokens generated so far (all but the last, which the next decode step feeds), in the same
   forward as any newcomers. Tokens sampled before the update keep their version and behaviour
-  logprob; later ones record the new version.
+  logprob; later ones record the new version;
+- a re-queued request (`requeue`: staleness_policy=recycle) leaves its row for the back of the queue
+  with its output; readmitted, it is prefilled over its prompt and that output, as a newcomer is over
+  its prompt, and samples on from where it was.
 
 Sampling (areal/engines/sampling.py) is reproducible per request, not per batch, and
 `GenResult.logprobs` is log π_behav under softmax(logits / temperature) *without* top-p
@@ -221,9 +224,24 @@ class TorchGenerationEngine:
         ids = set(request_ids)
         gone = {s.request_id: len(s.output) for s in (*self._active, *self._waiting) if s.request_id in ids}
         self._waiting = deque(s for s in self._waiting if s.request_id not in ids)
+        self._take_rows(ids)
+        return gone
+
+    def requeue(self, request_ids: Iterable[int]) -> dict[int, int]:
+        """Send these running requests to the back of the queue with what they sampled; readmitted, each
+        re-prefills its prompt and output under the weights of then and samples on. The output tokens each holds."""
+        moved = self._take_rows(set(request_ids))
+        self._waiting.extend(moved)
+        return {s.request_id: len(s.output) for s in moved}
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _take_rows(self, ids: set[int]) -> list[_Slot]:
+        """Take the running rows of these requests out of the batch (and its cache); the slots taken."""
         keep = [i for i, s in enumerate(self._active) if s.request_id not in ids]
-        if len(keep) == len(self._active):
-            return gone
+        taken = [s for s in self._active if s.request_id in ids]
+        if not taken:
+            return taken
         if self._stale:  # no cache to cut: the next step rebuilds what is left
             self._active = [self._active[i] for i in keep]
         elif not keep:
@@ -233,9 +251,7 @@ class TorchGenerationEngine:
             _select_rows(self._cache, index)
             self._set_rows([self._active[i] for i in keep], self._cache, self._mask[index], self._pending[index],
                            self._positions[index])
-        return gone
-
-    # ---- internals ----------------------------------------------------------------------------
+        return taken
 
     def _forward(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: Any) -> tuple[Tensor, Any]:
         out = self.model(
@@ -250,12 +266,13 @@ class TorchGenerationEngine:
 
     def _prefill(self, rebuild: list[_Slot], admit: list[_Slot]) -> list[GenResult]:
         """One left-padded forward: running rows (after a weight update) re-read all but their pending
-        token; newcomers read their prompt and sample their first token from the last logits."""
+        token; newcomers read their prompt (and a re-queued one its output so far) and sample their next token
+        from the last logits."""
         start = time.perf_counter()
         if rebuild:  # the old cache was dropped in update_weights; these rows are re-added below
             self._set_rows([], None, self._mask[:0, :0])
             self._stale = False
-        contexts = [s.tokens()[:-1] for s in rebuild] + [s.prompt for s in admit]
+        contexts = [s.tokens()[:-1] for s in rebuild] + [s.tokens() for s in admit]
         width = max(len(c) for c in contexts)
         ids = torch.full((len(contexts), width), self.pad_token_id, dtype=torch.int64)
         mask = torch.zeros(len(contexts), width, dtype=torch.int64)

@@ -212,6 +212,19 @@ class VLLMGenerationEngine:
             del self._running[backend_id]
         return {r.request_id: len(r.output) for r in gone.values()}
 
+    def requeue(self, request_ids: Iterable[int]) -> dict[int, int]:
+        """Abort these requests' attempts and resubmit each with its tokens so far (the backend queues it behind
+        the requests it holds); the output tokens each holds."""
+        ids = set(request_ids)
+        moved = {backend_id: r for backend_id, r in self._running.items() if r.request_id in ids}
+        if moved:
+            self.backend.abort(list(moved))
+        for backend_id, req in moved.items():
+            del self._running[backend_id]
+            req.attempt += 1
+            self._send(req)
+        return {r.request_id: len(r.output) for r in moved.values()}
+
     # ---- internals ----------------------------------------------------------------------------
 
     def _send(self, req: _Request) -> None:

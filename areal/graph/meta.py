@@ -23,6 +23,8 @@ class GroupMeta:
     eval: bool = False  # a held-out round: scored, never trained
     round: int | None = None  # the held-out round's number
     task_ids: tuple[str, ...] = field(default_factory=tuple)  # held-out: each prompt's task id, in order
+    # the generator's version when it started the group, or last re-queued it (staleness_policy=recycle)
+    stamped_at: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
@@ -38,7 +40,7 @@ class GroupMeta:
         for key in ("group", "samples", "admitted_at"):
             if key not in raw:
                 raise WireError(f"from {sender}: the batch's meta has no '{key}' (it has: {sorted(raw) or 'nothing'})")
-        for key in ("group", "samples", "admitted_at", "round", "slot"):
+        for key in ("group", "samples", "admitted_at", "round", "slot", "stamped_at"):
             value = raw.get(key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise WireError(f"from {sender}: meta '{key}' must be an int, got {type(value).__name__}")
@@ -53,4 +55,4 @@ class GroupMeta:
         if raw.get("eval") and raw.get("round") is None:
             raise WireError(f"from {sender}: a held-out batch's meta needs its 'round'")
         return cls(raw["group"], raw["samples"], raw["admitted_at"], raw.get("slot"), bool(raw.get("eval", False)),
-                   raw.get("round"), tuple(task_ids))
+                   raw.get("round"), tuple(task_ids), raw.get("stamped_at"))

@@ -126,6 +126,13 @@ class Aborting(Protocol):
     def abort_older_than(self, version: int) -> list[tuple[GroupMeta, list[int], list[int]]]: ...
 
 
+class Recycling(Protocol):
+    """A stream node that can re-queue the groups it stamped before a version, with their output
+    (staleness_policy=recycle): each one's new meta and the output tokens its re-queued samples carry."""
+
+    def recycle_stamped_before(self, version: int) -> list[tuple[GroupMeta, int]]: ...
+
+
 class Follower(Protocol):
     """A node that holds a copy of a trained model: a stream node, or a map that follows a model."""
 

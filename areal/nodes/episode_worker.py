@@ -145,6 +145,10 @@ class EpisodeRunner:
         """Episodes are not stopped mid-way: a late one finishes and the trainer drops it (staleness_policy=drop)."""
         return []
 
+    def recycle_stamped_before(self, version: int) -> list[tuple[GroupMeta, int]]:
+        """Episodes are not re-queued mid-way (compile refuses staleness_policy=recycle beside one)."""
+        return []
+
     def submit(self, batch: Batch, meta: GroupMeta) -> None:
         groups = batch["group_id"].tolist()
         sample_ids = [[g * meta.samples + k if g >= 0 else g for k in range(meta.samples)] for g in groups]

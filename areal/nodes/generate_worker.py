@@ -17,7 +17,7 @@ on like any other and earns its reward, but the run's accounting counts it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -80,7 +80,8 @@ class GenerateNode:
             # re-issued after a crash downstream while still here (some of its samples may have finished
             # already): the copy in flight answers for it, and the engine would refuse the repeated ids
             return
-        entry = _Pending(batch, meta, samples, [sid for ids in sample_ids for sid in ids])
+        stamped = meta if meta.eval else replace(meta, stamped_at=self.engine.version)  # recycle's stamp
+        entry = _Pending(batch, stamped, samples, [sid for ids in sample_ids for sid in ids])
         from areal.models.chat import encode_prompt
 
         requests = [GenRequest(request_id=sid, prompt_ids=encode_prompt(self.tokenizer, prompt, self.chat))
@@ -107,6 +108,20 @@ class GenerateNode:
             self._batches.remove(entry)
             aborted.append((entry.meta, entry.sample_ids, tokens))
         return aborted
+
+    def recycle_stamped_before(self, version: int) -> list[tuple[GroupMeta, int]]:
+        """Re-queue every training group stamped before `version` (staleness_policy=recycle): its running samples
+        go to the back of the engine's queue with their tokens, and it is stamped with the engine's version. For
+        each, its new meta and the output tokens its re-queued samples carry."""
+        recycled = []
+        for entry in [b for b in self._batches if not b.meta.eval]:
+            assert entry.meta.stamped_at is not None  # submit stamps every training group
+            if entry.meta.stamped_at >= version:
+                continue
+            moved = self.engine.requeue([sid for sid in entry.sample_ids if sid not in entry.results])
+            entry.meta = replace(entry.meta, stamped_at=self.engine.version)
+            recycled.append((entry.meta, sum(moved.values())))
+        return recycled
 
     def step(self) -> list[tuple[Batch, GroupMeta]]:
         for result in self.engine.step():

@@ -3,6 +3,8 @@
 The invariant, checked at every trainer step: each sample of a group the trainers consumed was
 trained, failed, filtered or dropped (by the staleness policy: too old to train within η),
 exactly once; so started = trained + failed + filtered + dropped + in flight.
+A group re-queued in its generator (staleness_policy=recycle) is still in flight: the re-queues
+are counted beside the identity (`recycled`, and the tokens they carried), never in it.
 A failure report leaves its worker before the rest of the group does, but on the worker's own
 control socket, so the trainer's version can reach the controller first: a consumed sample with
 no verdict yet waits for its report a grace period (the silence after which a worker counts as
@@ -33,6 +35,8 @@ class Accounting:
     filtered: dict[int, str] = field(default_factory=dict)
     dropped: dict[int, str] = field(default_factory=dict)  # by the staleness policy
     dropped_tokens: int = 0  # output tokens the dropped samples had generated (wasted)
+    recycled: int = 0  # groups re-queued in their generator (staleness_policy=recycle): in flight, not a verdict
+    recycled_tokens: int = 0  # output tokens their re-queued samples carried back to the queue
     duplicates: int = 0
     reissued: int = 0
     fail_reasons: Counter[str] = field(default_factory=Counter)
@@ -90,6 +94,11 @@ class Accounting:
                 self.dropped_tokens += count
         return self._lost_groups(sample_ids)
 
+    def on_recycled(self, groups: list[int], tokens: list[int]) -> None:
+        """Count re-queues: a group may be re-queued again, and stays in flight until its verdict."""
+        self.recycled += len(groups)
+        self.recycled_tokens += sum(tokens)
+
     def _lost_groups(self, sample_ids: list[int]) -> list[int]:
         """The groups of `sample_ids` that just lost their last sample: each is returned once, ever."""
         groups = sorted({sid // self.group_size for sid in sample_ids if sid >= 0} - self.lost)
@@ -137,6 +146,8 @@ class Accounting:
             "filtered": len(self.filtered),
             "dropped": len(self.dropped),
             "dropped_tokens": self.dropped_tokens,
+            "recycled": self.recycled,
+            "recycled_tokens": self.recycled_tokens,
             "in_flight": self.in_flight(),
             "duplicates_dropped": self.duplicates,
             "reissued": self.reissued,

@@ -71,6 +71,11 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
     routes = tuple((pool_of[trainer], pool_of[n.name]) for n in order for trainer in [graph.model_of(n)]
                    if trainer is not None and pool_of[n.name] != pool_of[trainer])
     generators = [n for n in order if n.role in SAMPLING_ROLES]
+    episodes = [n for n in generators if n.role == "episode"]
+    if config.staleness_policy == "recycle" and episodes:
+        raise ConfigError(f"staleness_policy=recycle: {episodes[0].describe()} is an episode, which is not "
+                          "interrupted mid-way, so it cannot be re-queued; staleness_policy=token masks the same "
+                          "tokens without re-queueing")
     policy = graph.model_of(generators[0]) or "" if generators else ""
     return Plan(
         graph=graph.name,
@@ -96,6 +101,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         staleness=config.staleness,
         mode=config.mode,
         staleness_policy=config.staleness_policy,
+        recycle_keep_prefix=config.recycle_keep_prefix,
     )
 
 

@@ -127,6 +127,9 @@ class Controller(WorkerReports, WorkerRecovery):
             self.accounting.filtered = {int(k): v for k, v in saved.get("filtered", {}).items()}
             self.accounting.dropped = {int(k): v for k, v in saved.get("dropped", {}).items()}
             self.accounting.noted = {int(k): v for k, v in saved.get("noted", {}).items()}
+            counts = saved.get("accounting", {})  # the re-queues so far: a count, not a verdict
+            self.accounting.recycled = int(counts.get("recycled", 0))
+            self.accounting.recycled_tokens = int(counts.get("recycled_tokens", 0))
         heldout = configured(graph.heldout.get(self.source_node.name), config)
         # the same held-out tasks every round, so pass@1 is comparable across versions
         self.heldout = (HeldOut(first_pass(heldout, config.eval.tasks), config.eval.samples,
@@ -372,6 +375,7 @@ HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], Non
     msg.SamplesFailed: Controller._on_failed,
     msg.SamplesFiltered: Controller._on_filtered,
     msg.SamplesDropped: Controller._on_dropped,
+    msg.GroupsRecycled: Controller._on_recycled,
     msg.SamplesNoted: Controller._on_noted,
     msg.HeldOutScored: Controller._on_eval,
     msg.CheckpointWritten: Controller._on_checkpoint,

@@ -1,5 +1,5 @@
 """What the controller does with the workers' reports of work: published versions and their step records,
-failed, filtered, dropped and noted samples, held-out scores, checkpoints, refused batches, node metrics and
+failed, filtered, dropped, recycled and noted samples, held-out scores, checkpoints, refused batches, node metrics and
 errors. A mixin of `Controller` (controller.py), which holds the run's state these handlers update;
 `HANDLERS` there maps each message class to its handler.
 """
@@ -106,6 +106,12 @@ class WorkerReports:
         self._free(self.accounting.on_dropped(m.sample_ids, m.tokens, reason), reason)
         self.metrics.write({"kind": "dropped", "sample_ids": m.sample_ids, "tokens": sum(m.tokens), "reason": reason,
                             "wall_s": self._elapsed()})
+
+    def _on_recycled(self, worker: WorkerProcess, m: msg.GroupsRecycled) -> None:
+        """Groups re-queued in a generator, stamped `m.version`: counted, and logged so a run can be audited."""
+        self.accounting.on_recycled(m.groups, m.tokens)
+        self.metrics.write({"kind": "recycled", "node": m.node, "version": m.version, "groups": m.groups,
+                            "tokens": sum(m.tokens), "wall_s": self._elapsed()})
 
     def _on_noted(self, worker: WorkerProcess, m: msg.SamplesNoted) -> None:
         self.accounting.on_noted(m.sample_ids, m.reasons)

@@ -103,6 +103,14 @@ class SamplesDropped(Message):
     reason: str = ""
 
 
+class GroupsRecycled(Message):
+    KIND: ClassVar[str] = "recycled"  # staleness_policy=recycle: re-queued in their generator, still in flight
+    node: str
+    version: int  # the generator's version: each group's new stamp
+    groups: list[int]
+    tokens: list[int]  # output tokens each group's re-queued samples carried back to the queue
+
+
 class SamplesNoted(Message):
     KIND: ClassVar[str] = "noted"  # an over-long or empty generation: counted, and it trains on
     node: str = ""
@@ -154,7 +162,8 @@ class WorkerError(Message):
 
 KINDS: dict[str, type[Message]] = {cls.KIND: cls for cls in (
     Alive, Ready, Heartbeat, Census, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesDropped,
-    SamplesNoted, HeldOutScored, CheckpointWritten, DuplicateDropped, BatchRefused, NodeMetrics, WorkerError)}
+    GroupsRecycled, SamplesNoted, HeldOutScored, CheckpointWritten, DuplicateDropped, BatchRefused, NodeMetrics,
+    WorkerError)}
 
 
 def parse(raw: Mapping[str, Any], sender: str) -> Message:

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from areal.graph.picture import ChannelView, PlanView, PoolView, RouteView
-from areal.runtime.policies import POLICIES
+from areal.runtime.policies import policy_named
 
 if TYPE_CHECKING:
     from areal.graph.graph import Graph
@@ -87,6 +87,7 @@ class Plan:
     mode: str = "async"  # "async", "sync" (η = 0, no overlap) or "lagged" (sampled exactly η versions old)
     recipe_sha256: str = ""  # the recipe file's hash when the run started or resumed (an edit is refused on resume)
     staleness_policy: str = "strict"  # what η bounds beyond admission (runtime/policies)
+    recycle_keep_prefix: bool = False  # staleness_policy=recycle: re-queued groups train their older tokens
 
     # -- reading the plan ---------------------------------------------------------------
 
@@ -144,7 +145,7 @@ class Plan:
     def gate_bound(self) -> str:
         """The gate's label: how far generation may run ahead of the slowest trainer."""
         if self.mode == "async":
-            policy = POLICIES[self.staleness_policy]
+            policy = policy_named(self.staleness_policy, self.recycle_keep_prefix)
             return (f"η={self.staleness} (async, {policy.name}): ≤ {self.staleness} versions ahead; "
                     f"{policy.bound.format(eta=self.staleness)}")
         return f"η=0 ({self.mode}): waits for training"
@@ -161,7 +162,7 @@ class Plan:
         """One sentence on what η and the mode promise."""
         eta = self.staleness
         if self.mode == "async":
-            policy = POLICIES[self.staleness_policy]
+            policy = policy_named(self.staleness_policy, self.recycle_keep_prefix)
             return (f"η={eta}, async, staleness_policy={policy.name}: a group starts only while the slowest trainer "
                     f"is ≤ {eta} versions behind; {policy.bound.format(eta=eta)}; weights reach generation ≤ {eta} "
                     "versions old")

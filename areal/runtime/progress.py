@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from areal.runtime.learning import verdict
-from areal.runtime.policies import POLICIES
+from areal.runtime.policies import policy_named
 
 if TYPE_CHECKING:
     from areal.runtime.controller import Controller
@@ -76,16 +76,18 @@ def summary_table(controller: Controller) -> Table:
 
 def staleness_line(controller: Controller) -> str:
     """The policy, what it bounds, and what the run measured: the lag of trained samples, tokens trained or masked
-    past η, and the samples dropped."""
+    past η, the samples dropped, and (recycle) the groups re-queued."""
     config, s = controller.config, controller.state
-    policy = POLICIES[config.staleness_policy]
+    policy = policy_named(config.staleness_policy, config.recycle_keep_prefix)
     lags = sorted(s.staleness.elements())
     measured = (f"lag mean {sum(lags) / len(lags):.2f}, max {lags[-1]}" if lags else "no sample trained")
     tokens = max(s.trained_tokens, 1)
     acc = controller.accounting.summary()
     return (f"{policy.describe(config.effective_staleness)} — measured: {measured}; older than η: "
             f"{s.stale_tokens} tokens trained ({s.stale_tokens / tokens:.1%}), {s.masked_tokens} masked "
-            f"({s.masked_tokens / tokens:.1%}); dropped {acc['dropped']} samples ({acc['dropped_tokens']} tokens)")
+            f"({s.masked_tokens / tokens:.1%}); dropped {acc['dropped']} samples ({acc['dropped_tokens']} tokens)"
+            + (f"; recycled {acc['recycled']} groups ({acc['recycled_tokens']} tokens re-queued)"
+               if policy.recycles else ""))
 
 
 def _pass(record: dict) -> str:

@@ -14,7 +14,7 @@ import torch
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.graph.node import Node
-from areal.graph.roles import FAILED, Aborting, StreamNode
+from areal.graph.roles import FAILED, Aborting, Recycling, StreamNode
 from areal.runtime import messages as msg
 from areal.runtime import weights
 from areal.runtime.chain import guard
@@ -43,6 +43,8 @@ class StreamRole:
                     guard(head, weights.receive, update, gen)
                 if self.staleness_policy.drops:
                     self._abort_late(head, submitted, policy_version - self.config.staleness)
+                if self.staleness_policy.recycles:
+                    self._recycle_late(head, policy_version - self.config.staleness)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
             held += self._drain()
             ready = [item for item in held if item[1].admitted_at <= policy_version]
@@ -71,6 +73,17 @@ class StreamRole:
             ids = torch.empty(0, dtype=torch.int64)
             empty = Batch({**expand(submitted.pop(meta.group), ids), "sample_id": ids, "group_id": ids.clone()})
             self._send(self.chain.run(empty, held_out=False)[0], meta)
+
+    def _recycle_late(self, head: Node, oldest: int) -> None:
+        """recycle: re-queue every group stamped before version `oldest` with its output, and report them."""
+        gen: Recycling = self.impls[0]
+        recycled = guard(head, gen.recycle_stamped_before, oldest)
+        if recycled:
+            stamp = recycled[0][0].stamped_at
+            assert stamp is not None  # the generator stamps what it re-queues
+            self.control.send(msg.GroupsRecycled(node=head.name, version=stamp,
+                                                 groups=[meta.group for meta, _ in recycled],
+                                                 tokens=[tokens for _, tokens in recycled]))
 
     def _generated(self, head: Node, submitted: Batch, out: Batch, meta: GroupMeta) -> None:
         """A finished group: the generator's outputs beside its input's fields, one row per sample; then the rest

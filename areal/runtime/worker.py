@@ -13,7 +13,8 @@ then runs the loop of its pool's role:
   order, or the oldest finished first), skipping those left empty (every sample failed or
   filtered), until B are gathered; then the proximal pass and the update run and the trainer's
   model gets its next version. The policy's trainer drops the groups too old to train (drop),
-  masks the tokens too old (token) and re-checks its guarantee on what the update reads. A
+  masks the tokens too old (token, recycle) and re-checks its guarantee on what the update reads;
+  a generator re-queues the groups it started more than η versions ago (recycle). A
   trainer of several ranks does this in rank 0, which orders the others to do the same
   (runtime/ranks.py).
 Each role's loop is a mixin of its own (map_role.py, stream_role.py, trainer_role.py; an episode node runs
@@ -59,7 +60,7 @@ from areal.runtime.map_role import MapRole
 from areal.runtime.outbox import Outbox
 from areal.runtime.outputs import NodeContractError
 from areal.runtime.plan import Plan
-from areal.runtime.policies import POLICIES
+from areal.runtime.policies import policy_named
 from areal.runtime.ranks import RankOrders, rank_environment
 from areal.runtime.reaper import guard_process_group
 from areal.runtime.sample_log import SampleLog
@@ -136,7 +137,7 @@ class Worker(MapRole, StreamRole, TrainerRole):
         self.census: int | None = None  # trainer: the controller asked what it holds (after a crash upstream)
         # trainer: the oldest group not consumed, and those above it a step took (out of admission order)
         self.next_group, self.consumed = resumed_consumption(resume_dir, pool_name)
-        self.staleness_policy = POLICIES[self.config.staleness_policy]
+        self.staleness_policy = policy_named(self.config.staleness_policy, self.config.recycle_keep_prefix)
         self.enforcing = self.pool.role == "train" and pool_name == plan.policy  # its versions count the lags
 
     def _publisher(self) -> weights.Publisher:

@@ -181,3 +181,23 @@ def test_aborting_running_and_waiting_requests_leaves_the_others_as_they_would_h
     for r in results:
         assert r.output_ids.tolist() == untouched[r.request_id].output_ids.tolist()
         torch.testing.assert_close(r.logprobs, untouched[r.request_id].logprobs, atol=1e-5, rtol=0)
+
+
+def test_a_requeued_request_continues_where_it_was_and_finishes_as_it_would_have(make_model):
+    model = make_model(0)
+    reqs = requests([(3, 12), (5, 12), (1, 12), (8, 12)])
+    untouched = {r.request_id: r for r in TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0,
+                                                                max_batch=3).generate(reqs)}
+    engine = TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0, max_batch=3)
+    engine.submit(reqs)  # 0, 1, 2 run; 3 waits
+    for _ in range(3):
+        engine.step()
+    assert engine.requeue([1, 3]) == {1: 4}  # only a running request moves: 3 is waiting already
+    assert engine.progress() == {0: (4, 0), 2: (4, 0)}  # 1 left its row: 3 takes it at the next step
+    results = []
+    while engine.pending():
+        results += engine.step()
+    assert [r.request_id for r in results][-1] == 1  # it went to the back of the queue, behind 3
+    for r in results:  # its prefix re-prefilled, its own uniforms: the same tokens and logprobs
+        assert r.output_ids.tolist() == untouched[r.request_id].output_ids.tolist()
+        torch.testing.assert_close(r.logprobs, untouched[r.request_id].logprobs, atol=1e-5, rtol=0)

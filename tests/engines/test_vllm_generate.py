@@ -208,3 +208,18 @@ def test_an_aborted_request_leaves_the_backend_and_reports_the_tokens_it_had():
     while engine.pending():
         results += engine.step()
     assert [r.request_id for r in results] == [4] and results[0].output_ids.tolist() == reference([3, 4], 6, None)
+
+
+def test_a_requeued_request_is_resubmitted_with_its_tokens_so_far_and_finishes_as_it_would_have():
+    backend = FakeBackend()
+    engine = VLLMGenerationEngine(backend, eos_token_id=EOS, max_new_tokens=6, version=2)
+    engine.submit([GenRequest(request_id=4, prompt_ids=[3, 4])])
+    engine.step()
+    engine.step()
+    so_far = reference([3, 4], 2, None)
+    assert engine.requeue([4, 9]) == {4: 2}  # an unknown id is no-op
+    assert backend.calls[-2:] == [("abort", ["4.0"]), ("add", "4.1", [3, 4, *so_far], 4)]
+    results = []
+    while engine.pending():
+        results += engine.step()
+    assert results[0].output_ids.tolist() == reference([3, 4], 6, None) and results[0].versions.tolist() == [2] * 6

@@ -52,6 +52,7 @@ class OneAtATime:
 
     def __init__(self) -> None:
         self.queue: list = []
+        self.version = 0
 
     def submit(self, requests) -> None:
         held = {r.request_id for r in self.queue}
@@ -128,3 +129,29 @@ def test_a_group_holding_a_token_older_than_asked_is_aborted_whole_and_a_fresh_o
         done += node.step()
     assert [meta.group for _, meta in done] == [4] and done[0][0]["sample_id"].tolist() == [8, 9]
     assert all(int(v.min()) == 2 for v in done[0][0]["versions"].rows())  # it started on the new weights
+
+
+def test_a_group_stamped_too_long_ago_is_requeued_with_its_tokens_restamped_and_finishes_on_newer_weights(tmp_path):
+    config = RunConfig(group_size=2, generation=GenerationConfig(engine="emulated", max_new_tokens=64, max_batch=2,
+                                                                 stop=[]),
+                       trainer={"engine": "emulated"}, emulation={"output_tokens_median": 40, "time_scale": 1e-6})
+    node = GenerateNode()
+    node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
+                               published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
+                               report=lambda kind, **fields: None))
+    node.engine.quantum_s = 1e-12  # one decode step per step(): nothing finishes before the re-queue
+    for group in (3, 4):  # group 3's two samples fill both slots; group 4 waits
+        node.submit(Batch({"prompt": ["1+1="], "group_id": torch.tensor([group]), "sample_id": torch.tensor([group])}),
+                    GroupMeta(group=group, samples=2, admitted_at=0))
+    node.step()
+    node.engine.update_weights({}, version=2)
+    assert node.recycle_stamped_before(0) == []  # both were stamped at version 0
+    recycled = node.recycle_stamped_before(1)
+    assert [(meta.group, meta.stamped_at, tokens) for meta, tokens in recycled] == [(3, 2, 4), (4, 2, 0)]
+    done = []
+    while node.pending():
+        done += node.step()
+    assert [meta.group for _, meta in done] == [4, 3]  # 3 went behind 4, which had waited
+    assert [meta.stamped_at for _, meta in done] == [2, 2]
+    for versions in done[1][0]["versions"].rows():  # its two tokens from version 0 kept, the rest sampled at 2
+        assert versions[:2].tolist() == [0, 0] and set(versions[2:].tolist()) == {2}

@@ -138,3 +138,13 @@ def test_a_node_that_reads_what_the_trainer_reads_runs_as_a_side_branch_and_the_
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
              if '"step"' in line]
     assert any(s.get("watched_mean") == 0.5 for s in steps)  # its numbers reached the step's metrics
+
+
+def test_recycle_beside_an_episode_which_cannot_be_requeued_is_refused_naming_it(tmp_path):
+    from areal.graph.recipe import load_recipe
+    from areal.runtime.compile import compile_plan
+
+    recipe = load_recipe(Path(__file__).with_name("episode_rl.py"), ["staleness_policy=recycle"])
+    with pytest.raises(ConfigError, match=r"staleness_policy=recycle: .*episode_rl\.py:\d+: node '\w+' \(episode\) is "
+                                          r"an episode, which is not interrupted mid-way"):
+        compile_plan(recipe.graph, recipe.config)

@@ -28,6 +28,7 @@ EVERY_KIND = [  # every field away from its default
     msg.SamplesFailed(node="score", sample_ids=[1, 2], reasons=["timeout", "boom"], eval=True),
     msg.SamplesFiltered(node="keep_mixed", sample_ids=[3], reasons=["all rewards equal"]),
     msg.SamplesDropped(node="rollout", sample_ids=[4], tokens=[17], reason="older than η=1"),
+    msg.GroupsRecycled(node="rollout", version=4, groups=[3, 5], tokens=[40, 0]),
     msg.SamplesNoted(node="rollout", sample_ids=[5], reasons=["length"]),
     msg.HeldOutScored(round=1, task_ids=["t1"], rewards=[1.0], solved=[True], sample_ids=[900]),
     msg.CheckpointWritten(model="actor", version=4, path="/run/checkpoints/.staging", next_group=9, consumed=[11]),

@@ -12,7 +12,7 @@ from areal.config import RunConfig
 from areal.errors import RunError
 from areal.graph.batch import Batch, Ragged
 from areal.graph.meta import GroupMeta
-from areal.runtime.policies import POLICIES
+from areal.runtime.policies import POLICIES, policy_named
 from areal.runtime.policies.enforce import checked_step, expired, with_policy_mask
 from areal.runtime.policies.policy import in_admission_order, oldest_finished
 
@@ -26,8 +26,10 @@ def view(versions: list[list[int]], groups: list[int], loss_mask: list[list[int]
     return Batch(fields)
 
 
-def metas(*groups: tuple[int, int, int]) -> list[GroupMeta]:
-    return [GroupMeta(group=g, samples=1, admitted_at=at, slot=slot) for g, at, slot in groups]
+def metas(*groups: tuple[int, ...]) -> list[GroupMeta]:
+    """(group, admitted at, slot[, the generator's last stamp])"""
+    return [GroupMeta(group=g[0], samples=1, admitted_at=g[1], slot=g[2], stamped_at=g[3] if len(g) > 3 else None)
+            for g in groups]
 
 
 def test_every_setting_value_names_a_policy_in_the_table():
@@ -91,3 +93,45 @@ def test_the_gate_label_names_the_policy_and_what_it_bounds():
     assert plan.gate_bound() == "η=2 (async, token): ≤ 2 versions ahead; every trained token ≤ 2 versions behind; " \
         "older ones masked"
     assert "staleness_policy=token" in plan.bounds()
+
+
+def test_recycle_masks_like_token_and_refuses_a_token_sampled_more_than_eta_after_its_groups_stamp():
+    # step 6, η 2: group 0 started at 1, re-queued at 4 (its tokens since: 4 .. 6); its versions 1 and 3 are masked
+    masked, count = with_policy_mask(view([[1, 3, 4, 6]], [0]), 6, 2)
+    assert count == 2
+    assert checked_step(POLICIES["recycle"], masked, 6, 2, 2, metas((0, 1, 0, 4))) == {"staleness": {5: 1},
+                                                                                         "stale_tokens": 0}
+    with pytest.raises(RunError, match="holds a token of version 6, more than η=2 after its group's last stamp at "
+                                       "version 3: it was not re-queued"):
+        checked_step(POLICIES["recycle"], masked, 6, 2, 2, metas((0, 1, 0, 3)))
+    with pytest.raises(RunError, match="1 tokens the loss reads are more than η=2 versions behind"):
+        checked_step(POLICIES["recycle"], view([[3, 6]], [0]), 6, 2, 2, metas((0, 1, 0, 4)))
+    with pytest.raises(RunError, match="group 0 came with no generator's stamp"):
+        checked_step(POLICIES["recycle"], masked, 6, 2, 2, metas((0, 1, 0)))
+
+
+def test_recycle_keeping_its_prefix_trains_the_old_tokens_and_checks_admission_and_the_stamp():
+    keeping = policy_named("recycle", recycle_keep_prefix=True)
+    assert keeping is not POLICIES["recycle"] and not keeping.masks and keeping.recycles
+    unmasked = view([[1, 3, 4, 6]], [0])
+    numbers = checked_step(keeping, unmasked, 6, 2, 2, metas((0, 1, 0, 4)))
+    assert numbers == {"staleness": {5: 1}, "stale_tokens": 2}  # versions 1 and 3 trained past η, and counted
+    with pytest.raises(RunError, match="holds a token of version 1, older than its admission at version 2"):
+        checked_step(keeping, unmasked, 6, 2, 2, metas((0, 2, 0, 4)))
+    with pytest.raises(RunError, match="more than η=2 after its group's last stamp at version 1"):
+        checked_step(keeping, unmasked, 6, 2, 2, metas((0, 1, 0, 1)))
+
+
+def test_keeping_the_prefix_is_refused_without_recycle():
+    with pytest.raises(ValueError, match="recycle_keep_prefix=true needs staleness_policy=recycle, not token"):
+        RunConfig(staleness_policy="token", recycle_keep_prefix=True)
+    assert policy_named("token", recycle_keep_prefix=False) is POLICIES["token"]
+
+
+def test_a_sample_with_no_tokens_has_lag_zero_beside_others_read_from_the_packed_versions():
+    # step 6, η 2: sample 1 (versions 3 and 6) is 3 behind, sample 0 has no output token, sample 2 is current
+    steps = view([[], [3, 6], [6]], [0, 0, 1])
+    masked, count = with_policy_mask(steps, 6, 2)
+    assert count == 1 and [m.tolist() for m in masked["loss_mask"].rows()] == [[], [0, 1], [1]]
+    numbers = checked_step(POLICIES["recycle"], masked, 6, 2, 2, metas((0, 3, 0, 4), (1, 4, 1, 4)))
+    assert numbers == {"staleness": {0: 2, 3: 1}, "stale_tokens": 0}

@@ -99,6 +99,57 @@ def test_drop_aborts_late_groups_in_generation_and_trains_none_past_eta(tmp_path
     assert aborted and aborted[0]["reason"].startswith("rollout: ")  # stopped where it was, not only discarded
 
 
+
+def last_requeue(run_dir: Path) -> dict[int, int]:
+    """Group -> the version its generator last re-queued it at, from the run's "recycled" metric lines."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    stamps: dict[int, int] = {}
+    for record in map(json.loads, lines):
+        if record["kind"] == "recycled":
+            stamps.update((group, record["version"]) for group in record["groups"])
+    return stamps
+
+
+def recycled_on_newer_weights(steps, versions, requeued: dict[int, int]) -> None:
+    """No trained sample ran more than η versions past its group's start or last re-queue, and a re-queued group
+    kept the tokens it had sampled before (it was continued, not regenerated)."""
+    continued = 0
+    for _, ids, _ in steps:
+        for sid in ids:
+            newest, oldest = max(versions[sid]), min(versions[sid])
+            stamp = requeued.get(sid // G, oldest)  # never re-queued: stamped at start, before its first token
+            assert newest <= stamp + ETA, (sid, versions[sid], stamp)
+            continued += oldest < stamp
+    assert continued > 0
+
+
+@pytest.mark.parametrize("keep_prefix", [False, pytest.param(True, marks=pytest.mark.slow)])  # ~21 s each
+def test_recycle_requeues_late_groups_with_their_output_and_masks_or_keeps_their_old_tokens(tmp_path, reported,
+                                                                                            keep_prefix):
+    # in modelled real time a straggler outlasts η + 1 versions on its generator: it is re-queued, not dropped
+    controller, state = run(tmp_path, "recycle", "steps=10", "emulation.time_scale=1.0",
+                            f"recycle_keep_prefix={str(keep_prefix).lower()}")
+    versions = arrived(controller)
+    assert state.version == 10 and len(identity_holds(controller, reported)) == 10 * B * G  # none dropped
+    requeued = last_requeue(tmp_path / "run")
+    recycled_on_newer_weights(reported, versions, requeued)
+    older = sum(sum(v < step - ETA for v in versions[sid]) for step, ids, _ in reported for sid in ids)
+    masked = sum(stats.get("masked_tokens", 0) for _, _, stats in reported)
+    stale = sum(stats["stale_tokens"] for _, _, stats in reported)
+    assert older > 0 and (masked, stale) == ((0, older) if keep_prefix else (older, 0))
+    acc = controller.accounting.summary()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert acc["recycled"] >= len(requeued) > 0 and acc["recycled_tokens"] > 0
+    logged = [r for r in records if r["kind"] == "recycled"]
+    assert sum(len(r["groups"]) for r in logged) == acc["recycled"]  # every re-queue counted and logged
+    assert sum(r["tokens"] for r in logged) == acc["recycled_tokens"]
+    # a step record counts the re-queues so far: a generator may re-queue after the last step, on its last weights
+    counted = [r["recycled"] for r in records if r["kind"] == "step"]
+    assert counted == sorted(counted) and 0 < counted[-1] <= acc["recycled"]
+    line = staleness_line(controller)
+    assert f"recycled {acc['recycled']} groups ({acc['recycled_tokens']} tokens re-queued)" in line
+    assert line.startswith("recycle: late groups re-queued" if keep_prefix else "recycle: every trained token ≤ 1")
+
 @pytest.mark.slow  # one more run: ~15 s
 def test_admission_keeps_late_groups_and_reports_their_true_lags(tmp_path, reported):
     controller, state = run(tmp_path, "admission", "steps=12")
@@ -110,20 +161,24 @@ def test_admission_keeps_late_groups_and_reports_their_true_lags(tmp_path, repor
 
 
 @pytest.mark.slow  # a run with a generator killed mid-way: ~25 s
-@pytest.mark.parametrize("policy", ["drop", "token"])
+@pytest.mark.parametrize("policy", ["drop", "token", "recycle"])
 def test_a_killed_generator_loses_nothing_and_trains_nothing_twice(tmp_path, reported, policy):
     kill_rollout = KillOnce("rollout[0]", at_version=4)
-    controller, state = run(tmp_path, policy, "steps=10", on_event=kill_rollout)
+    real_time = ["emulation.time_scale=1.0"] if policy == "recycle" else []  # stragglers long enough to re-queue
+    controller, state = run(tmp_path, policy, "steps=10", *real_time, on_event=kill_rollout)
     assert kill_rollout.killed and state.version == 10
     trained = identity_holds(controller, reported)
     assert len(trained) == 10 * B * G
     if policy == "drop":
         assert max(lags(reported, arrived(controller))) <= ETA
+    if policy == "recycle":  # groups re-queued with their output, a generator killed: each sample trained once
+        assert controller.accounting.recycled > 0 and all(stats["stale_tokens"] == 0 for _, _, stats in reported)
 
 
 @pytest.mark.slow  # two runs: ~30 s
-def test_a_resumed_token_run_trains_every_sample_once_though_groups_were_consumed_out_of_order(tmp_path, reported):
-    controller, _ = run(tmp_path, "token", "steps=6", "checkpoint.interval_steps=3", "emulation.time_scale=1.0")
+@pytest.mark.parametrize("policy", ["token", "recycle"])
+def test_a_resumed_run_trains_every_sample_once_though_groups_were_consumed_out_of_order(tmp_path, reported, policy):
+    controller, _ = run(tmp_path, policy, "steps=6", "checkpoint.interval_steps=3", "emulation.time_scale=1.0")
     first = list(reported)
     point = resume_point(tmp_path / "run")
     saved = json.loads((point.checkpoint / "controller.json").read_text())
@@ -138,3 +193,4 @@ def test_a_resumed_token_run_trains_every_sample_once_though_groups_were_consume
     assert not ahead & {sid // G for _, ids, _ in reported[len(first):] for sid in ids}
     s = resumed.accounting.summary()
     assert s["started"] == s["trained"] + s["failed"] + s["filtered"] + s["dropped"] + s["in_flight"]
+    assert s["recycled"] >= saved["accounting"]["recycled"]  # the re-queues before the resume still count

@@ -12,6 +12,8 @@ no token of its samples was sampled by a version older than the one it was admit
 
 from __future__ import annotations
 
+import torch
+
 from areal.runtime.policies.policy import Policy, TrainedStep
 
 
@@ -22,13 +24,15 @@ def admitted_within(step: TrainedStep) -> str | None:
             return (f"group {meta.group} was admitted at version {meta.admitted_at} into slot {meta.slot}, past the "
                     f"gate's (version + η + 1)·B = {(meta.admitted_at + step.staleness + 1) * step.batch_size}")
     admitted = {meta.group: meta.admitted_at for meta in step.groups}
-    for versions, group in zip(step.versions, step.group_ids, strict=True):
-        if group not in admitted:
-            return f"a sample of group {group} came with no admission record"
-        if len(versions) and int(versions.min()) < admitted[group]:
-            return (f"a sample of group {group} holds a token of version {int(versions.min())}, older than its "
-                    f"admission at version {admitted[group]}")
+    missing = next((g for g in step.group_ids if g not in admitted), None)
+    if missing is not None:
+        return f"a sample of group {missing} came with no admission record"
+    floor = torch.tensor([admitted[g] for g in step.group_ids], dtype=torch.int64)
+    early = (step.oldest < floor).nonzero()
+    if len(early):
+        row = int(early[0])
+        return (f"a sample of group {step.group_ids[row]} holds a token of version {int(step.oldest[row])}, older "
+                f"than its admission at version {int(floor[row])}")
     return None
-
 
 POLICY = Policy("admission", "trained lag unbounded (measured)", admitted_within)

@@ -25,27 +25,33 @@ def expired(versions: Ragged, version: int, staleness: int) -> bool:
 
 def with_policy_mask(view: Batch, step: int, staleness: int) -> tuple[Batch, int]:
     """The view with loss mask 0 on every output token more than η versions behind `step` (an episode's own mask
-    kept beside it), and how many tokens that took out of the loss."""
-    versions = view["versions"].rows()
-    own = view["loss_mask"].rows() if "loss_mask" in view else [torch.ones(len(v), dtype=torch.int32) for v in versions]
-    masks, masked = [], 0
-    for v, m in zip(versions, own, strict=True):
-        fresh = v.to(torch.int64) >= step - staleness
-        masked += int((m.bool() & ~fresh).sum())
-        masks.append((m.bool() & fresh).to(torch.int32))
-    return view.merge({"loss_mask": Ragged.from_rows(masks, dtype=torch.int32)}), masked
+    kept beside it), and how many tokens that took out of the loss. On the packed tokens, in one pass."""
+    versions = view["versions"]
+    fresh = versions.values >= step - staleness
+    own = _loss_mask(view)
+    masked = int((own & ~fresh).sum())
+    return view.merge({"loss_mask": Ragged((own & fresh).to(torch.int32), versions.offsets)}), masked
 
 
 def checked_step(policy: Policy, view: Batch, step: int, staleness: int, batch_size: int,
                  groups: Sequence[GroupMeta]) -> dict[str, Any]:
     """Re-check `policy`'s guarantee on the view the update reads; RunError names the broken promise. Returns the
     step's staleness numbers: the lag histogram of its samples and its trained tokens older than η."""
-    versions = view["versions"].rows()
-    masks = (view["loss_mask"].rows() if "loss_mask" in view else [torch.ones(len(v), dtype=torch.int32)
-                                                                     for v in versions])
-    trained = TrainedStep(step, staleness, batch_size, versions, [m.bool() for m in masks],
-                          view["group_id"].tolist(), list(groups))
+    trained = TrainedStep(step, staleness, batch_size, view["versions"], _loss_mask(view), view["group_id"].tolist(),
+                          list(groups))
     broken = policy.check(trained)
     if broken is not None:
         raise RunError(f"staleness bound broken at version {step} (staleness_policy={policy.name}): {broken}")
     return {"staleness": dict(trained.histogram()), "stale_tokens": trained.stale_trained_tokens()}
+
+
+def _loss_mask(view: Batch) -> torch.Tensor:
+    """[N] bool, packed like the versions: the mask an episode brought, or every output token."""
+    versions = view["versions"]
+    if "loss_mask" not in view:
+        return torch.ones(len(versions.values), dtype=torch.bool)
+    mask = view["loss_mask"]
+    if not torch.equal(mask.offsets, versions.offsets):
+        raise RunError("loss_mask and versions disagree on the output tokens of a sample: each needs one value "
+                       "per output token")
+    return mask.values.bool()
