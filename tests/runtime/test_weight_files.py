@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from areal.graph.recipe import load_recipe
-from areal.runtime import weight_files
+from areal.runtime import weight_files, weights
 from areal.runtime.checkpoint import Sealing, final_dir, policy_name, staging_dir
 from areal.runtime.compile import compile_plan
 from areal.runtime.context import WorkerContext
@@ -74,3 +76,11 @@ def test_the_trainer_the_followers_the_version_table_and_the_checkpoint_name_the
     staged.mkdir(parents=True)
     sealing.part_written(str(staged), "actor", 5, next_group=3, consumed=[], state_at=lambda group: {})
     assert (final_dir(plan.run_dir, 5) / policy_name("actor")).read_bytes() == b"weights of v5"
+
+
+def test_weights_sent_by_a_transport_this_process_lacks_are_refused_naming_it_and_the_known_ones():
+    update = weights.WeightUpdate(model="actor", version=3, via=weights.Via("rdma", "qp-7"))
+    with pytest.raises(weights.UnknownTransport, match=r"'rdma'.*\(it has files, broadcast, shm\)"):
+        weights.receive(update, follower=None)
+    with pytest.raises(weights.UnknownTransport, match="'rdma'"):
+        weights.collective(update.via)

@@ -21,6 +21,19 @@ TRANSPORTS: dict[str, Transport] = {
 }
 
 
+class UnknownTransport(ValueError):
+    """A version sent by a transport this process does not have (a newer or mismatched areal on the other side)."""
+
+
+def transport_of(via: Via) -> Transport:
+    """The transport that carried `via`, or an error naming its kind and the known ones."""
+    transport = TRANSPORTS.get(via.kind)
+    if transport is None:
+        raise UnknownTransport(f"weights came by transport {via.kind!r}, which this areal does not have "
+                               f"(it has {', '.join(TRANSPORTS)})")
+    return transport
+
+
 def kind_of(config: RunConfig, plan: Plan, model: str) -> str:
     """The transport of `model`'s weights: transport.weights for the sampled policy, files for the others."""
     return config.transport.weights if model == plan.policy else files.KIND
@@ -28,7 +41,7 @@ def kind_of(config: RunConfig, plan: Plan, model: str) -> str:
 
 def collective(via: Via | None) -> bool:
     """A version that travels as a collective: its followers take part when told, and only then."""
-    return via is not None and TRANSPORTS[via.kind].collective
+    return via is not None and transport_of(via).collective
 
 
 def publisher(source: Source) -> Publisher:
@@ -39,7 +52,8 @@ def publisher(source: Source) -> Publisher:
 def receive(update: WeightUpdate, follower: Any) -> None:
     """Load `update` into `follower`; an update with no `via` is the weights it holds already."""
     if update.via is not None:
-        TRANSPORTS[update.via.kind].receive(update.via, follower, update.version)
+        transport_of(update.via).receive(update.via, follower, update.version)
 
 
-__all__ = ["TRANSPORTS", "Publisher", "Source", "Via", "WeightUpdate", "collective", "kind_of", "publisher", "receive"]
+__all__ = ["TRANSPORTS", "Publisher", "Source", "UnknownTransport", "Via", "WeightUpdate", "collective", "kind_of",
+           "publisher", "receive", "transport_of"]
