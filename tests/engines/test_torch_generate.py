@@ -163,15 +163,20 @@ def test_bad_requests_are_refused_with_the_request_id(make_model):
         TorchGenerationEngine(make_model(0), eos_token_id=0, pad_token_id=0, stop_strings=["\n"])
 
 
-def test_aborting_running_and_waiting_requests_leaves_the_others_as_they_would_have_been(make_model):
-    model = make_model(0)
+def three_steps_into_four_requests(model):
+    """Four requests on three rows (0, 1, 2 run; 3 waits), three steps in; and each one's output left alone."""
     reqs = requests([(3, 12), (5, 12), (1, 12), (8, 12)])
     untouched = {r.request_id: r for r in TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0,
                                                                 max_batch=3).generate(reqs)}
     engine = TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0, max_batch=3)
-    engine.submit(reqs)  # 0, 1, 2 run; 3 waits
+    engine.submit(reqs)
     for _ in range(3):
         engine.step()
+    return engine, untouched
+
+
+def test_aborting_running_and_waiting_requests_leaves_the_others_as_they_would_have_been(make_model):
+    engine, untouched = three_steps_into_four_requests(make_model(0))
     assert engine.progress() == {0: (4, 0), 1: (4, 0), 2: (4, 0)}  # a prefill's token and three decode steps
     assert engine.abort([1, 3]) == {1: 4, 3: 0}  # the middle row of the cache, and one still waiting
     results = []
@@ -184,14 +189,7 @@ def test_aborting_running_and_waiting_requests_leaves_the_others_as_they_would_h
 
 
 def test_a_requeued_request_continues_where_it_was_and_finishes_as_it_would_have(make_model):
-    model = make_model(0)
-    reqs = requests([(3, 12), (5, 12), (1, 12), (8, 12)])
-    untouched = {r.request_id: r for r in TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0,
-                                                                max_batch=3).generate(reqs)}
-    engine = TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0, max_batch=3)
-    engine.submit(reqs)  # 0, 1, 2 run; 3 waits
-    for _ in range(3):
-        engine.step()
+    engine, untouched = three_steps_into_four_requests(make_model(0))
     assert engine.requeue([1, 3]) == {1: 4}  # only a running request moves: 3 is waiting already
     assert engine.progress() == {0: (4, 0), 2: (4, 0)}  # 1 left its row: 3 takes it at the next step
     results = []

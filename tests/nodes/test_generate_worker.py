@@ -106,7 +106,8 @@ def test_prompts_go_through_the_chat_template_of_a_model_that_has_one_unless_it_
     assert prompts == {"auto": "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n", "off": "2+2?"}
 
 
-def test_a_group_holding_a_token_older_than_asked_is_aborted_whole_and_a_fresh_one_runs_on(tmp_path):
+def two_slot_emulated_node(tmp_path):
+    """An emulated generate node of two slots whose samples run 40 tokens or so, at version 0."""
     config = RunConfig(group_size=2, generation=GenerationConfig(engine="emulated", max_new_tokens=64, max_batch=2,
                                                                  stop=[]),
                        trainer={"engine": "emulated"}, emulation={"output_tokens_median": 40, "time_scale": 1e-6})
@@ -114,6 +115,11 @@ def test_a_group_holding_a_token_older_than_asked_is_aborted_whole_and_a_fresh_o
     node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
                                published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
                                note=lambda sample_ids, reasons: None))
+    return node
+
+
+def test_a_group_holding_a_token_older_than_asked_is_aborted_whole_and_a_fresh_one_runs_on(tmp_path):
+    node = two_slot_emulated_node(tmp_path)
     node.engine.quantum_s = 1e-12  # one decode step per step(): nothing finishes before the abort
     for group in (3, 4):  # group 3's two samples fill both slots; group 4 waits
         node.submit(Batch({"prompt": ["1+1="], "group_id": torch.tensor([group]), "sample_id": torch.tensor([group])}),
@@ -132,13 +138,7 @@ def test_a_group_holding_a_token_older_than_asked_is_aborted_whole_and_a_fresh_o
 
 
 def test_a_group_stamped_too_long_ago_is_requeued_with_its_tokens_restamped_and_finishes_on_newer_weights(tmp_path):
-    config = RunConfig(group_size=2, generation=GenerationConfig(engine="emulated", max_new_tokens=64, max_batch=2,
-                                                                 stop=[]),
-                       trainer={"engine": "emulated"}, emulation={"output_tokens_median": 40, "time_scale": 1e-6})
-    node = GenerateNode()
-    node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
-                               published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
-                               report=lambda kind, **fields: None))
+    node = two_slot_emulated_node(tmp_path)
     node.engine.quantum_s = 1e-12  # one decode step per step(): nothing finishes before the re-queue
     for group in (3, 4):  # group 3's two samples fill both slots; group 4 waits
         node.submit(Batch({"prompt": ["1+1="], "group_id": torch.tensor([group]), "sample_id": torch.tensor([group])}),
