@@ -45,6 +45,7 @@ def stamped_within(step: TrainedStep) -> str | None:
                 "re-queued")
     return None
 
+
 def both(first: Check, second: Check) -> Check:
     """The first broken promise of two checks."""
     return lambda step: first(step) or second(step)
