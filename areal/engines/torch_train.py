@@ -3,13 +3,13 @@
 One engine serves the `compute-logprob` node (π_prox: `sequence_logprobs`) and the `ppo-update`
 node (`train_step`: one AdamW step over a whole batch, accumulated over micro-batches).
 
-Micro-batches: sequences are grouped under a token budget by `areal.kernels.packing`, and each
-group runs as right-padded rows of one [rows, longest] forward. Right padding needs no attention
-mask (causal attention never lets a real token see the pads after it). The alternative, one
-packed row with a block-diagonal mask, was measured 3-9x slower on this CPU (SDPA with an
-arbitrary mask is dense over all N² token pairs of the pack): 16 sequences of 32-256 tokens,
-1.6 M params: padded 120 ms, packed 348 ms; 16-512 tokens: 365 ms vs 1771 ms. The budget counts
-real tokens, so a padded forward may hold up to rows x longest positions.
+Micro-batches: each runs as right-padded rows of one [rows, longest] forward. Right padding needs
+no attention mask (causal attention never lets a real token see the pads after it). The
+alternative, one packed row with a block-diagonal mask, was measured 3-9x slower on this CPU (SDPA
+with an arbitrary mask is dense over all N² token pairs of the pack): 16 sequences of 32-256
+tokens, 1.6 M params: padded 120 ms, packed 348 ms; 16-512 tokens: 365 ms vs 1771 ms. So the
+sequences are grouped by length (`areal.kernels.packing.padded_microbatches`): the budget bounds
+rows x longest, the positions a forward really holds, and few of them are pads.
 
 Loss weighting: `loss_fn` sees one micro-batch and returns its loss as a mean over that
 micro-batch's output tokens (`loss_reduction="mean"`, what the kernels return) or as a sum
@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from areal.kernels.logprob import token_logprobs
-from areal.kernels.packing import pack_microbatches
+from areal.kernels.packing import padded_microbatches
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 ExtraField = Union[Sequence[Tensor], Tensor]  # noqa: UP007 (a runtime alias: `|` fails on py3.10 generics)
 LossFn = Callable[[Tensor, "MicroBatch"], tuple[Tensor, dict[str, Union[float, Tensor]]]]  # noqa: UP007
 CHECKPOINT_FORMAT = 1
+# what one forward + backward call costs beyond its positions, in padded positions: measured on the tiny
+# coder on one CPU thread (benchmarks/bench_microbatches.py); a larger model makes it matter less
+CALL_COST_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -88,13 +91,15 @@ class TorchTrainEngine:
         betas: tuple[float, float] = (0.9, 0.999),
         grad_clip: float | None = 1.0,
         microbatch_tokens: int = 8192,
+        call_cost_tokens: int = CALL_COST_TOKENS,
         warmup_steps: int = 0,
         lr_schedule: Literal["constant", "cosine"] = "constant",
         total_steps: int | None = None,
         temperature: float = 1.0,
         device: torch.device | None = None,
     ) -> None:
-        """`device`: where the model trains (it is moved there); None keeps it where it is."""
+        """`device`: where the model trains (it is moved there); None keeps it where it is.
+        `call_cost_tokens`: a forward/backward call's fixed cost, in padded positions (`padded_microbatches`)."""
         if lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"TorchTrainEngine: lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
         if lr_schedule == "cosine" and (total_steps is None or total_steps <= warmup_steps):
@@ -106,7 +111,7 @@ class TorchTrainEngine:
             raise ValueError(f"TorchTrainEngine: temperature must be > 0, got {temperature}")
         self.model = model if device is None else model.to(device)
         self.lr, self.grad_clip = lr, grad_clip
-        self.microbatch_tokens = microbatch_tokens
+        self.microbatch_tokens, self.call_cost_tokens = microbatch_tokens, call_cost_tokens
         self.warmup_steps, self.lr_schedule, self.total_steps = warmup_steps, lr_schedule, total_steps
         self.temperature = temperature
         self.device = next(model.parameters()).device
@@ -126,12 +131,15 @@ class TorchTrainEngine:
         out: list[Tensor] = [torch.empty(0)] * len(sequences)
         lengths = [len(s) for s in sequences]
         with torch.set_grad_enabled(not no_grad):
-            for index in pack_microbatches(lengths, self.microbatch_tokens):
+            for index in self._microbatches(lengths):
                 logp, cu = self._logprobs(sequences, [1] * len(sequences), index)
                 logp = logp.cpu() if no_grad else logp
                 for j, i in enumerate(index):
                     out[i] = logp[int(cu[j]) : int(cu[j + 1])]
         return out
+
+    def _microbatches(self, lengths: list[int]) -> list[list[int]]:
+        return padded_microbatches(lengths, self.microbatch_tokens, self.call_cost_tokens)
 
     def _logprobs(self, sequences: Sequence[Tensor], starts: Sequence[int], index: list[int]) -> tuple[Tensor, Tensor]:
         """Packed log π_θ of tokens starts[i]..L_i-1 of each sequence in `index`, and their cu_seqlens."""
@@ -190,7 +198,7 @@ class TorchTrainEngine:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        microbatches = pack_microbatches([len(s) for s in sequences], self.microbatch_tokens)
+        microbatches = self._microbatches([len(s) for s in sequences])
         for index in microbatches:
             logp, cu = self._logprobs(sequences, prompt_lens, index)
             fields = {k: torch.cat([rows[i] for i in index]).to(self.device) for k, rows in per_token.items()}

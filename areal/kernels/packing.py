@@ -5,12 +5,17 @@ a token budget. Fewer micro-batches means fewer forward/backward calls, so first
 picks the count; then the sequences are redealt over that many bins to even out their token
 loads. Across data-parallel ranks there is no budget, only balance: Karmarkar–Karp's largest
 differencing method. Only lengths are read here; building the packed tensors is the caller's job.
+
+An engine that runs a micro-batch as right-padded rows pays for rows x longest positions, not for
+its real tokens: `padded_microbatches` groups sequences of similar length to pay for few pads.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+
+import numpy as np
 
 
 class PackingError(ValueError):
@@ -80,6 +85,43 @@ def pack_microbatches(lengths: Sequence[int], max_tokens: int) -> list[list[int]
     bins = _least_loaded_fit(sizes, order, len(bins), max_tokens) or bins
     bins = [sorted(b) for b in bins if b]
     return sorted(bins, key=lambda b: (-sum(sizes[i] for i in b), b[0]))
+
+
+def padded_microbatches(lengths: Sequence[int], max_tokens: int, call_cost: int) -> list[list[int]]:
+    """Indices of the sequences in each micro-batch of right-padded rows, each at most max_tokens positions.
+
+    Minimises what the passes cost: every micro-batch's rows x longest positions, plus `call_cost`
+    positions for each forward/backward call (its fixed overhead, in the time of one padded token).
+    The optimum groups contiguous runs of the sequences sorted by length, so it is found exactly by
+    dynamic programming over that order. Every index appears exactly once; micro-batches are ordered
+    longest first and list their indices in ascending order. Raises PackingError for a sequence over budget.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"padded_microbatches: max_tokens must be > 0, got {max_tokens}")
+    if call_cost < 0:
+        raise ValueError(f"padded_microbatches: call_cost must be >= 0, got {call_cost}")
+    sizes = _check_lengths(lengths)
+    for i, n in enumerate(sizes):
+        if n > max_tokens:
+            raise PackingError(i, n, max_tokens)
+    order = sorted(range(len(sizes)), key=lambda i: (sizes[i], i))
+    widths = np.array([max(sizes[i], 1) for i in order], dtype=np.int64)
+    n = len(order)
+    best = np.zeros(n + 1, dtype=np.int64)  # best[j]: the cheapest plan for the j shortest sequences
+    cut = np.zeros(n + 1, dtype=np.int64)  # its last micro-batch starts at order[cut[j]]
+    for j in range(1, n + 1):
+        width = int(widths[j - 1])  # the longest of order[i:j], whatever i
+        first = max(0, j - max_tokens // width)
+        starts = np.arange(first, j)
+        costs = best[first:j] + (j - starts) * width + call_cost
+        k = int(np.argmin(costs))
+        best[j], cut[j] = costs[k], starts[k]
+    bins = []
+    j = n
+    while j > 0:
+        bins.append(sorted(order[int(cut[j]) : j]))
+        j = int(cut[j])
+    return bins
 
 
 def balance_across_ranks(lengths: Sequence[int], n_ranks: int) -> list[list[int]]:

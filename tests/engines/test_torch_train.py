@@ -8,8 +8,9 @@ import torch
 from torch import Tensor
 
 from areal.engines import MicroBatch, TorchTrainEngine
-from areal.engines.torch_train import NonFiniteUpdate
+from areal.engines.torch_train import CALL_COST_TOKENS, NonFiniteUpdate
 from areal.graph.batch import Ragged
+from areal.kernels.packing import padded_microbatches
 
 LENGTHS = [(2, 5), (4, 12), (1, 17), (3, 4), (5, 9), (6, 20)]  # (prompt_len, total length)
 
@@ -65,7 +66,8 @@ def test_train_step_gradient_is_the_token_weighted_mean_for_any_microbatch_split
     extra["advantage"] = Ragged.from_rows(extra["advantage"]) if reduction == "sum" else extra["advantage"]
     engine = TorchTrainEngine(copy.deepcopy(model), lr=1e-3, grad_clip=None, microbatch_tokens=microbatch_tokens)
     stats = engine.train_step(seqs, prompts, loss_fn, extra, loss_reduction=reduction)
-    assert stats["microbatches"] == (1 if microbatch_tokens > 100 else 3)
+    plan = padded_microbatches([len(s) for s in seqs], microbatch_tokens, CALL_COST_TOKENS)
+    assert stats["microbatches"] == len(plan) and (len(plan) == 1) == (microbatch_tokens > 100)
 
     model64 = copy.deepcopy(model).double()
     _, _, ref_extra = batch()

@@ -1,0 +1,115 @@
+"""The trainer's two passes on one code_rl batch: micro-batches by real tokens vs by padded positions.
+
+    python benchmarks/bench_microbatches.py [--groups 16 --group-size 8 --repeats 5 --call-costs 0 64 256]
+
+The batch is what the default recipe trains on one step: `--groups` built-in training prompts, each
+chosen at random, each sampled `--group-size` times by the shipped tiny coder (temperature 1, up to 48 new tokens). Each
+variant runs the proximal pass (`sequence_logprobs`, no gradient) and one `train_step` (forward +
+backward) of the same engine on one CPU thread; the variants take turns, and each figure is the
+median of `--repeats` rounds after a first, discarded one. The baseline is the packing the engine
+used before (`pack_microbatches`: first-fit decreasing on real tokens, loads evened out, so a
+micro-batch mixes lengths); ours groups by length (`padded_microbatches`) at each call cost.
+Both compute the same loss and gradient: the check at the end says how far apart they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from areal.data.code_tasks import builtin_code_tasks
+from areal.engines.torch_train import TorchTrainEngine
+from areal.kernels.packing import pack_microbatches, padded_microbatches, padding_waste
+from areal.models.loading import load_policy
+
+Packer = Callable[[list[int]], list[list[int]]]
+
+
+class _PackedBy(TorchTrainEngine):
+    """The engine with its micro-batching replaced (the benchmark's only change to it)."""
+
+    packer: Packer
+
+    def _microbatches(self, lengths: list[int]) -> list[list[int]]:
+        return self.packer(lengths)
+
+
+def code_rl_batch(groups: int, group_size: int, seed: int) -> tuple[list[torch.Tensor], list[int]]:
+    """prompt + sampled output ids of `groups` training prompts x `group_size`, and the prompts' lengths."""
+    model, tokenizer = load_policy("builtin:tiny-coder")
+    torch.manual_seed(seed)
+    tasks = builtin_code_tasks("train").tasks
+    sequences, prompt_lens = [], []
+    for task in (tasks[int(i)] for i in torch.randperm(len(tasks))[:groups]):
+        prompt = torch.tensor([tokenizer.encode(task["prompt"])] * group_size)
+        with torch.no_grad():
+            out = model.generate(prompt, do_sample=True, temperature=1.0, top_k=0, max_new_tokens=48,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        for row in out:
+            ids = row[: prompt.shape[1]].tolist() + [t for t in row[prompt.shape[1]:].tolist()
+                                                      if t != tokenizer.pad_token_id]
+            sequences.append(torch.tensor(ids))
+            prompt_lens.append(prompt.shape[1])
+    return sequences, prompt_lens
+
+
+def _loss(logp: torch.Tensor, mb: object) -> tuple[torch.Tensor, dict[str, float]]:
+    return -logp.mean(), {}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--budget", type=int, default=4096, help="trainer.microbatch_tokens (the recipe's default)")
+    parser.add_argument("--call-costs", type=int, nargs="+", default=[0, 64, 256])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # the trainer's one core in the default run
+    sequences, prompt_lens = code_rl_batch(args.groups, args.group_size, args.seed)
+    lengths = [len(s) for s in sequences]
+    packers: dict[str, Packer] = {"by real tokens (before)": lambda ls: pack_microbatches(ls, args.budget)}
+    for cost in args.call_costs:
+        packers[f"by padded positions, call cost {cost}"] = (
+            lambda ls, c=cost: padded_microbatches(ls, args.budget, c))
+    model, _ = load_policy("builtin:tiny-coder")
+    engine = _PackedBy(model, lr=0.0, microbatch_tokens=args.budget)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in packers}
+    grads: dict[str, torch.Tensor] = {}
+    for round_ in range(args.repeats + 1):
+        for name, packer in packers.items():
+            engine.packer = packer
+            start = time.perf_counter()
+            engine.sequence_logprobs(sequences)
+            middle = time.perf_counter()
+            engine.train_step(sequences, prompt_lens, _loss)
+            end = time.perf_counter()
+            if round_:
+                times[name].append((middle - start, end - middle))
+            else:
+                grads[name] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    print(f"{len(sequences)} sequences, {sum(lengths)} tokens, {min(lengths)}-{max(lengths)} long; "
+          f"budget {args.budget}; median of {args.repeats} rounds, one thread\n")
+    print("| micro-batches | count | padded positions | pads | proximal pass s | train step s | both | vs before |")
+    print("|---|---|---|---|---|---|---|---|")
+    base = None
+    for name, packer in packers.items():
+        bins = packer(lengths)
+        prox = statistics.median(t for t, _ in times[name])
+        train = statistics.median(t for _, t in times[name])
+        base = base or prox + train
+        padded = sum(len(b) * max(lengths[i] for i in b) for b in bins)
+        print(f"| {name} | {len(bins)} | {padded} | {padding_waste(lengths, bins):.0%} | {prox:.3f} | {train:.3f} "
+              f"| {prox + train:.3f} | {base / (prox + train):.2f}x |")
+    reference = grads["by real tokens (before)"]
+    worst = max(float((g - reference).abs().max() / reference.abs().max()) for g in grads.values())
+    print(f"\ngradients: largest difference from the baseline's, relative to its largest entry: {worst:.1e}")
+
+
+if __name__ == "__main__":
+    main()
