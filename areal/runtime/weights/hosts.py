@@ -3,7 +3,7 @@
 transport.weights=shm writes each version into a shared-memory segment of the trainer's machine, so a
 follower on another host would find no segment. Hosts are declared nowhere: a pool lands where the launcher
 puts it (this machine, or the Ray node its bundle gets), so the controller checks where each worker landed
-as it starts it, before any version after the checkpoint's moves. This module only decides; it moves nothing.
+as it starts it, before the first version is published. This module only decides; it moves nothing.
 """
 
 from __future__ import annotations
