@@ -10,7 +10,8 @@ role needs, so a mistake is never found by a `hasattr` deep in a worker loop.
   Dropped samples are counted `filtered` (not failed) and a group dropped whole frees its
   staleness slot, so the source admits another. Held-out rounds pass a filter untouched.
 - stream: a generator-like node the worker steps (`submit`, `step`, `pending`) and hands new
-  weights between steps (`load_weights`): interruptible generation.
+  weights between steps (`load_weights`): interruptible generation. Its `version` is the policy
+  version of the weights it samples with: the worker reads it to decide which admitted groups may start.
   A finished batch may hold a FAILED column, one reason (or None) per row: those samples are
   counted failed with the reason, never trained.
 - trainer: `__call__(batch) -> stats` once per step of B groups; `empty_step()` for a step
@@ -113,6 +114,8 @@ class MapNode(Protocol):
 
 
 class StreamNode(Protocol):
+    version: int  # the policy version of the weights it samples with (a generator's: its engine's, the only count)
+
     def submit(self, batch: Batch, meta: GroupMeta) -> None: ...
     def step(self) -> list[tuple[Batch, GroupMeta]]: ...
     def pending(self) -> int: ...

@@ -135,6 +135,15 @@ class EpisodeRunner:
     def pending(self) -> int:
         return len(self._groups)
 
+    @property
+    def version(self) -> int:
+        """The policy version of the weights its episodes sample with: the engine's, the only count of it here."""
+        return self.sampler.version()
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self.sampler.engine.version = version  # the weights it holds already, named (v0, or taken in a collective)
+
     def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
         self.policy.load_weights(weights, version)
 

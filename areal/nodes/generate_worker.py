@@ -55,6 +55,15 @@ class GenerateNode:
         self.engine, self.tokenizer = self.policy.engine, self.policy.tokenizer
         self.stops, self.chat = self.policy.stops, self.policy.chat
 
+    @property
+    def version(self) -> int:
+        """The policy version of the weights it samples with: its engine's, the only count of it here."""
+        return self.engine.version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self.engine.version = version  # the weights it holds already, named (v0, or taken in a collective)
+
     def receive_weights(self, version: int) -> None:
         """Take part in the trainer's broadcast of `version`; in-flight requests continue on the new weights."""
         self.policy.receive_weights(version)

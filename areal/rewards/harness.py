@@ -30,14 +30,14 @@ path, where this process is a subreaper, the session and this process's children
 before the next test starts. A record says how a test ended in the program's terms; the host
 refuses any other status, so nothing from here can report a machinery failure.
 
-Stdlib only, run from source next to its helpers `seccomp_filter` and `job_meter`: the pooled
-worker (`sandbox_server.py`) calls `run_job` once per job, the plain path runs `main` once. It
-isolates nothing from the host by itself (bubblewrap, the per-job namespaces and the uid do).
+Stdlib only, run from source next to its helpers `seccomp_filter`, `job_meter` and `harness_child`
+(what each forked test runs): the pooled worker (`sandbox_server.py`) calls `run_job` once per job,
+the plain path runs `main` once. It isolates nothing from the host by itself (bubblewrap, the
+per-job namespaces and the uid do).
 """
 
 from __future__ import annotations
 
-import builtins
 import ctypes
 import functools
 import json
@@ -51,10 +51,8 @@ import traceback
 
 import job_meter  # put in sys.modules by the boot code: this file runs only in the sandbox
 import seccomp_filter
+from harness_child import EXIT_BAD_RESULT, EXIT_CRASH, EXIT_MEMORY, run_program
 
-EXIT_CRASH = 1
-EXIT_MEMORY = 3
-EXIT_BAD_RESULT = 4
 STDERR_TAIL_BYTES = 4096
 TICK_S = 0.05  # how often a running test's processes are measured
 CPUS = len(os.sched_getaffinity(0))  # a test cannot spend more CPU seconds than this per second
@@ -146,7 +144,7 @@ def _run_test(code, test_input, job: dict, close_in_child: tuple[int, ...], mete
         try:
             for fd in (*close_in_child, out_r, err_r, res_r, stdin_w):
                 os.close(fd)
-            _child(code, test_input, job, stdin_r, out_w, err_w, res_w)
+            run_program(code, test_input, job, stdin_r, out_w, err_w, res_w)
         finally:
             os._exit(EXIT_CRASH)
     for fd in (out_w, err_w, res_w, stdin_r):
@@ -154,80 +152,6 @@ def _run_test(code, test_input, job: dict, close_in_child: tuple[int, ...], mete
     meter = meter_of(pid)
     stdin = str(test_input).encode() if job["kind"] == "stdio" else b""
     return _watch(meter, started, (stdin_w, stdin), out_r, err_r, res_r, job)
-
-
-def _child(code, test_input, job: dict, stdin_fd: int, out_w: int, err_w: int, res_w: int) -> None:
-    """Run the program once; never returns. Exit codes tell the harness how it ended."""
-    # its own process group, in the runner's session: with setsid denied by the filter, every
-    # process of the job stays in that session, which is one scheduling autogroup
-    os.setpgid(0, 0)
-    os.dup2(stdin_fd, 0)
-    os.dup2(out_w, 1)
-    os.dup2(err_w, 2)
-    for fd in (stdin_fd, out_w, err_w):
-        os.close(fd)
-    cpu_s = int(job["timeout_s"]) + 1
-    memory = job["memory_mb"] * 1024 * 1024
-    for limit, value in (
-        (resource.RLIMIT_CPU, cpu_s),
-        (resource.RLIMIT_AS, memory),
-        (resource.RLIMIT_FSIZE, job["max_file_bytes"]),
-        (resource.RLIMIT_NPROC, job["max_processes"]),
-        (resource.RLIMIT_NOFILE, job["max_open_files"]),
-        (resource.RLIMIT_MEMLOCK, 0),
-        (resource.RLIMIT_MSGQUEUE, 0),
-        (resource.RLIMIT_NICE, 0),  # its nice value may go up (its own loss), never back down
-    ):
-        resource.setrlimit(limit, (value, value))
-    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
-    sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
-    sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
-    if job["guard_socket"]:
-        sys.addaudithook(_refuse_sockets)
-    # bind what we need before the program can patch it
-    dumps, write, exit_now, stdout = json.dumps, os.write, os._exit, sys.stdout
-    is_call = job["kind"] == "call"
-    namespace = {"__name__": "solution" if is_call else "__main__", "__builtins__": builtins}
-    status = 0
-    try:
-        exec(code, namespace)
-        if is_call:
-            value = _function(namespace, job["fn_name"])(*test_input)
-            try:
-                payload = dumps(value).encode()
-            except (TypeError, ValueError) as exc:
-                sys.stderr.write(f"result is not JSON-serialisable: {exc}\n")
-                status = EXIT_BAD_RESULT
-            else:
-                while payload:
-                    payload = payload[write(res_w, payload) :]
-    except SystemExit as exc:
-        if is_call or exc.code not in (None, 0):
-            sys.stderr.write(f"SystemExit: {exc.code}\n")
-            status = EXIT_CRASH
-    except MemoryError:
-        status = EXIT_MEMORY
-    except BaseException:
-        traceback.print_exc()
-        status = EXIT_CRASH
-    try:
-        stdout.flush()
-        sys.stderr.flush()
-    finally:
-        exit_now(status)
-
-
-def _function(namespace: dict, fn_name: str):
-    if callable(namespace.get(fn_name)):
-        return namespace[fn_name]
-    if isinstance(namespace.get("Solution"), type):
-        return getattr(namespace["Solution"](), fn_name)
-    raise NameError(f"the program defines no function {fn_name!r} (nor Solution.{fn_name})")
-
-
-def _refuse_sockets(event: str, args: tuple) -> None:
-    if event.startswith("socket."):
-        raise PermissionError("network access is not allowed in the sandbox")
 
 
 def _watch(

@@ -8,8 +8,9 @@ that, each test forked with rlimits, a seccomp filter and limits summed over the
 says so in a few lines (printed at run start, `sandbox_report()`), and `require()` refuses
 untrusted code without the namespaces unless the caller opted into weaker isolation.
 
-This module only probes and describes; `sandbox_process.py` starts and kills sandboxes,
-`sandbox_pool.py` runs programs in them, and scoring lives in `code_reward.py`.
+This module only probes and describes; `sandbox_launch.py` builds a jailed interpreter's command
+line, `sandbox_process.py` starts and kills sandboxes, `sandbox_pool.py` runs programs in them,
+and scoring lives in `code_reward.py`.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ from pathlib import Path
 from areal.errors import ArealError
 from areal.rewards import seccomp_filter
 from areal.rewards.sandbox_cgroup import WORKER_OVERHEAD_MB, CgroupPlace, find_place
+from areal.rewards.sandbox_launch import as_uid, boot_source, bwrap_argv
 
 SANDBOX_UID = 913_713  # a uid no account uses: every process running as it belongs to a sandbox
 # the modules that run inside the jail, from source, in import order
-JAIL_MODULES = ("seccomp_filter", "job_meter", "harness")
 AUTOGROUP_SETTING = Path("/proc/sys/kernel/sched_autogroup_enabled")
-CGROUP_CPU_IN_JAIL = "/run/areal/cgroup-cpu"  # where a worker's cgroup CPU counter is bound, read-only
 
 
 class SandboxError(ArealError):
@@ -346,59 +346,3 @@ def _sandbox_python() -> str:
         ):
             return candidate
     return own
-
-
-def as_uid(uid: int) -> dict:
-    """Popen arguments that start a process as `uid` (only root can, and needs to)."""
-    if os.geteuid() != 0:
-        return {}
-    return {"user": uid, "group": uid, "extra_groups": []}
-
-
-def bwrap_argv(
-    bwrap: str, python: str, limits: Limits, info_fd: int | None, cgroup_cpu: Path | None = None
-) -> list[str]:
-    """The command line that starts `python -I` inside a fresh bubblewrap sandbox, with the
-    worker cgroup's CPU counter `cgroup_cpu` bound read-only at CGROUP_CPU_IN_JAIL."""
-    # --as-pid-1: our interpreter is the namespace's init, so there is no bwrap init for the
-    # outer bwrap to leave behind as a zombie when it exits
-    argv = [bwrap, "--unshare-user", "--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-ipc"]
-    argv += ["--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
-    argv += ["--cap-drop", "ALL", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin"]
-    argv += ["--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
-    argv += ["--ro-bind", "/usr", "/usr"]
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
-        if os.path.islink(top):
-            argv += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            argv += ["--ro-bind", top, top]
-    prefix = str(Path(python).parent.parent)
-    if prefix != "/usr":
-        argv += ["--ro-bind", prefix, prefix]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmpfs_bytes)]
-    argv += ["--tmpfs", "/tmp", "--chdir", "/tmp"]
-    if cgroup_cpu is not None:
-        argv += ["--ro-bind", str(cgroup_cpu), CGROUP_CPU_IN_JAIL]
-    if info_fd is not None:
-        argv += ["--info-fd", str(info_fd)]
-    return [*argv, python, "-I"]
-
-
-@functools.cache
-def _module_source(name: str) -> str:
-    return Path(__file__).with_name(f"{name}.py").read_text()
-
-
-def boot_source(modules: tuple[str, ...], main: str = "") -> str:
-    """`python -I -c` source that loads `modules` from their source files, in order, then calls `main`
-    ("module.function") if given. Nothing inside the jail imports areal: it has no path to it."""
-    lines = ["import sys, types"]
-    for name in modules:
-        lines += [
-            f"{name} = types.ModuleType({name!r})",
-            f"sys.modules[{name!r}] = {name}",
-            f"exec(compile({_module_source(name)!r}, {name + '.py'!r}, 'exec'), {name}.__dict__)",
-        ]
-    if main:
-        lines.append(f"{main}()")
-    return "\n".join(lines) + "\n"

@@ -24,8 +24,9 @@ import struct
 import time
 import weakref
 
-from areal.rewards.sandbox import CGROUP_CPU_IN_JAIL, JAIL_MODULES, Limits, SandboxLayers, SandboxRun, boot_source
+from areal.rewards.sandbox import Limits, SandboxLayers, SandboxRun
 from areal.rewards.sandbox_cgroup import WorkerCgroup
+from areal.rewards.sandbox_launch import CGROUP_CPU_IN_JAIL, JAIL_MODULES, boot_source
 from areal.rewards.sandbox_process import (
     STARTUP_SLACK_S,
     SandboxProcess,

@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from areal.rewards.sandbox import JAIL_MODULES, Limits, SandboxLayers, SandboxRun, as_uid, boot_source, bwrap_argv
+from areal.rewards.sandbox import Limits, SandboxLayers, SandboxRun
+from areal.rewards.sandbox_launch import JAIL_MODULES, as_uid, boot_source, bwrap_argv
 
 STARTUP_SLACK_S = 5.0  # bwrap + interpreter start on a loaded 2-core machine
 RECORD_OVERHEAD_BYTES = 4096

@@ -96,6 +96,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         solved_field=solved_field,
         solved_at=config.eval.solved_at,
         weights_rendezvous=f"127.0.0.1:{_free_port()}" if policy and config.transport.weights == "broadcast" else "",
+        weights_transport=config.transport.weights,
         secured=config.transport.kind == "tcp" or config.cluster.backend == "ray",
         colocated=tuple(p.nodes for p in pools if len(p.nodes) > 1),
         staleness=config.staleness,

@@ -27,6 +27,12 @@ if TYPE_CHECKING:
 
 WIDE_TABLE_COLUMNS = 140  # narrower terminals get `Plan.tree`: the table's columns would each be cut
 IMPLICIT = ("sample_id", "group_id")  # every batch carries them, on every channel
+# how each transport.weights kind is shown in the plan (runtime/weights/ holds the transports themselves)
+WEIGHTS_WAYS = {
+    "files": "via {weights_dir}",
+    "broadcast": "by process-group broadcast ({rendezvous})",
+    "shm": "through a shared-memory segment per version, on the trainer's machine",
+}
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ class Plan:
     solved_field: str = ""  # the field that says a sample is solved (held-out pass@1), from solved_at on
     solved_at: float = 1.0
     weights_rendezvous: str = ""  # transport.weights=broadcast: host:port of the weights group's store
+    weights_transport: str = "files"  # transport.weights: how the policy's versions travel (others': files)
     secured: bool = False  # TCP sockets: every one is armed with the run's CURVE key (security.py)
     colocated: tuple[tuple[str, ...], ...] = field(default=())
     staleness: int = 0  # η, as configured (shown on the asynchronous edges; the controller reads the config)
@@ -266,10 +273,17 @@ class Plan:
         return f"runs {p.replicas} replica(s) x {p.threads} thread(s), {p.gpus} GPU each"
 
     def _routes(self) -> str:
-        route = ", ".join(f"{a} ⇢ {b}" for a, b in self.weights_routes) or "none"
-        way = (f"over a process group ({self.weights_rendezvous})" if self.weights_rendezvous
-               else f"via {self.weights_dir}")
-        return f"{route} {way}"
+        """Each weights route with the way its versions travel, routes that travel alike together."""
+        ways: dict[str, list[str]] = {}
+        for trainer, follower in self.weights_routes:
+            ways.setdefault(self._weights_way(trainer), []).append(f"{trainer} ⇢ {follower}")
+        return "; ".join(f"{', '.join(routes)} {way}" for way, routes in ways.items()) or "none"
+
+    def _weights_way(self, trainer: str) -> str:
+        """The policy's versions travel by transport.weights; another trained model's (a critic's) as files."""
+        kind = self.weights_transport if trainer == self.policy else "files"
+        way = WEIGHTS_WAYS.get(kind, f"by transport {kind!r}")
+        return way.format(weights_dir=self.weights_dir, rendezvous=self.weights_rendezvous)
 
 
 def _tuples(raw: dict) -> dict:

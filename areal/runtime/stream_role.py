@@ -30,7 +30,6 @@ class StreamRole:
         model = self.pool.model
         while model not in self._latest_weights and not self.stopping:
             self._wait(100)  # the controller answers "ready" with the newest version: sample nothing before it
-        policy_version = self.start_version
         held: list[tuple[Batch, GroupMeta]] = []  # admitted at a version whose weights have not arrived
         submitted: dict[int, Batch] = {}  # group key -> the input it came with (its fields go on with its samples)
         while not self.stopping:
@@ -38,17 +37,18 @@ class StreamRole:
             self._wait(0 if busy else (100 if held else int(self.config.faults.heartbeat_s * 1000)))
             update = self._apply_weights(model)
             if update is not None:
-                policy_version = update.version
-                with self.spans.timed("weights", "load weights", model=model, version=policy_version):
+                with self.spans.timed("weights", "load weights", model=model, version=update.version):
                     guard(head, weights.receive, update, gen)
+                if update.via is None:  # the weights it holds already (v0, or taken in a collective): named now
+                    gen.version = update.version
                 if self.staleness_policy.drops:
-                    self._abort_late(head, submitted, policy_version - self.config.staleness)
+                    self._abort_late(head, submitted, gen.version - self.config.staleness)
                 if self.staleness_policy.recycles:
-                    self._recycle_late(head, policy_version - self.config.staleness)
+                    self._recycle_late(head, gen.version - self.config.staleness)
             # weights travel on the control socket, prompts on the data socket: either may arrive first
             held += self._drain()
-            ready = [item for item in held if item[1].admitted_at <= policy_version]
-            held = [item for item in held if item[1].admitted_at > policy_version]
+            ready = [item for item in held if item[1].admitted_at <= gen.version]
+            held = [item for item in held if item[1].admitted_at > gen.version]
             for batch, meta in ready:
                 if meta.group in submitted:
                     continue  # re-issued after a crash downstream while still in flight here: that copy answers

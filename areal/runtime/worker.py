@@ -86,7 +86,6 @@ class Worker(MapRole, StreamRole, TrainerRole):
         self.plan = plan
         self.pool = plan.pool(pool_name)
         self.replica = replica
-        self.start_version = version  # the run's policy version when this worker started (its nodes count on)
         self.worker_id = f"{pool_name}[{replica}]"
         self.control = control
         self.key = run_key(plan)

@@ -36,6 +36,7 @@ def test_loss_mask_versions_and_logprobs_are_exact_with_an_update_between_turns_
     while not at_gate:
         assert not runner.step()
     runner.load_weights(load_weights(str(v1)), 1)  # between turns: turn 2 reads its whole context with version 1
+    assert runner.version == runner.policy.engine.version == 1  # the runner's version is its engine's
     gate.set()
     steps = 4
     for _ in range(steps):  # the first step prefills turn 2 (its first token) and decodes one; each next decodes one

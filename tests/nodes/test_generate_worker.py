@@ -155,3 +155,18 @@ def test_a_group_stamped_too_long_ago_is_requeued_with_its_tokens_restamped_and_
     assert [meta.stamped_at for _, meta in done] == [2, 2]
     for versions in done[1][0]["versions"].rows():  # its two tokens from version 0 kept, the rest sampled at 2
         assert versions[:2].tolist() == [0, 0] and set(versions[2:].tolist()) == {2}
+
+
+def test_the_node_version_is_its_engine_version_so_tokens_and_admission_read_one_count(tmp_path):
+    node = two_slot_emulated_node(tmp_path)
+    node.load_weights({}, 3)  # a version that travelled (files, shm)
+    assert (node.version, node.engine.version) == (3, 3)
+    node.version = 5  # a version it holds already (taken in a collective), named by the worker
+    assert node.engine.version == 5
+    node.submit(Batch({"prompt": ["1+1="], "group_id": torch.tensor([0]), "sample_id": torch.tensor([0])}),
+                GroupMeta(group=0, samples=2, admitted_at=5))
+    done = []
+    while node.pending():
+        done += node.step()
+    (batch, meta), = done
+    assert meta.stamped_at == 5 and {int(v) for row in batch["versions"].rows() for v in row} == {5}

@@ -188,4 +188,4 @@ def _unlink(name: str) -> None:
     segment.unlink()
 
 
-TRANSPORT = Transport(publisher=ShmPublisher, receive=receive)
+TRANSPORT = Transport(publisher=ShmPublisher, receive=receive, one_host=True)

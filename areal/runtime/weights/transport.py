@@ -58,3 +58,4 @@ class Transport:
     publisher: Callable[[Source], Publisher]
     receive: Callable[[Via, Any, int], None]  # (via, the follower node, version): load it into the node
     collective: bool = False  # a follower receives when told (the trainer waits in it), not when its loop may
+    one_host: bool = False  # its followers read what the trainer left on its machine: they must run there
