@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-import numpy as np
+import torch
 
 
 class PackingError(ValueError):
@@ -105,22 +105,21 @@ def padded_microbatches(lengths: Sequence[int], max_tokens: int, call_cost: int)
         if n > max_tokens:
             raise PackingError(i, n, max_tokens)
     order = sorted(range(len(sizes)), key=lambda i: (sizes[i], i))
-    widths = np.array([max(sizes[i], 1) for i in order], dtype=np.int64)
     n = len(order)
-    best = np.zeros(n + 1, dtype=np.int64)  # best[j]: the cheapest plan for the j shortest sequences
-    cut = np.zeros(n + 1, dtype=np.int64)  # its last micro-batch starts at order[cut[j]]
+    best = torch.zeros(n + 1, dtype=torch.int64)  # best[j]: the cheapest plan for the j shortest sequences
+    cut = [0] * (n + 1)  # its last micro-batch starts at order[cut[j]]
     for j in range(1, n + 1):
-        width = int(widths[j - 1])  # the longest of order[i:j], whatever i
+        width = max(sizes[order[j - 1]], 1)  # the longest of order[i:j], whatever i
         first = max(0, j - max_tokens // width)
-        starts = np.arange(first, j)
+        starts = torch.arange(first, j)
         costs = best[first:j] + (j - starts) * width + call_cost
-        k = int(np.argmin(costs))
-        best[j], cut[j] = costs[k], starts[k]
+        k = int(torch.argmin(costs))
+        best[j], cut[j] = costs[k], first + k
     bins = []
     j = n
     while j > 0:
-        bins.append(sorted(order[int(cut[j]) : j]))
-        j = int(cut[j])
+        bins.append(sorted(order[cut[j] : j]))
+        j = cut[j]
     return bins
 
 
