@@ -44,7 +44,8 @@ class TrainerConfig(_Section):
     objective: Literal["decoupled", "standard", "decoupled-shortcut"] = Field(
         "decoupled", description="decoupled PPO (AReaL), standard PPO, or decoupled with the proximal shortcut"
     )
-    microbatch_tokens: PositiveInt = Field(4096, description="token budget of one packed micro-batch")
+    microbatch_tokens: PositiveInt = Field(4096, description="positions one micro-batch may hold: its rows x "
+                                           "the longest row (torch engine; FSDP counts real tokens)")
     minibatches: PositiveInt = Field(1, description="optimizer steps per batch (PPO minibatches); one version")
     warmup_steps: NonNegativeInt = Field(
         20, description="linear lr warmup: Adam's first steps are sign-like and move every weight by ~lr"
@@ -112,7 +113,8 @@ class DataConfig(_Section):
 class EvalConfig(_Section):
     interval_steps: NonNegativeInt = Field(20, description="held-out pass@1 every N steps; 0 = only at start/end")
     # tasks x samples stays under the controller's 1e6 held-out sample ids a round
-    tasks: int = Field(256, ge=1, le=10_000, description="held-out tasks scored per evaluation (the first N)")
+    tasks: int = Field(256, ge=0, le=10_000, description="held-out tasks scored per evaluation (the first N); "
+                       "0: no held-out evaluation (interval_steps=0 still evaluates at the start and the end)")
     samples: int = Field(2, ge=1, le=64, description="samples per held-out task; pass@1 is their mean")
     reward: str | None = Field(None, description="'node.port' of the reward the run reports (step metrics); "
                                "default: the only port named 'reward'")

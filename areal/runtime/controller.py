@@ -135,7 +135,7 @@ class Controller(WorkerReports, WorkerRecovery):
         # the same held-out tasks every round, so pass@1 is comparable across versions
         self.heldout = (HeldOut(first_pass(heldout, config.eval.tasks), config.eval.samples,
                                 first_round=int(saved.get("eval_round", 0)) if saved else 0)
-                        if heldout is not None else None)
+                        if heldout is not None and config.eval.tasks else None)
         self.state = RunState(version=start_version, steps=config.steps)
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl",
                                      keep_lines=int(saved.get("metrics_lines", 0)) if saved else None)
