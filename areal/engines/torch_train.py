@@ -91,15 +91,13 @@ class TorchTrainEngine:
         betas: tuple[float, float] = (0.9, 0.999),
         grad_clip: float | None = 1.0,
         microbatch_tokens: int = 8192,
-        call_cost_tokens: int = CALL_COST_TOKENS,
         warmup_steps: int = 0,
         lr_schedule: Literal["constant", "cosine"] = "constant",
         total_steps: int | None = None,
         temperature: float = 1.0,
         device: torch.device | None = None,
     ) -> None:
-        """`device`: where the model trains (it is moved there); None keeps it where it is.
-        `call_cost_tokens`: a forward/backward call's fixed cost, in padded positions (`padded_microbatches`)."""
+        """`device`: where the model trains (it is moved there); None keeps it where it is."""
         if lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"TorchTrainEngine: lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
         if lr_schedule == "cosine" and (total_steps is None or total_steps <= warmup_steps):
@@ -111,7 +109,7 @@ class TorchTrainEngine:
             raise ValueError(f"TorchTrainEngine: temperature must be > 0, got {temperature}")
         self.model = model if device is None else model.to(device)
         self.lr, self.grad_clip = lr, grad_clip
-        self.microbatch_tokens, self.call_cost_tokens = microbatch_tokens, call_cost_tokens
+        self.microbatch_tokens = microbatch_tokens
         self.warmup_steps, self.lr_schedule, self.total_steps = warmup_steps, lr_schedule, total_steps
         self.temperature = temperature
         self.device = next(model.parameters()).device
@@ -139,7 +137,7 @@ class TorchTrainEngine:
         return out
 
     def _microbatches(self, lengths: list[int]) -> list[list[int]]:
-        return padded_microbatches(lengths, self.microbatch_tokens, self.call_cost_tokens)
+        return padded_microbatches(lengths, self.microbatch_tokens, CALL_COST_TOKENS)
 
     def _logprobs(self, sequences: Sequence[Tensor], starts: Sequence[int], index: list[int]) -> tuple[Tensor, Tensor]:
         """Packed log π_θ of tokens starts[i]..L_i-1 of each sequence in `index`, and their cu_seqlens."""

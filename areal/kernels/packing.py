@@ -15,8 +15,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-import torch
-
 
 class PackingError(ValueError):
     """A sequence cannot fit in any micro-batch: it alone is over the token budget."""
@@ -106,15 +104,12 @@ def padded_microbatches(lengths: Sequence[int], max_tokens: int, call_cost: int)
             raise PackingError(i, n, max_tokens)
     order = sorted(range(len(sizes)), key=lambda i: (sizes[i], i))
     n = len(order)
-    best = torch.zeros(n + 1, dtype=torch.int64)  # best[j]: the cheapest plan for the j shortest sequences
+    best = [0] * (n + 1)  # best[j]: the cheapest plan for the j shortest sequences
     cut = [0] * (n + 1)  # its last micro-batch starts at order[cut[j]]
     for j in range(1, n + 1):
         width = max(sizes[order[j - 1]], 1)  # the longest of order[i:j], whatever i
-        first = max(0, j - max_tokens // width)
-        starts = torch.arange(first, j)
-        costs = best[first:j] + (j - starts) * width + call_cost
-        k = int(torch.argmin(costs))
-        best[j], cut[j] = costs[k], first + k
+        start = min(range(max(0, j - max_tokens // width), j), key=lambda i: best[i] - i * width)
+        best[j], cut[j] = best[start] + (j - start) * width + call_cost, start
     bins = []
     j = n
     while j > 0:

@@ -217,7 +217,7 @@ class Controller(WorkerReports, WorkerRecovery):
             raise RunError(f"cannot start {worker_id}: {err.strerror} ({err.filename or log_path}); a run needs "
                            f"its directory {self.run_dir} writable to the end") from None
         self.workers[worker_id] = WorkerProcess(worker_id, pool, replica, process, log_path)
-        require_one_host(self.config, self.plan,  # shm: before a follower could ask for a segment
+        require_one_host(self.plan,  # shm: before a follower could ask for a segment
                          [(w.pool, w.replica, w.process.node) for w in self.workers.values()])
 
     def _await_ready(self) -> None:

@@ -279,9 +279,13 @@ class Plan:
             ways.setdefault(self._weights_way(trainer), []).append(f"{trainer} ⇢ {follower}")
         return "; ".join(f"{', '.join(routes)} {way}" for way, routes in ways.items()) or "none"
 
+    def weights_kind(self, model: str) -> str:
+        """How `model`'s versions travel: the sampled policy's by transport.weights, another trained model's
+        (a critic's) as files."""
+        return self.weights_transport if model == self.policy else "files"
+
     def _weights_way(self, trainer: str) -> str:
-        """The policy's versions travel by transport.weights; another trained model's (a critic's) as files."""
-        kind = self.weights_transport if trainer == self.policy else "files"
+        kind = self.weights_kind(trainer)
         way = WEIGHTS_WAYS.get(kind, f"by transport {kind!r}")
         return way.format(weights_dir=self.weights_dir, rendezvous=self.weights_rendezvous)
 

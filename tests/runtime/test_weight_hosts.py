@@ -20,24 +20,23 @@ RECIPE = Path(__file__).with_name("fake_rl.py")  # pools: rollout (nodes rollout
 
 def _plan(tmp_path: Path, weights: str):
     recipe = load_recipe(RECIPE, [f"transport.weights={weights}", "placement.rollout=2"])
-    return recipe.config, compile_plan(recipe.graph, recipe.config, run_dir=tmp_path / "run")
+    return compile_plan(recipe.graph, recipe.config, run_dir=tmp_path / "run")
 
 
 def test_a_follower_on_another_host_than_its_shm_trainer_is_named_with_both_hosts(tmp_path):
-    config, plan = _plan(tmp_path, "shm")
+    plan = _plan(tmp_path, "shm")
     landed = [("rollout", 0, "10.0.0.1"), ("rollout", 1, "10.0.0.2"), ("actor", 0, "10.0.0.1")]
-    assert misplaced(config, plan, landed) == [
+    assert misplaced(plan, landed) == [
         "transport.weights=shm: model 'actor' is trained on host 10.0.0.1 (actor[0]), but rollout[1] "
         "(node 'rollout', 'advantage'), which follows it, runs on host 10.0.0.2"]
 
 
 def test_followers_on_the_trainers_host_or_weights_as_files_are_accepted(tmp_path):
-    config, plan = _plan(tmp_path, "shm")
-    assert misplaced(config, plan, [("rollout", 0, "10.0.0.1"), ("rollout", 1, "10.0.0.1"),
-                                    ("actor", 0, "10.0.0.1")]) == []
-    assert misplaced(config, plan, [("rollout", 0, "10.0.0.2")]) == []  # the trainer has not landed yet
-    config, plan = _plan(tmp_path, "files")
-    assert misplaced(config, plan, [("rollout", 0, "10.0.0.2"), ("actor", 0, "10.0.0.1")]) == []
+    plan = _plan(tmp_path, "shm")
+    assert misplaced(plan, [("rollout", 0, "10.0.0.1"), ("rollout", 1, "10.0.0.1"), ("actor", 0, "10.0.0.1")]) == []
+    assert misplaced(plan, [("rollout", 0, "10.0.0.2")]) == []  # the trainer has not landed yet
+    plan = _plan(tmp_path, "files")
+    assert misplaced(plan, [("rollout", 0, "10.0.0.2"), ("actor", 0, "10.0.0.1")]) == []
 
 
 @dataclass

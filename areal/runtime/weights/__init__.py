@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal.config import RunConfig
-from areal.runtime.plan import Plan
 from areal.runtime.weights import broadcast, files, shm
 from areal.runtime.weights.transport import Publisher, Source, Transport
 from areal.runtime.weights.update import Via, WeightUpdate
@@ -34,11 +32,6 @@ def transport_of(via: Via) -> Transport:
     return transport
 
 
-def kind_of(config: RunConfig, plan: Plan, model: str) -> str:
-    """The transport of `model`'s weights: transport.weights for the sampled policy, files for the others."""
-    return config.transport.weights if model == plan.policy else files.KIND
-
-
 def collective(via: Via | None) -> bool:
     """A version that travels as a collective: its followers take part when told, and only then."""
     return via is not None and transport_of(via).collective
@@ -46,7 +39,7 @@ def collective(via: Via | None) -> bool:
 
 def publisher(source: Source) -> Publisher:
     """The publisher of the trainer `source` describes, by the transport its model's weights take."""
-    return TRANSPORTS[kind_of(source.config, source.plan, source.model)].publisher(source)
+    return TRANSPORTS[source.plan.weights_kind(source.model)].publisher(source)
 
 
 def receive(update: WeightUpdate, follower: Any) -> None:
@@ -55,5 +48,5 @@ def receive(update: WeightUpdate, follower: Any) -> None:
         transport_of(update.via).receive(update.via, follower, update.version)
 
 
-__all__ = ["TRANSPORTS", "Publisher", "Source", "UnknownTransport", "Via", "WeightUpdate", "collective", "kind_of",
-           "publisher", "receive", "transport_of"]
+__all__ = ["TRANSPORTS", "Publisher", "Source", "UnknownTransport", "Via", "WeightUpdate", "collective", "publisher",
+           "receive", "transport_of"]

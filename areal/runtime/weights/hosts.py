@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from areal.config import RunConfig
 from areal.errors import ConfigError
 from areal.runtime.plan import Plan
-from areal.runtime.weights import TRANSPORTS, kind_of
+from areal.runtime.weights import TRANSPORTS
 
 Landing = tuple[str, int, str]  # (pool, replica, host) of one started worker
 
 
-def misplaced(config: RunConfig, plan: Plan, landed: Iterable[Landing]) -> list[str]:
+def misplaced(plan: Plan, landed: Iterable[Landing]) -> list[str]:
     """One line per follower replica on another host than its trainer's, where the transport needs one host.
 
     The trainer's host is its rank 0's, which publishes; a pool not started yet is not judged.
@@ -26,7 +25,7 @@ def misplaced(config: RunConfig, plan: Plan, landed: Iterable[Landing]) -> list[
     hosts = {(pool, replica): host for pool, replica, host in landed}
     problems = []
     for trainer, follower in plan.weights_routes:
-        kind = kind_of(config, plan, trainer)
+        kind = plan.weights_kind(trainer)
         home = hosts.get((trainer, 0))
         if not TRANSPORTS[kind].one_host or home is None:
             continue
@@ -39,9 +38,9 @@ def misplaced(config: RunConfig, plan: Plan, landed: Iterable[Landing]) -> list[
     return problems
 
 
-def require_one_host(config: RunConfig, plan: Plan, landed: Iterable[Landing]) -> None:
+def require_one_host(plan: Plan, landed: Iterable[Landing]) -> None:
     """Raise one ConfigError listing `misplaced`, with the ways out, if there is any."""
-    problems = misplaced(config, plan, landed)
+    problems = misplaced(plan, landed)
     if problems:
         raise ConfigError("\n".join(problems) + "\nshared memory does not cross machines: use transport.weights="
                           "files (or broadcast), or place the trainer and its followers on one host")
