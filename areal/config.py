@@ -47,6 +47,11 @@ class TrainerConfig(_Section):
     microbatch_tokens: PositiveInt = Field(4096, description="positions one micro-batch may hold: its rows x "
                                            "the longest row (torch engine; FSDP counts real tokens)")
     minibatches: PositiveInt = Field(1, description="optimizer steps per batch (PPO minibatches); one version")
+    reuse_proximal_forward: Literal["auto", "on", "off"] = Field(
+        "auto", description="with one minibatch, the update backpropagates through the proximal pass's forward "
+        "(the same weights, the same micro-batches) instead of running its own: one forward fewer a step, for "
+        "the batch's activations held between the two passes, and a model with dropout trains without it; "
+        "auto: on when the trainer runs on the CPU (torch engine)")
     warmup_steps: NonNegativeInt = Field(
         20, description="linear lr warmup: Adam's first steps are sign-like and move every weight by ~lr"
     )
@@ -66,6 +71,16 @@ class TrainerConfig(_Section):
     def _ranks_need_fsdp(self) -> TrainerConfig:
         if self.ranks > 1 and self.engine == "torch":
             raise ValueError(f"ranks={self.ranks} trains data-parallel, which needs engine=fsdp (engine={self.engine})")
+        return self
+
+    @model_validator(mode="after")
+    def _reuse_needs_one_proximal_forward(self) -> TrainerConfig:
+        needs = {"engine": (self.engine, "torch"), "minibatches": (self.minibatches, 1),
+                 "objective": (self.objective, "decoupled")}
+        wrong = [f"{name}={got} (needs {want})" for name, (got, want) in needs.items() if got != want]
+        if self.reuse_proximal_forward == "on" and wrong:
+            raise ValueError(f"reuse_proximal_forward=on reuses the proximal pass's one forward over the batch, "
+                             f"which this trainer does not run as one: {', '.join(wrong)}")
         return self
 
 

@@ -6,18 +6,20 @@
 reasoning-gym (`pip install 'areal[eval]'`, or `pip install 'reasoning-gym>=0.1.19'`) generates the questions
 and ships its own checker, `score_answer`, which judges every answer here independently of both of areal's
 judges. The model is the built-in tiny coder's architecture warm-started (areal/models/warmstart.py) on the
-task's training split, each answer written as `\\boxed{N}`, to a held-out pass@1 where groups of samples hold
-both right and wrong answers; it is built once and cached under $AREAL_CACHE/warmstart (WARMSTART_STEPS steps
-took 23 minutes on the 2 shared cores under a load average of 6 to 36). Then, per seed, `recipes/math_rl.py`
-runs through `areal run` (sync mode, so the machine's load cannot tilt the comparison) twice from that same
-model: with its own judge (`MATH_JUDGE=new`) and with areal's checker before issue #35 (`MATH_JUDGE=old`, read
-from git history as bench_math_judge.py reads it), by way of `_math_judge_recipe.py`. Each run's final policy
-and the warm-started one answer the held-out questions (sampled at T=1), and every answer is scored by
-reasoning-gym and by both judges.
+task's training split, each answer written as `\\boxed{N}`, to a pass@1 where groups of samples hold both right
+and wrong answers; it is built once and cached under $AREAL_CACHE/warmstart (WARMSTART_STEPS steps took 5.5
+minutes on the idle 2-core VM). Then, per seed, `recipes/math_rl.py` runs through `areal run` (sync mode, so the
+machine's load cannot tilt the comparison) twice from that same model on the first TRAIN_QUESTIONS training
+questions: with its own judge (`MATH_JUDGE=new`) and with areal's checker before issue #35 (`MATH_JUDGE=old`,
+read from git history as bench_math_judge.py reads it), by way of `_math_judge_recipe.py`. RL is given a few
+questions because this 0.8 M-parameter model learns each sum as a fact of its own: spread over all 186, a
+question comes back about 5 times in 120 steps, too rarely to move it (measured: flat training reward). Each
+run's final policy and the warm-started one answer the trained questions and the held-out ones (sampled at
+T=1), and every answer is scored by reasoning-gym and by both judges.
 
-Printed per training judge and per scoring judge: held-out pass@1 at the start and the end, the gain ± its
-standard error over seeds, and how often the training judge rewarded a training answer reasoning-gym calls
-wrong (its false positives, seen in training).
+Printed per training judge and per scoring judge: pass@1 on the trained and on the held-out questions at the
+start and the end, each gain ± its standard error over seeds, and how often the training judge rewarded a
+training answer reasoning-gym calls wrong (its false positives, seen in training).
 """
 
 from __future__ import annotations
@@ -41,18 +43,21 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = Path(__file__).resolve().with_name("_math_judge_recipe.py")
 INSTALL = "pip install 'areal[eval]' (or pip install 'reasoning-gym>=0.1.19')"
 # picked by measuring held-out pass@1 at T=1 after the warm start (docs/math.md): chain_sum with 2 terms of 1-2
-# digits, 300 steps: 2 %; this task ("Calculate 7 - 9."), 200 / 400 / 1200 steps: 4 % / 6 % / 49 %
+# digits, 300 steps: 2 %; 2 terms of 1-2 digits, + only, 1500 steps: 17 %; this task ("Calculate 7 - 9."),
+# 500 / 1200 steps: 15 % / 46 % (at 1200 the trained questions are right 75 % of the time: little left to learn)
 TASK = "basic_arithmetic"
 OPTIONS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+", "-"],
            "allow_negation": False, "allow_parentheses": False}
 TASKS_GENERATED = 3000  # before the split and the removal of repeats
 INSTRUCTION = "\nPut your final answer within \\boxed{}."
-WARMSTART_STEPS = 1200
+WARMSTART_STEPS = 500
+TRAIN_QUESTIONS = 32  # RL's questions: each comes back ~20 times in 80 steps of 8 groups
 WARMSTART_SEED = 0
 JUDGES = ("new", "old")  # the training judges
 SCORERS = ("reasoning-gym", "new", "old")  # who scores the held-out answers
 # `\boxed{N}` with no braces inside: what the warm start teaches, read without either areal judge's parser
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_QUESTION = re.compile(r"Calculate (.+)\.\n")  # how basic_arithmetic words each question
 
 Task = dict[str, Any]
 Scorer = Callable[[str, Task], bool]
@@ -88,12 +93,25 @@ def write_problems(chosen: list[Task], path: Path) -> Path:
     return path
 
 
-def warm_started_model(train: list[Task], steps: int, cache_dir: Path | None = None) -> Path:
-    """The tiny coder's architecture trained to answer `train` as `solution` does (cached by its inputs' hash)."""
+def restated(task: Task) -> str:
+    """The completion that copies the question into the box ("Calculate 7 - 9." -> `\\boxed{7 - 9}`): wrong by
+    reasoning-gym's checker and by areal's judge, rewarded by the old checker, which evaluated it."""
+    found = _QUESTION.match(task["prompt"])
+    if found is None:
+        raise ValueError(f"{task['task_id']}: {task['prompt']!r} is not 'Calculate EXPRESSION.'")
+    return f"\\boxed{{{found.group(1)}}}"
+
+
+def warm_started_model(train: list[Task], steps: int, restate_every: int = 0, cache_dir: Path | None = None) -> Path:
+    """The tiny coder's architecture trained to answer `train` as `solution` does (cached by its inputs' hash);
+    with `restate_every` = k, every k-th question is also taught once restated, so the model sometimes
+    restates any question, as larger models do."""
     from areal.models.tiny import tiny_coder_config
     from areal.models.warmstart import warm_start
 
     examples = [{"prompt": t["prompt"], "solution": solution(t["answer"])} for t in train]
+    if restate_every:
+        examples += [{"prompt": t["prompt"], "solution": restated(t)} for t in train[::restate_every]]
     return warm_start(tiny_coder_config(), examples, steps, WARMSTART_SEED, cache_dir=cache_dir)
 
 
@@ -121,8 +139,8 @@ def scorers(old_judge_dir: Path) -> tuple[dict[str, Scorer], Callable[[], None]]
     }, close
 
 
-def answer_heldout(model: str, heldout: list[Task], samples: int, seed: int) -> list[str]:
-    """`samples` completions per held-out task (T=1, the training temperature), task by task."""
+def answer_questions(model: str, among: list[Task], samples: int, seed: int) -> list[str]:
+    """`samples` completions per task of `among` (T=1, the training temperature), task by task."""
     import torch
 
     from areal.runtime.evaluate import EvalSettings, generate_completions, load_for_eval
@@ -131,13 +149,13 @@ def answer_heldout(model: str, heldout: list[Task], samples: int, seed: int) -> 
     policy, tokenizer, _ = load_for_eval(model, None)
     settings = EvalSettings(benchmark="reasoning-gym", task=TASK, samples=samples, temperature=1.0,
                             max_new_tokens=16, max_batch=64, seed=seed)
-    outputs = generate_completions(policy, tokenizer, heldout, settings, False, [], lambda *_: None)
+    outputs = generate_completions(policy, tokenizer, among, settings, False, [], lambda *_: None)
     return [text for text, _ in outputs]
 
 
-def pass_at_1(completions: list[str], heldout: list[Task], scorer: Scorer) -> float:
-    samples = len(completions) // len(heldout)
-    return statistics.fmean(scorer(c, heldout[i // samples]) for i, c in enumerate(completions))
+def pass_at_1(completions: list[str], among: list[Task], scorer: Scorer) -> float:
+    samples = len(completions) // len(among)
+    return statistics.fmean(scorer(c, among[i // samples]) for i, c in enumerate(completions))
 
 
 def train(judge: str, seed: int, steps: int, model: Path, files: tuple[Path, Path], old_judge_dir: Path,
@@ -177,40 +195,59 @@ def mean_se(values: list[float]) -> str:
     return f"{statistics.fmean(values):+.3f} ± {se:.3f}"
 
 
+SETS = ("trained", "held-out")  # the questions RL trained on, and questions it never saw
+
+
 def table(results: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """The printed table: per training judge and scorer, start, end and gain; and the training false positives."""
-    lines = ["| trained with | scored by | pass@1 start | pass@1 end | gain ± SE | false positives in training |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    """The printed table: per training judge and scorer, each set's start, end and gain; the training false
+    positives. A run is {"start"/"end": {set: {scorer: pass@1}}, "false_pos", "wrong", "trained"}."""
+    lines = ["| trained with | scored by | trained questions: start | end | gain ± SE "
+             "| held-out: start | end | gain ± SE | false positives in training |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for judge in JUDGES:
         runs = results[judge]
         fp, wrong = sum(r["false_pos"] for r in runs), sum(r["wrong"] for r in runs)
         for scorer in SCORERS:
-            start = [r["start"][scorer] for r in runs]
-            end = [r["end"][scorer] for r in runs]
+            cells = []
+            for name in SETS:
+                start = [r["start"][name][scorer] for r in runs]
+                end = [r["end"][name][scorer] for r in runs]
+                cells += [f"{statistics.fmean(start):.3f}", f"{statistics.fmean(end):.3f}",
+                          mean_se([e - s for s, e in zip(start, end)])]
             seen = f"{fp}/{wrong} ({fp / max(1, wrong):.1%})" if scorer == "reasoning-gym" else ""
-            lines.append(f"| {judge} judge | {scorer} | {statistics.fmean(start):.3f} | {statistics.fmean(end):.3f} "
-                         f"| {mean_se([e - s for s, e in zip(start, end)])} | {seen} |")
-    gains = {j: [r["end"]["reasoning-gym"] - r["start"]["reasoning-gym"] for r in results[j]] for j in JUDGES}
-    lines.append(f"\ngain by reasoning-gym's checker, new judge minus old, seed by seed: "
-                 f"{mean_se([n - o for n, o in zip(gains['new'], gains['old'])])}")
+            lines.append(f"| {judge} judge | {scorer} | {' | '.join(cells)} | {seen} |")
+    lines.append("")
+    for name in SETS:
+        gains = {j: [r["end"][name]["reasoning-gym"] - r["start"][name]["reasoning-gym"] for r in results[j]]
+                 for j in JUDGES}
+        lines.append(f"gain on the {name} questions by reasoning-gym's checker, new judge minus old, seed by seed: "
+                     f"{mean_se([n - o for n, o in zip(gains['new'], gains['old'])])}")
     return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
-    parser.add_argument("--steps", type=int, default=30, help="trainer steps of every run (equal for both judges)")
+    parser.add_argument("--steps", type=int, default=80, help="trainer steps of every run (equal for both judges)")
+    parser.add_argument("--train-questions", type=int, default=TRAIN_QUESTIONS,
+                        help="RL trains on the first N training questions (the warm start saw them all)")
     parser.add_argument("--heldout", type=int, default=0, help="held-out questions scored (0: all of the split)")
-    parser.add_argument("--samples", type=int, default=4, help="answers per held-out question")
+    parser.add_argument("--samples", type=int, default=8, help="answers per question scored")
     parser.add_argument("--warmstart-steps", type=int, default=WARMSTART_STEPS)
+    parser.add_argument("--restate-every", type=int, default=0, metavar="K",
+                        help="also teach every K-th training question restated in its box (a reward hack the old "
+                             "checker pays for); 0: never")
     args = parser.parse_args(argv)
     train_tasks, heldout = tasks("train"), tasks("test")
     heldout = heldout[:args.heldout] if args.heldout else heldout
-    by_task = {t["prompt"]: t for t in train_tasks}
-    print(f"reasoning-gym {TASK} {OPTIONS}: {len(train_tasks)} training and {len(heldout)} held-out questions, "
-          f"{args.samples} answers each; {args.steps} steps x {args.seeds} seed(s) per judge", file=sys.stderr)
+    chosen = train_tasks[:args.train_questions]
+    questions = {"trained": chosen, "held-out": heldout}
+    by_task = {t["prompt"]: t for t in chosen}
+    print(f"reasoning-gym {TASK} {OPTIONS}: a warm start on {len(train_tasks)} training questions, RL on {len(chosen)} "
+          f"of them, {len(heldout)} held out, {args.samples} answers each; {args.steps} steps x {args.seeds} seed(s) "
+          "per judge", file=sys.stderr)
     started = time.perf_counter()
-    model = warm_started_model(train_tasks, args.warmstart_steps)
+    model = warm_started_model(train_tasks, args.warmstart_steps, args.restate_every)
     print(f"warm-started model {model} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     results: dict[str, list[dict[str, Any]]] = {j: [] for j in JUDGES}
     walls: list[float] = []
@@ -219,28 +256,36 @@ def main(argv: list[str] | None = None) -> None:
         old_dir = folder / "old-judge"
         old_dir.mkdir()
         score, close = scorers(old_dir)
-        files = (write_problems(train_tasks, folder / "train.jsonl"), write_problems(heldout, folder / "test.jsonl"))
+
+        def scored(policy: str, seed: int) -> dict[str, dict[str, float]]:
+            """pass@1 of `policy` per question set and scorer."""
+            out = {}
+            for name, among in questions.items():
+                answers = answer_questions(policy, among, args.samples, seed)
+                out[name] = {s: pass_at_1(answers, among, score[s]) for s in SCORERS}
+            return out
+
+        files = (write_problems(chosen, folder / "train.jsonl"), write_problems(heldout, folder / "test.jsonl"))
         try:
             for seed in range(args.seeds):
-                start_answers = answer_heldout(str(model), heldout, args.samples, seed)
-                start = {s: pass_at_1(start_answers, heldout, score[s]) for s in SCORERS}
+                start = scored(str(model), seed)
                 for judge in JUDGES:
                     run_dir = folder / f"{judge}-seed{seed}"
                     print(f"training with the {judge} judge, seed {seed} ...", file=sys.stderr, flush=True)
                     walls.append(train(judge, seed, args.steps, model, files, old_dir, run_dir))
-                    end_answers = answer_heldout(str(run_dir), heldout, args.samples, seed)
+                    end = scored(str(run_dir), seed)
                     fp, wrong, trained = training_false_positives(run_dir, by_task, score["reasoning-gym"])
-                    end = {s: pass_at_1(end_answers, heldout, score[s]) for s in SCORERS}
                     results[judge].append({"start": start, "end": end, "false_pos": fp, "wrong": wrong,
                                            "trained": trained})
-                    print(f"  {walls[-1]:.0f} s; pass@1 by reasoning-gym {start['reasoning-gym']:.3f} -> "
-                          f"{end['reasoning-gym']:.3f}; false positives in training {fp}/{wrong}",
-                          file=sys.stderr, flush=True)
+                    print(f"  {walls[-1]:.0f} s; pass@1 by reasoning-gym, trained questions "
+                          f"{start['trained']['reasoning-gym']:.3f} -> {end['trained']['reasoning-gym']:.3f}, "
+                          f"held-out {start['held-out']['reasoning-gym']:.3f} -> {end['held-out']['reasoning-gym']:.3f}"
+                          f"; false positives in training {fp}/{wrong}", file=sys.stderr, flush=True)
         finally:
             close()
-    print(f"\n{TASK} (2 terms, 1 digit, + and -), held-out pass@1 at T=1 over {len(heldout)} questions x "
-          f"{args.samples}; {args.steps} steps, seeds 0..{args.seeds - 1}; {statistics.fmean(walls):.0f} s per run "
-          f"(areal run, wall)\n")
+    print(f"\n{TASK} (2 terms, 1 digit, + and -), pass@1 at T=1 on the {len(chosen)} trained and {len(heldout)} "
+          f"held-out questions x {args.samples}; {args.steps} steps, seeds 0..{args.seeds - 1}; "
+          f"{statistics.fmean(walls):.0f} s per run (areal run, wall)\n")
     print("\n".join(table(results)))
 
 

@@ -8,8 +8,11 @@ variant runs the proximal pass (`sequence_logprobs`, no gradient) and one `train
 backward) of the same engine on one CPU thread; the variants take turns, and each figure is the
 median of `--repeats` rounds after a first, discarded one. The baseline is the packing the engine
 used before (`pack_microbatches`: first-fit decreasing on real tokens, loads evened out, so a
-micro-batch mixes lengths); ours groups by length (`padded_microbatches`) at each call cost.
-Both compute the same loss and gradient: the check at the end says how far apart they are.
+micro-batch mixes lengths); ours groups by length (`padded_microbatches`) at each call cost, and
+at the engine's own call cost also with the update backpropagating through the proximal pass's
+kept forward (`trainer.reuse_proximal_forward`, on by default on the CPU): its train step is then a
+backward pass alone. All compute the same loss and gradient: the check at the end says how far apart
+they are.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from areal.data.code_tasks import builtin_code_tasks
-from areal.engines.torch_train import TorchTrainEngine
+from areal.engines.torch_train import CALL_COST_TOKENS, TorchTrainEngine
 from areal.kernels.packing import pack_microbatches, padded_microbatches, padding_waste
 from areal.models.loading import load_policy
 
@@ -73,21 +76,25 @@ def main() -> None:
     torch.set_num_threads(1)  # the trainer's one core in the default run
     sequences, prompt_lens = code_rl_batch(args.groups, args.group_size, args.seed)
     lengths = [len(s) for s in sequences]
-    packers: dict[str, Packer] = {"by real tokens (before)": lambda ls: pack_microbatches(ls, args.budget)}
+    # name: (micro-batching, whether the update reuses the proximal pass's forward)
+    variants: dict[str, tuple[Packer, bool]] = {
+        "by real tokens (before)": (lambda ls: pack_microbatches(ls, args.budget), False)}
     for cost in args.call_costs:
-        packers[f"by padded positions, call cost {cost}"] = (
-            lambda ls, c=cost: padded_microbatches(ls, args.budget, c))
+        variants[f"by padded positions, call cost {cost}"] = (
+            lambda ls, c=cost: padded_microbatches(ls, args.budget, c), False)
+    variants[f"by padded positions, call cost {CALL_COST_TOKENS}, proximal forward reused"] = (
+        lambda ls: padded_microbatches(ls, args.budget, CALL_COST_TOKENS), True)
     model, _ = load_policy("builtin:tiny-coder")
     engine = _PackedBy(model, lr=0.0, microbatch_tokens=args.budget)
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in packers}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     grads: dict[str, torch.Tensor] = {}
     for round_ in range(args.repeats + 1):
-        for name, packer in packers.items():
+        for name, (packer, reuse) in variants.items():
             engine.packer = packer
             start = time.perf_counter()
-            engine.sequence_logprobs(sequences)
+            engine.sequence_logprobs(sequences, keep_for_update=reuse)
             middle = time.perf_counter()
-            engine.train_step(sequences, prompt_lens, _loss)
+            assert engine.train_step(sequences, prompt_lens, _loss)["reused_forward"] == reuse
             end = time.perf_counter()
             if round_:
                 times[name].append((middle - start, end - middle))
@@ -98,7 +105,7 @@ def main() -> None:
     print("| micro-batches | count | padded positions | pads | proximal pass s | train step s | both | vs before |")
     print("|---|---|---|---|---|---|---|---|")
     base = None
-    for name, packer in packers.items():
+    for name, (packer, _) in variants.items():
         bins = packer(lengths)
         prox = statistics.median(t for t, _ in times[name])
         train = statistics.median(t for _, t in times[name])

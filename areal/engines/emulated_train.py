@@ -56,7 +56,12 @@ class EmulatedTrainEngine:
         """log π of tokens 1..L-1 of each sequence (prompt included), after the modelled forward pass."""
         self._spend("logprob", self.profile.logprob_s(self._my_tokens([len(s) for s in sequences])))
         self._meet()
-        return [token_logprobs(torch.as_tensor(s)[1:], torch.arange(1, len(s))) for s in sequences]
+        lengths = [len(s) - 1 for s in sequences]
+        if not sequences:
+            return []
+        tokens = torch.cat([torch.as_tensor(s)[1:] for s in sequences])
+        positions = torch.cat([torch.arange(1, n + 1) for n in lengths])
+        return list(token_logprobs(tokens, positions).split(lengths))  # one pass over the batch, not one a row
 
     def train_step(self, sequences: Sequence[Tensor], prompt_lens: Sequence[int], loss_fn: LossFn,
                    extra: dict | None = None, *, loss_reduction: Literal["mean", "sum"] = "mean",

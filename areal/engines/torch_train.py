@@ -79,6 +79,32 @@ class MicroBatch:
         return torch.repeat_interleave(per_sample, counts, dim=0)
 
 
+@dataclass(frozen=True)
+class _KeptForward:
+    """A `sequence_logprobs` forward kept with its graph: log π_θ of tokens 1..L-1 per micro-batch (index, logp,
+    cu_seqlens), valid for a train_step over the same sequences at the same optimizer step."""
+
+    step: int
+    sequences: list[Tensor]
+    parts: list[tuple[list[int], Tensor, Tensor]]
+
+    def serves(self, step: int, sequences: Sequence[Tensor]) -> bool:
+        """Whether a train_step over `sequences` at `step` may backpropagate through this forward."""
+        return step == self.step and len(sequences) == len(self.sequences) and all(
+            a is b or torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+            for a, b in zip(sequences, self.sequences, strict=True))
+
+    def output_logprobs(self, n: int, prompt_lens: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """Micro-batch n's log-probs of the output tokens only (positions >= prompt_len), and their cu_seqlens."""
+        index, logp, cu = self.parts[n]
+        starts = [int(cu[j]) + prompt_lens[i] - 1 for j, i in enumerate(index)]
+        ends = [int(cu[j + 1]) for j in range(len(index))]
+        counts = torch.tensor([e - s for s, e in zip(starts, ends, strict=True)], dtype=torch.int64)
+        out_cu = torch.zeros(len(index) + 1, dtype=torch.int64)
+        out_cu[1:] = counts.cumsum(0)
+        return torch.cat([logp[s:e] for s, e in zip(starts, ends, strict=True)]), out_cu
+
+
 class TorchTrainEngine:
     """AdamW over an HF causal LM with token-budgeted micro-batches; see the module doc."""
 
@@ -118,22 +144,31 @@ class TorchTrainEngine:
             [p for _, p in self._named_params], lr=lr, betas=betas, weight_decay=weight_decay
         )
         self.step = 0  # optimizer steps taken (the policy version is the trainer node's, not the engine's)
+        self._kept: _KeptForward | None = None  # a forward sequence_logprobs kept for the next train_step
 
     # ---- forward passes -------------------------------------------------------------------------
 
-    def sequence_logprobs(self, sequences: Sequence[Tensor], no_grad: bool = True) -> list[Tensor]:
+    def sequence_logprobs(self, sequences: Sequence[Tensor], no_grad: bool = True,
+                          keep_for_update: bool = False) -> list[Tensor]:
         """For each sequence, log π_θ(token_t | tokens before t) for t = 1..L-1: [L-1] float32.
 
-        With no_grad they come back on the CPU, wherever the model is: they leave the process as a batch."""
+        With no_grad they come back on the CPU, wherever the model is: they leave the process as a batch.
+        With keep_for_update the forward keeps its autograd graph, and the next `train_step` over the same
+        sequences, before any other step, backpropagates through it instead of running its own forward:
+        one forward fewer per step, for holding the whole batch's activations in between."""
         self.model.eval()
         out: list[Tensor] = [torch.empty(0)] * len(sequences)
         lengths = [len(s) for s in sequences]
-        with torch.set_grad_enabled(not no_grad):
+        parts: list[tuple[list[int], Tensor, Tensor]] = []
+        with torch.set_grad_enabled(keep_for_update or not no_grad):
             for index in self._microbatches(lengths):
                 logp, cu = self._logprobs(sequences, [1] * len(sequences), index)
-                logp = logp.cpu() if no_grad else logp
+                if keep_for_update:
+                    parts.append((index, logp, cu))
+                rows = logp.detach().cpu() if no_grad else logp
                 for j, i in enumerate(index):
-                    out[i] = logp[int(cu[j]) : int(cu[j + 1])]
+                    out[i] = rows[int(cu[j]) : int(cu[j + 1])]
+        self._kept = _KeptForward(self.step, list(sequences), parts) if keep_for_update else None
         return out
 
     def _microbatches(self, lengths: list[int]) -> list[list[int]]:
@@ -196,9 +231,15 @@ class TorchTrainEngine:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        microbatches = self._microbatches([len(s) for s in sequences])
-        for index in microbatches:
-            logp, cu = self._logprobs(sequences, prompt_lens, index)
+        kept, self._kept = self._kept, None
+        reused = kept is not None and kept.serves(self.step, sequences)
+        microbatches = [index for index, _, _ in kept.parts] if kept and reused else self._microbatches(
+            [len(s) for s in sequences])
+        for n, index in enumerate(microbatches):
+            if kept and reused:
+                logp, cu = kept.output_logprobs(n, prompt_lens)
+            else:
+                logp, cu = self._logprobs(sequences, prompt_lens, index)
             fields = {k: torch.cat([rows[i] for i in index]).to(self.device) for k, rows in per_token.items()}
             fields |= {k: v[index].to(self.device) for k, v in per_sample.items()}
             mb = MicroBatch(index=list(index), cu_seqlens=cu, fields=fields, batch_tokens=total)
@@ -225,6 +266,7 @@ class TorchTrainEngine:
             "tokens": float(total),
             "sequences": float(len(sequences)),
             "microbatches": float(len(microbatches)),
+            "reused_forward": float(reused),
             "time_s": time.perf_counter() - start,
         }
         return result
@@ -285,6 +327,7 @@ class TorchTrainEngine:
         return self.model.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Tensor]) -> None:
+        self._kept = None  # computed with the weights being replaced
         self.model.load_state_dict(state_dict)
 
     def save(self, directory: str | Path, version: int) -> None:
@@ -297,6 +340,7 @@ class TorchTrainEngine:
     def load(self, directory: str | Path) -> int:
         """Restore what `save` wrote into this engine's model and optimizer; return the version it recorded."""
         directory = Path(directory)
+        self._kept = None  # computed with the weights being replaced
         scalars = read_trainer_state(directory)
         safetensors.torch.load_model(
             self.model, str(directory / "model" / "model.safetensors"), device=str(self.device)

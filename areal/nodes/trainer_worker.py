@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from areal.engines.torch_train import NonFiniteUpdate
+from areal.engines.torch_train import NonFiniteUpdate, TorchTrainEngine
 from areal.graph.batch import Batch, Ragged
 from areal.nodes.policy import full_sequences, load_run_policy, save_weights
 
@@ -34,6 +34,12 @@ class TrainerNode:
         self.cap = t.behav_weight_cap
         self.minibatches = t.minibatches
         self.engine = self._engine(config)
+        # the proximal node's forward, kept for the update (TorchTrainEngine.sequence_logprobs): FSDP and the
+        # emulated engine run their passes their own way, and with several minibatches each has its own forward
+        self.keeps_proximal_forward = (
+            self.objective == "decoupled" and self.minibatches == 1 and type(self.engine) is TorchTrainEngine
+            and (t.reuse_proximal_forward == "on"
+                 or (t.reuse_proximal_forward == "auto" and self.engine.device.type == "cpu")))
         self.version = context.version
         if context.resume_dir is not None:
             folder = context.resume_dir / f"trainer-{context.node}"
@@ -142,7 +148,6 @@ class ProximalNode:
     def setup(self, context: Any) -> None:
         if self.frozen:
             from areal.engines.device import torch_device
-            from areal.engines.torch_train import TorchTrainEngine
 
             config = context.config
             spec = config.model if self.frozen is True else str(self.frozen)
@@ -153,13 +158,15 @@ class ProximalNode:
         self.trainer_name = self.model_name or context.pool.name
 
     def __call__(self, batch: Batch) -> dict[str, Any]:
-        engine = self.engine
+        engine, keep = self.engine, False
         if engine is None:
             trainer = TRAINERS[self.trainer_name]
             if trainer.objective != "decoupled":  # the trainer's own objective, however it was set
                 return {self.output: batch["behav_logp"]}  # unused by the update: no forward pass needed
-            engine = trainer.engine
+            engine, keep = trainer.engine, trainer.keeps_proximal_forward
         sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])
-        logps = engine.sequence_logprobs(sequences)
+        # kept: the update that follows backpropagates through this forward (only a TorchTrainEngine keeps one)
+        logps = engine.sequence_logprobs(sequences, keep_for_update=True) if keep else engine.sequence_logprobs(
+            sequences)
         return {self.output: Ragged.from_rows([lp[p - 1 :] for lp, p in zip(logps, prompt_lens)],
                                               dtype=torch.float32)}

@@ -94,30 +94,39 @@ def test_the_benchmark_recipe_refuses_an_unknown_judge(monkeypatch):
         load_recipe(bench.RECIPE)
 
 
-def test_the_table_reports_each_judge_by_each_scorer_and_the_training_false_positives():
-    def run(start: float, end: float, fp: int) -> dict:
-        return {"start": dict.fromkeys(bench.SCORERS, start), "end": dict.fromkeys(bench.SCORERS, end),
+def test_the_table_reports_each_judge_by_each_scorer_on_both_question_sets_and_the_training_false_positives():
+    def run(start: float, end: float, heldout_end: float, fp: int) -> dict:
+        return {"start": dict.fromkeys(bench.SETS, dict.fromkeys(bench.SCORERS, start)),
+                "end": {"trained": dict.fromkeys(bench.SCORERS, end),
+                        "held-out": dict.fromkeys(bench.SCORERS, heldout_end)},
                 "false_pos": fp, "wrong": 10, "trained": 16}
 
-    lines = bench.table({"new": [run(0.2, 0.5, 0), run(0.2, 0.3, 0)], "old": [run(0.2, 0.25, 1), run(0.2, 0.25, 2)]})
-    assert lines[2] == "| new judge | reasoning-gym | 0.200 | 0.400 | +0.200 ± 0.100 | 0/20 (0.0%) |"
-    assert lines[5] == "| old judge | reasoning-gym | 0.200 | 0.250 | +0.050 ± 0.000 | 3/20 (15.0%) |"
+    lines = bench.table({"new": [run(0.2, 0.5, 0.2, 0), run(0.2, 0.3, 0.1, 0)],
+                         "old": [run(0.2, 0.25, 0.2, 1), run(0.2, 0.25, 0.2, 2)]})
+    assert lines[2] == ("| new judge | reasoning-gym | 0.200 | 0.400 | +0.200 ± 0.100 | 0.200 | 0.150 | -0.050 ± 0.050 "
+                        "| 0/20 (0.0%) |")
+    assert lines[5] == ("| old judge | reasoning-gym | 0.200 | 0.250 | +0.050 ± 0.000 | 0.200 | 0.200 | +0.000 ± 0.000 "
+                        "| 3/20 (15.0%) |")
     # seed by seed: (0.3 - 0.05, 0.1 - 0.05) = (0.25, 0.05): mean 0.15, SE = 0.1414 / sqrt(2) = 0.1
-    assert lines[-1].endswith("+0.150 ± 0.100")
+    assert lines[-2].startswith("gain on the trained questions") and lines[-2].endswith("+0.150 ± 0.100")
+    # held out: (0 - 0, -0.1 - 0): mean -0.05, SE 0.05
+    assert lines[-1].startswith("gain on the held-out questions") and lines[-1].endswith("-0.050 ± 0.050")
 
 
 @pytest.mark.slow  # minutes on 2 shared cores: a warm start and two `areal run`s
 def test_the_benchmark_runs_end_to_end_at_tiny_size(tmp_path, monkeypatch, capsys):
     pytest.importorskip("reasoning_gym", reason="reasoning-gym tasks need the 'reasoning-gym' package (areal[eval])")
     monkeypatch.setenv("AREAL_CACHE", str(tmp_path / "cache"))
-    bench.main(["--seeds", "1", "--steps", "2", "--heldout", "4", "--samples", "2", "--warmstart-steps", "8"])
+    bench.main(["--seeds", "1", "--steps", "2", "--train-questions", "4", "--heldout", "4", "--samples", "2",
+                "--warmstart-steps", "8"])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if re.match(r"\| (new|old) judge \|", line)]
     assert [r.split(" | ")[:2] for r in rows] == [[f"| {j} judge", s] for j in bench.JUDGES for s in bench.SCORERS]
     for row in rows:
-        start, end = (float(x) for x in row.split(" | ")[2:4])
-        assert 0.0 <= start <= 1.0 and 0.0 <= end <= 1.0
+        cells = row.split(" | ")
+        assert all(0.0 <= float(cells[i]) <= 1.0 for i in (2, 3, 5, 6))
     # 2 steps x 8 groups x 8 samples trained per run, every one judged against reasoning-gym
     seen = [re.search(r"(\d+)/(\d+) \(", r) for r in rows if "reasoning-gym" in r]
     assert all(m and int(m.group(1)) <= int(m.group(2)) <= 128 for m in seen)
-    assert "gain by reasoning-gym's checker, new judge minus old" in out
+    assert "gain on the trained questions by reasoning-gym's checker, new judge minus old" in out
+    assert "gain on the held-out questions by reasoning-gym's checker, new judge minus old" in out

@@ -164,6 +164,18 @@ def test_the_trainer_sees_the_generators_log_probabilities():
     assert torch.equal(token_logprobs(result.output_ids, torch.arange(7, 7 + 12)), result.logprobs)
 
 
+def test_the_trainer_gives_each_sequence_of_a_batch_its_own_log_probabilities():
+    results = _engine(median=9, sigma=0.8).generate(_requests([1, 2, 3], prompt_len=4))
+    sequences = [torch.cat([r.prompt_ids, r.output_ids]) for r in results]
+    assert len({len(s) for s in sequences}) > 1  # rows of different lengths: the split must follow each
+    trainer = EmulatedTrainEngine(PROFILE, time_scale=0.0)
+    together = trainer.sequence_logprobs(sequences)
+    for sequence, result, logp in zip(sequences, results, together, strict=True):
+        assert torch.equal(logp, trainer.sequence_logprobs([sequence])[0])
+        assert torch.equal(logp[len(result.prompt_ids) - 1 :], result.logprobs)
+    assert trainer.sequence_logprobs([]) == []
+
+
 def test_an_update_runs_the_loss_and_costs_its_tokens():
     trainer = EmulatedTrainEngine(PROFILE, time_scale=0.0, gpus_per_rank=2)
     sequences = [torch.arange(40, 50), torch.arange(40, 46)]

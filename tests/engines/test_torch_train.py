@@ -42,6 +42,27 @@ def reference_output_logp(model64: torch.nn.Module, seq: Tensor, start: int, tem
     return logp[start - 1 : -1].gather(1, seq[start:, None]).squeeze(1)
 
 
+def assert_the_float64_step(model: torch.nn.Module, engine: TorchTrainEngine, stats: dict, seqs: list[Tensor],
+                            prompts: list[int]) -> None:
+    """The engine's one step from `model` took pg_loss's token-weighted mean over the batch: its loss, grad
+    norm and gradients are those of a float64 copy running each sequence alone."""
+    model64 = copy.deepcopy(model).double()
+    _, _, ref_extra = batch()
+    terms = [
+        -ref_extra["scale"][i].double() * ref_extra["advantage"][i].double() * reference_output_logp(model64, s, p, 1.0)
+        for i, (s, p) in enumerate(zip(seqs, prompts, strict=True))
+    ]
+    ref_loss = torch.cat(terms).mean()  # the token-weighted mean over every output token of the batch
+    ref_loss.backward()
+    assert stats["loss"] == pytest.approx(float(ref_loss.detach()), abs=1e-6)
+    assert stats["tokens"] == sum(n - p for p, n in LENGTHS)
+    assert stats["grad_norm"] == pytest.approx(
+        math.sqrt(sum(float(p.grad.square().sum()) for p in model64.parameters())), rel=1e-5
+    )
+    for (name, p), p64 in zip(engine.model.named_parameters(), model64.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.double(), p64.grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
 def test_sequence_logprobs_equal_a_float64_reference_across_microbatches(make_model):
     model = make_model(0)
     seqs, _, _ = batch()
@@ -66,25 +87,52 @@ def test_train_step_gradient_is_the_token_weighted_mean_for_any_microbatch_split
     extra["advantage"] = Ragged.from_rows(extra["advantage"]) if reduction == "sum" else extra["advantage"]
     engine = TorchTrainEngine(copy.deepcopy(model), lr=1e-3, grad_clip=None, microbatch_tokens=microbatch_tokens)
     stats = engine.train_step(seqs, prompts, loss_fn, extra, loss_reduction=reduction)
+    assert stats["reused_forward"] == 0.0  # no kept forward: its own
     plan = padded_microbatches([len(s) for s in seqs], microbatch_tokens, CALL_COST_TOKENS)
     assert stats["microbatches"] == len(plan) and (len(plan) == 1) == (microbatch_tokens > 100)
 
-    model64 = copy.deepcopy(model).double()
-    _, _, ref_extra = batch()
-    terms = [
-        -ref_extra["scale"][i].double() * ref_extra["advantage"][i].double() * reference_output_logp(model64, s, p, 1.0)
-        for i, (s, p) in enumerate(zip(seqs, prompts, strict=True))
-    ]
-    ref_loss = torch.cat(terms).mean()  # the token-weighted mean over every output token of the batch
-    ref_loss.backward()
-    assert stats["loss"] == pytest.approx(float(ref_loss.detach()), abs=1e-6)
-    assert stats["tokens"] == sum(n - p for p, n in LENGTHS)
-    assert stats["grad_norm"] == pytest.approx(
-        math.sqrt(sum(float(p.grad.square().sum()) for p in model64.parameters())), rel=1e-5
-    )
-    for (name, p), p64 in zip(engine.model.named_parameters(), model64.parameters(), strict=True):
-        torch.testing.assert_close(p.grad.double(), p64.grad, atol=1e-6, rtol=1e-4, msg=name)
+    assert_the_float64_step(model, engine, stats, seqs, prompts)
     assert engine.step == 1
+
+
+def count_forwards(engine: TorchTrainEngine) -> list[int]:
+    calls: list[int] = []
+    engine.model.register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize(("loss_fn", "reduction"), [(pg_loss_mean, "mean"), (pg_loss_sum, "sum")])
+def test_an_update_after_a_kept_forward_backpropagates_through_it_as_its_own_forward_would(make_model, loss_fn,
+                                                                                          reduction):
+    model = make_model(0)
+    seqs, prompts, extra = batch()
+    engine = TorchTrainEngine(copy.deepcopy(model), lr=1e-3, grad_clip=None, microbatch_tokens=24)
+    kept = engine.sequence_logprobs([s.clone() for s in seqs], keep_for_update=True)  # equal, not the same tensors
+    assert all(not lp.requires_grad for lp in kept)  # what leaves the engine is plain values
+    fresh = TorchTrainEngine(copy.deepcopy(model), microbatch_tokens=24).sequence_logprobs(seqs)
+    assert all(torch.equal(a, b) for a, b in zip(kept, fresh, strict=True))
+    forwards = count_forwards(engine)
+    stats = engine.train_step(seqs, prompts, loss_fn, extra, loss_reduction=reduction)
+    assert stats["reused_forward"] == 1.0 and stats["microbatches"] > 1 and not forwards
+    assert_the_float64_step(model, engine, stats, seqs, prompts)
+
+
+@pytest.mark.parametrize("between", ["other sequences", "new weights", "a step"])
+def test_a_kept_forward_serves_only_the_next_step_over_the_same_sequences_and_weights(make_model, between):
+    seqs, prompts, extra = batch()
+    engine = TorchTrainEngine(make_model(0), lr=1e-3, grad_clip=None, microbatch_tokens=24)
+    engine.sequence_logprobs(seqs, keep_for_update=True)
+    if between == "other sequences":
+        seqs[2] = seqs[2].flip(0)
+    elif between == "new weights":
+        engine.load_state_dict(make_model(1).state_dict())
+    else:
+        assert engine.train_step(seqs, prompts, pg_loss_mean, extra)["reused_forward"] == 1.0
+    before = copy.deepcopy(engine.model)
+    forwards = count_forwards(engine)
+    stats = engine.train_step(seqs, prompts, pg_loss_mean, extra)
+    assert stats["reused_forward"] == 0.0 and len(forwards) == stats["microbatches"]
+    assert_the_float64_step(before, engine, stats, seqs, prompts)
 
 
 def test_checkpoint_round_trip_restores_outputs_and_the_next_step(make_model, tmp_path):

@@ -101,6 +101,37 @@ def test_the_proximal_pass_follows_the_trainers_own_objective(tmp_path, objectiv
     assert torch.equal(prox.values, behav.values) is not forward
 
 
+@pytest.mark.parametrize(("setting", "minibatches", "reused"), [("auto", 1, True), ("off", 1, False),
+                                                                ("auto", 2, False)])
+def test_the_update_reuses_the_proximal_forward_as_set_and_moves_the_weights_the_same_either_way(
+        tmp_path, setting, minibatches, reused):
+    checkpoint = make_checkpoint(tmp_path / "ckpt")
+    prompt, outputs = torch.randint(4, 90, (6,)), [torch.randint(4, 90, (n,)) for n in (5, 7, 3, 6)]
+    behav = Ragged.from_rows([torch.full((len(o),), -2.0) for o in outputs])
+
+    def step(reuse: str) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        config = RunConfig(model=str(checkpoint), trainer={"reuse_proximal_forward": reuse,
+                                                           "minibatches": minibatches})
+        trainer, proximal = TrainerNode(), ProximalNode()
+        trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
+        proximal.setup(types.SimpleNamespace(config=config, pool=types.SimpleNamespace(name="actor")))
+        batch = _batch(prompt, outputs, behav)
+        batch = Batch({**{k: batch[k] for k in batch}, "prox_logp": proximal(batch)["prox_logp"]})
+        return trainer(batch), trainer.engine.model.state_dict()
+
+    stats, weights = step(setting)
+    assert stats["reused_forward"] == float(reused)
+    _, own_forward = step("off")
+    for name, tensor in own_forward.items():
+        torch.testing.assert_close(weights[name], tensor, atol=1e-6, rtol=0, msg=name)
+
+
+def test_reusing_the_proximal_forward_is_refused_where_the_trainer_runs_no_single_one():
+    with pytest.raises(ValueError, match=r"reuse_proximal_forward=on .* minibatches=2 \(needs 1\), "
+                                         r"objective=standard \(needs decoupled\)"):
+        RunConfig(trainer={"reuse_proximal_forward": "on", "minibatches": 2, "objective": "standard"})
+
+
 def test_an_advantage_that_overflows_the_loss_stops_the_update_naming_the_version(tmp_path):
     config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")))
     trainer = TrainerNode()
