@@ -1,17 +1,20 @@
 """The math recipe learning with areal's new judge and with its old one, at equal steps, on reasoning-gym arithmetic.
 
     python benchmarks/bench_math_learning.py                 # seeds 0 1 2, both judges
-    python benchmarks/bench_math_learning.py --seeds 1 --steps 4 --heldout 8     # a smoke run
+    python benchmarks/bench_math_learning.py --restate-every 4     # a model that sometimes restates the question
+    python benchmarks/bench_math_learning.py --seeds 1 --steps 4 --train-questions 4 --heldout 8   # a smoke run
 
 reasoning-gym (`pip install 'areal[eval]'`, or `pip install 'reasoning-gym>=0.1.19'`) generates the questions
 and ships its own checker, `score_answer`, which judges every answer here independently of both of areal's
 judges. The model is the built-in tiny coder's architecture warm-started (areal/models/warmstart.py) on the
 task's training split, each answer written as `\\boxed{N}`, to a pass@1 where groups of samples hold both right
-and wrong answers; it is built once and cached under $AREAL_CACHE/warmstart (WARMSTART_STEPS steps took 5.5
-minutes on the idle 2-core VM). Then, per seed, `recipes/math_rl.py` runs through `areal run` (sync mode, so the
-machine's load cannot tilt the comparison) twice from that same model on the first TRAIN_QUESTIONS training
-questions: with its own judge (`MATH_JUDGE=new`) and with areal's checker before issue #35 (`MATH_JUDGE=old`,
-read from git history as bench_math_judge.py reads it), by way of `_math_judge_recipe.py`. RL is given a few
+and wrong answers; it is built once and cached under $AREAL_CACHE/warmstart (1200 steps took 5.5 minutes
+on the idle 2-core VM, so the default 500 about 2.3). Then, per seed, `recipes/math_rl.py` runs through
+`areal run` (sync mode, so the machine's load cannot tilt the comparison) twice from that same model on the
+first TRAIN_QUESTIONS training questions: with its own judge (`MATH_JUDGE=new`) and with areal's checker before
+issue #35 (`MATH_JUDGE=old`, read from git history as bench_math_judge.py reads it), by way of
+`_math_judge_recipe.py`. `--restate-every K` also teaches the warm start every K-th question restated in its box
+(`\\boxed{7 - 9}`), a wrong answer the old checker paid for. RL is given a few
 questions because this 0.8 M-parameter model learns each sum as a fact of its own: spread over all 186, a
 question comes back about 5 times in 120 steps, too rarely to move it (measured: flat training reward). Each
 run's final policy and the warm-started one answer the trained questions and the held-out ones (sampled at
