@@ -75,13 +75,22 @@ class TrainerConfig(_Section):
 
     @model_validator(mode="after")
     def _reuse_needs_one_proximal_forward(self) -> TrainerConfig:
+        if self.reuse_proximal_forward == "on" and self._no_single_proximal_forward():
+            raise ValueError(f"reuse_proximal_forward=on reuses the proximal pass's one forward over the batch, "
+                             f"which this trainer does not run as one: {', '.join(self._no_single_proximal_forward())}")
+        return self
+
+    def _no_single_proximal_forward(self) -> list[str]:
+        """The settings that keep the update from running on one proximal forward over the batch (the torch
+        engine's; FSDP and the emulated engine run their passes their own way, several minibatches one each)."""
         needs = {"engine": (self.engine, "torch"), "minibatches": (self.minibatches, 1),
                  "objective": (self.objective, "decoupled")}
-        wrong = [f"{name}={got} (needs {want})" for name, (got, want) in needs.items() if got != want]
-        if self.reuse_proximal_forward == "on" and wrong:
-            raise ValueError(f"reuse_proximal_forward=on reuses the proximal pass's one forward over the batch, "
-                             f"which this trainer does not run as one: {', '.join(wrong)}")
-        return self
+        return [f"{name}={got} (needs {want})" for name, (got, want) in needs.items() if got != want]
+
+    def reuses_proximal_forward(self, on_cpu: bool) -> bool:
+        """Whether the update backpropagates through the proximal pass's forward (reuse_proximal_forward)."""
+        wanted = self.reuse_proximal_forward == "on" or (self.reuse_proximal_forward == "auto" and on_cpu)
+        return wanted and not self._no_single_proximal_forward()
 
 
 class GenerationConfig(_Section):

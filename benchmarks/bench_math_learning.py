@@ -57,7 +57,8 @@ WARMSTART_STEPS = 500
 TRAIN_QUESTIONS = 32  # RL's questions: each comes back ~20 times in 80 steps of 8 groups
 WARMSTART_SEED = 0
 JUDGES = ("new", "old")  # the training judges
-SCORERS = ("reasoning-gym", "new", "old")  # who scores the held-out answers
+SETS = ("trained", "held-out")  # the questions RL trained on, and questions it never saw
+SCORERS = ("reasoning-gym", "new", "old")  # who scores the answers to the trained and the held-out questions
 # `\boxed{N}` with no braces inside: what the warm start teaches, read without either areal judge's parser
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _QUESTION = re.compile(r"Calculate (.+)\.\n")  # how basic_arithmetic words each question
@@ -198,9 +199,6 @@ def mean_se(values: list[float]) -> str:
     return f"{statistics.fmean(values):+.3f} ± {se:.3f}"
 
 
-SETS = ("trained", "held-out")  # the questions RL trained on, and questions it never saw
-
-
 def table(results: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The printed table: per training judge and scorer, each set's start, end and gain; the training false
     positives. A run is {"start"/"end": {set: {scorer: pass@1}}, "false_pos", "wrong", "trained"}."""
@@ -244,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     train_tasks, heldout = tasks("train"), tasks("test")
     heldout = heldout[:args.heldout] if args.heldout else heldout
     chosen = train_tasks[:args.train_questions]
-    questions = {"trained": chosen, "held-out": heldout}
+    questions = dict(zip(SETS, (chosen, heldout), strict=True))
     by_task = {t["prompt"]: t for t in chosen}
     print(f"reasoning-gym {TASK} {OPTIONS}: a warm start on {len(train_tasks)} training questions, RL on {len(chosen)} "
           f"of them, {len(heldout)} held out, {args.samples} answers each; {args.steps} steps x {args.seeds} seed(s) "

@@ -232,14 +232,12 @@ class TorchTrainEngine:
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         kept, self._kept = self._kept, None
-        reused = kept is not None and kept.serves(self.step, sequences)
-        microbatches = [index for index, _, _ in kept.parts] if kept and reused else self._microbatches(
-            [len(s) for s in sequences])
+        if kept is not None and not kept.serves(self.step, sequences):
+            kept = None  # of other sequences or older weights: this step runs its own forward
+        microbatches = ([index for index, _, _ in kept.parts] if kept else
+                        self._microbatches([len(s) for s in sequences]))
         for n, index in enumerate(microbatches):
-            if kept and reused:
-                logp, cu = kept.output_logprobs(n, prompt_lens)
-            else:
-                logp, cu = self._logprobs(sequences, prompt_lens, index)
+            logp, cu = kept.output_logprobs(n, prompt_lens) if kept else self._logprobs(sequences, prompt_lens, index)
             fields = {k: torch.cat([rows[i] for i in index]).to(self.device) for k, rows in per_token.items()}
             fields |= {k: v[index].to(self.device) for k, v in per_sample.items()}
             mb = MicroBatch(index=list(index), cu_seqlens=cu, fields=fields, batch_tokens=total)
@@ -266,7 +264,7 @@ class TorchTrainEngine:
             "tokens": float(total),
             "sequences": float(len(sequences)),
             "microbatches": float(len(microbatches)),
-            "reused_forward": float(reused),
+            "reused_forward": float(kept is not None),
             "time_s": time.perf_counter() - start,
         }
         return result

@@ -34,12 +34,9 @@ class TrainerNode:
         self.cap = t.behav_weight_cap
         self.minibatches = t.minibatches
         self.engine = self._engine(config)
-        # the proximal node's forward, kept for the update (TorchTrainEngine.sequence_logprobs): FSDP and the
-        # emulated engine run their passes their own way, and with several minibatches each has its own forward
-        self.keeps_proximal_forward = (
-            self.objective == "decoupled" and self.minibatches == 1 and type(self.engine) is TorchTrainEngine
-            and (t.reuse_proximal_forward == "on"
-                 or (t.reuse_proximal_forward == "auto" and self.engine.device.type == "cpu")))
+        # the proximal node's forward, kept for the update (TorchTrainEngine.sequence_logprobs)
+        self.keeps_proximal_forward = isinstance(self.engine, TorchTrainEngine) and t.reuses_proximal_forward(
+            on_cpu=self.engine.device.type == "cpu")
         self.version = context.version
         if context.resume_dir is not None:
             folder = context.resume_dir / f"trainer-{context.node}"
