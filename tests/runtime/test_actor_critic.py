@@ -24,7 +24,9 @@ def test_two_models_train_each_on_its_own_route_and_resume_together(tmp_path):
     run = tmp_path / "run"
     plan = build_controller(RECIPE, ["steps=3", *SMALL], tmp_path / "plan-only").plan
     assert set(plan.weights_routes) == {("actor", "rollout"), ("critic", "values")}  # each model to its own
-    assert run_recipe(RECIPE, overrides=["steps=3", *SMALL], run_dir=run, live=False) == 0
+    # η=0: step 3's groups are admitted after the actor's version 2, long after the critic's version 1 (trained on
+    # the same step-1 batch as the actor's 1); at η=2 all 3 steps' groups could be valued by the untrained critic
+    assert run_recipe(RECIPE, overrides=["steps=3", *SMALL, "staleness=0"], run_dir=run, live=False) == 0
     first = _steps(run)
     records = [json.loads(line)["kind"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert "eval" not in records  # eval.tasks=0: no held-out round, not even at the start or the end
