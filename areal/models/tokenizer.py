@@ -27,6 +27,7 @@ class CharTokenizer(PreTrainedTokenizer):
     def __init__(self, **kwargs: Any) -> None:
         self._vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(ALPHABET))}
         self._inverse = {i: tok for tok, i in self._vocab.items()}
+        self._special_ids = frozenset(range(len(SPECIAL_TOKENS)))
         for key, value in (
             ("pad_token", "<pad>"),
             ("bos_token", "<bos>"),
@@ -57,6 +58,15 @@ class CharTokenizer(PreTrainedTokenizer):
 
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
         return "".join(tokens)
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs: Any) -> str:
+        """A list of ids joined here: generation's stop check decodes a few tokens of every row at every step,
+        and the base class's general path was a quarter of the tiny coder's decode loop. Anything else
+        (tensors, other options) takes that path."""
+        if kwargs or not isinstance(token_ids, list) or not all(type(i) is int for i in token_ids):
+            return str(super().decode(token_ids, skip_special_tokens=skip_special_tokens, **kwargs))
+        skipped = self._special_ids if skip_special_tokens else frozenset()
+        return "".join(self._inverse.get(i, "<unk>") for i in token_ids if i not in skipped)
 
     def save_vocabulary(self, save_directory: str, filename_prefix: str | None = None) -> tuple[str, ...]:
         """Nothing to write: the vocabulary is fixed by this module."""

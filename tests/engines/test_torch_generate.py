@@ -199,3 +199,58 @@ def test_a_requeued_request_continues_where_it_was_and_finishes_as_it_would_have
     for r in results:  # its prefix re-prefilled, its own uniforms: the same tokens and logprobs
         assert r.output_ids.tolist() == untouched[r.request_id].output_ids.tolist()
         torch.testing.assert_close(r.logprobs, untouched[r.request_id].logprobs, atol=1e-5, rtol=0)
+
+
+def _counting_forwards(model: torch.nn.Module) -> list[int]:
+    """Count the model's forward calls (a list, so the caller sees the count grow)."""
+    calls = [0]
+    forward = model.forward
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return forward(*args, **kwargs)
+
+    model.forward = counted
+    return calls
+
+
+def test_a_prompt_read_once_serves_its_other_requests_with_the_logprobs_of_a_float64_forward(make_model):
+    model = make_model(0).double()
+    prompts = requests([(5, 9), (2, 9), (7, 9), (4, 9)], seed=3)
+    # each prompt 4 times, round robin: the first forward reads 4 prompts of different lengths (left-padded)
+    reqs = [GenRequest(4 * p.request_id + k, p.prompt_ids, max_new_tokens=3 + 2 * k + p.request_id)
+            for k in range(4) for p in prompts]  # rows end at different steps: a running batch to copy into
+    engine = TorchGenerationEngine(model, eos_token_id=NEVER, pad_token_id=0, max_batch=4)
+    calls = _counting_forwards(model)
+    engine.submit(reqs)
+    results, steps = [], 0
+    while engine.pending():
+        results += engine.step()
+        steps += 1
+    assert engine.prompt_cache_hits == 12  # each prompt read by one forward, copied for its 3 other requests
+    assert calls[0] == steps + 1  # a decode forward a step, and the first step's prefill that read all 4 prompts
+    assert sorted(r.request_id for r in results) == list(range(16))
+    for r in results:  # the copied rows continue exactly as a row that read its prompt does
+        assert len(r.output_ids) == 3 + 2 * (r.request_id % 4) + r.request_id // 4
+        torch.testing.assert_close(r.logprobs, forward_logprobs(model, r).float(), atol=1e-6, rtol=0)
+        reference = forward_logprobs(model, r)  # float64 end to end: the engine's own float32 rounding only
+        assert (r.logprobs.double() - reference).abs().max() < 1e-6
+
+
+def test_a_weight_update_empties_the_prompt_cache(make_model):
+    old, new = make_model(0), make_model(1)
+    engine = TorchGenerationEngine(copy.deepcopy(old), eos_token_id=NEVER, pad_token_id=0, max_batch=4)
+    prompt = requests([(6, 4)])[0].prompt_ids
+    engine.submit([GenRequest(0, prompt, max_new_tokens=12), GenRequest(1, prompt, max_new_tokens=12)])
+    engine.step()
+    assert engine.prompt_cache_hits == 1  # one forward read the prompt; 1 copied 0's rows
+    engine.update_weights(new.state_dict(), version=1)
+    engine.submit([GenRequest(2, prompt, max_new_tokens=8)])  # admitted with the rebuild of 0 and 1
+    results = []
+    while engine.pending():
+        results += engine.step()
+    assert engine.prompt_cache_hits == 1  # not a copy of the rows read under the old weights
+    late = next(r for r in results if r.request_id == 2)
+    assert late.versions.tolist() == [1] * 8
+    torch.testing.assert_close(late.logprobs, forward_logprobs(new, late), atol=1e-5, rtol=0)
+    assert (late.logprobs[:1] - forward_logprobs(old, late)[:1]).abs().max() > 1e-3

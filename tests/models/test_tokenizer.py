@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
+from transformers import PreTrainedTokenizer
 
 from areal.models.tokenizer import ALPHABET, CharTokenizer
 
@@ -45,3 +46,9 @@ def test_batch_padding_uses_pad_id():
     batch = TOKENIZER(["ab", "abcd"], padding=True)
     assert batch["input_ids"][0][-2:] == [0, 0]
     assert batch["attention_mask"][0] == [1, 1, 1, 0, 0]
+
+
+@given(st.lists(st.integers(min_value=0, max_value=TOKENIZER.vocab_size + 2)), st.booleans())
+def test_the_fast_decode_of_a_list_equals_the_base_classs(ids, skip_special_tokens):
+    base = PreTrainedTokenizer.decode(TOKENIZER, ids, skip_special_tokens=skip_special_tokens)
+    assert TOKENIZER.decode(ids, skip_special_tokens=skip_special_tokens) == base

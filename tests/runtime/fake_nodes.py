@@ -135,13 +135,15 @@ class FakeTrainer:
         self.hold_at, self.run_dir = knob("FAKE_HOLD_AT", -1), Path(context.run_dir)
 
     def __call__(self, batch):
+        started = time.monotonic()
         compute(self.work)
+        compute_s = time.monotonic() - started
         if self.version == self.hold_at:
             (self.run_dir / "held").touch()
             wait_for(self.run_dir / "release")
         record = {"version": self.version, "sample_ids": batch["sample_id"].tolist(),
                   "min_versions": [int(r.min()) for r in batch["versions"].rows()],
-                  "advantages": batch["advantage"].tolist()}
+                  "advantages": batch["advantage"].tolist(), "compute_s": compute_s}
         with self.log.open("a") as out:
             out.write(json.dumps(record) + "\n")
         self.version += 1
