@@ -156,6 +156,17 @@ def report(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def pinned_cores(parser: argparse.ArgumentParser, parallel: int, cores_per_run: int) -> list[list[int]] | None:
+    """The cores of each of `parallel` slots (`cores_per_run` own cores each), or None: runs use any core."""
+    if not cores_per_run:
+        return None
+    available = sorted(os.sched_getaffinity(0))
+    if cores_per_run * parallel > len(available):
+        parser.error(f"--parallel {parallel} x --cores-per-run {cores_per_run} needs {cores_per_run * parallel} "
+                     f"cores; this process may use {len(available)}")
+    return [available[i * cores_per_run:(i + 1) * cores_per_run] for i in range(parallel)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "code_rl.py")
@@ -170,13 +181,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write every run's rounds here")
     args = parser.parse_args()
     variants = args.variant or [("default", [])]
-    core_sets = None
-    if args.cores_per_run:
-        available = sorted(os.sched_getaffinity(0))
-        if args.cores_per_run * args.parallel > len(available):
-            parser.error(f"--parallel {args.parallel} x --cores-per-run {args.cores_per_run} needs "
-                         f"{args.cores_per_run * args.parallel} cores; this process may use {len(available)}")
-        core_sets = [available[i * args.cores_per_run:(i + 1) * args.cores_per_run] for i in range(args.parallel)]
+    core_sets = pinned_cores(parser, args.parallel, args.cores_per_run)
     out = args.out or ROOT / "runs" / f"first-run-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     runs = [Run(name, settings, seed, out / f"{name}-s{seed}") for seed in args.seeds for name, settings in variants]

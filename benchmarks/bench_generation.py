@@ -9,6 +9,9 @@
    engine with continuous refill and through transformers' `model.generate` in batches of 16,
    where a logits processor forces eos at each request's length so both produce the same tokens
    count. Target: engine / generate >= 1.5x. Also the engine at other refill thresholds.
+3. GRPO groups: the same requests, each prompt shared by a group of `--group` (as the recipes draw
+   them), through the engine and through the engine reading every newcomer's prompt in a forward of
+   its own (the engine before its prompt cache): what copying a read prompt's rows saves.
 
 Random-weight Qwen2, ~1.4 M params, one intra-op thread. Times are process CPU seconds (best of
 --repeat runs): on a shared machine wall time mostly measures the neighbours.
@@ -126,11 +129,25 @@ def engine_run(model: torch.nn.Module, batch_prompts: list[list[int]], lengths: 
     ]
 
 
+class EveryPromptRead(TorchGenerationEngine):
+    """The engine before its prompt cache: every newcomer reads its prompt in the refill's forward."""
+
+    def _prefill(self, rebuild: list, admit: list) -> list:
+        return self._prefill_forward(rebuild, admit)
+
+
+def grouped_run(engine_class: type[TorchGenerationEngine], model: torch.nn.Module, batch_prompts: list[list[int]],
+                lengths: list[int], group: int) -> None:
+    engine = engine_class(model, eos_token_id=EOS, pad_token_id=PAD, max_batch=2 * BATCH)
+    engine.generate([GenRequest(i, batch_prompts[i // group], n) for i, n in enumerate(lengths)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--max-len", type=int, default=256)
+    parser.add_argument("--group", type=int, default=8, help="[3]: requests sharing each prompt")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = build_model()
@@ -165,6 +182,15 @@ def main() -> None:
         s = best_time(lambda r=refill: engine_run(model, batch_prompts, lengths, r), args.repeat)
         label = f"engine, refill at {refill} free" + (" (static)" if refill == BATCH else "")
         print(f"  {label:<27}: {total / s:8.0f} tok/s   {hf_s / s:.2f}x generate")
+
+    # 3. the same lengths, each prompt shared by a group
+    print(f"\n[3] the same {args.requests} output lengths in groups of {args.group} sharing a prompt, "
+          f"batch {2 * BATCH}")
+    every_s = best_time(lambda: grouped_run(EveryPromptRead, model, batch_prompts, lengths, args.group), args.repeat)
+    cached_s = best_time(lambda: grouped_run(TorchGenerationEngine, model, batch_prompts, lengths, args.group),
+                         args.repeat)
+    print(f"  every prompt read          : {total / every_s:8.0f} tok/s")
+    print(f"  a group's prompt read once : {total / cached_s:8.0f} tok/s   {every_s / cached_s:.2f}x")
 
 
 if __name__ == "__main__":

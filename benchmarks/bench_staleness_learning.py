@@ -1,0 +1,118 @@
+"""The staleness policies' learning table (#33): the code recipe under each policy and η, at equal wall time.
+
+    python benchmarks/bench_staleness_learning.py                          # 5 policies × η 2, 4 × seeds 0 1 2, 6 min
+    python benchmarks/bench_staleness_learning.py --policies strict token --etas 2 --seeds 0 --minutes 3
+    python benchmarks/bench_staleness_learning.py --parallel 4 --cores-per-run 4    # 4 runs at once, 4 own cores each
+
+Each run is `areal run recipes/code_rl.py` with `staleness_policy`, `staleness` and `max_minutes` set and `steps`
+out of reach, so every run trains for the same wall time and is then scored by its last held-out round (the
+recipe's rounds: 8 samples of each of the 237 held-out tasks). Printed per policy and η, over seeds (mean ±
+standard error): held-out pass@1 at the start and at the end, the versions reached, trained samples/s, the lag
+of the trained samples (their step minus the version of their oldest token: mean, p99, max), the share of
+trained tokens older than η (the admission policy trains them; recycle with `recycle_keep_prefix`), the share
+of generated tokens wasted (dropped with their group, or masked), and the mean trained output length (does a
+policy favour short answers?).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+
+from bench_first_run import ROOT, Run, pinned_cores, run_all
+
+POLICIES = ("strict", "admission", "drop", "token", "recycle")
+
+
+def prices(run_dir: Path) -> dict[str, float]:
+    """What a run trained and what it cost, from its step records."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in lines if r["kind"] == "step"]
+    last = steps[-1]
+    lags = sorted(sum((Counter({int(k): v for k, v in s["staleness"].items()}) for s in steps), Counter()).elements())
+    tokens = sum(s["tokens"] for s in steps)  # output tokens of the trained samples, masked ones among them
+    masked = sum(s.get("masked_tokens", 0) for s in steps)
+    stale = sum(s.get("stale_tokens", 0) for s in steps)
+    dropped = last["dropped_tokens"]
+    return {
+        "version": last["version"],
+        "samples_per_s": last["trained_samples"] / last["wall_s"],
+        "lag_mean": statistics.mean(lags) if lags else math.nan,
+        "lag_p99": lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else 0,
+        "lag_max": max(lags, default=0),
+        "stale": stale / (tokens - masked) if tokens > masked else 0.0,
+        "wasted": (masked + dropped) / (tokens + dropped) if tokens + dropped else 0.0,
+        "length": tokens / last["trained_samples"],
+    }
+
+
+def _mean_se(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
+    mean = statistics.mean(values) * scale
+    if len(values) < 2:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {statistics.stdev(values) * scale / math.sqrt(len(values)):.{digits}f}"
+
+
+def _column(costs: list[dict[str, float]], key: str, scale: float = 1.0, digits: int = 1) -> str:
+    return _mean_se([c[key] for c in costs], scale, digits)
+
+
+def report(runs: list[Run]) -> str:
+    lines = ["| policy | η | seeds | held-out pass@1: start | end | gain (points) | versions | trained samples/s "
+             "| lag mean / p99 / max | trained tokens > η | generated tokens wasted | trained length |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for variant in dict.fromkeys(r.variant for r in runs):
+        done = [r for r in runs if r.variant == variant and r.rounds and not r.error]
+        failed = [r for r in runs if r.variant == variant and (r.error or not r.rounds)]
+        policy, eta = variant.split("-eta")
+        if not done:
+            lines.append(f"| {policy} | {eta} | 0 of {len(failed)} (failed: {failed[0].error[:120]!r}) "
+                         "| | | | | | | | | |")
+            continue
+        costs = [prices(r.run_dir) for r in done]
+        start = [r.rounds[0]["pass@1"] for r in done]
+        end = [r.rounds[-1]["pass@1"] for r in done]
+
+        gain = _mean_se([b - a for a, b in zip(start, end, strict=True)], 100, 1)
+        lags = (f"{_column(costs, 'lag_mean', digits=2)} / {max(c['lag_p99'] for c in costs)} / "
+                f"{max(c['lag_max'] for c in costs)}")
+        lines.append(
+            f"| {policy} | {eta} | {len(done)}{f' ({len(failed)} failed)' if failed else ''} | {_mean_se(start)} "
+            f"| {_mean_se(end)} | {gain} | {_column(costs, 'version', digits=0)} "
+            f"| {_column(costs, 'samples_per_s', digits=2)} | {lags} | {_column(costs, 'stale', 100)} % "
+            f"| {_column(costs, 'wasted', 100)} % | {_column(costs, 'length')} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "code_rl.py")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    parser.add_argument("--etas", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--minutes", type=float, default=6.0, help="wall-clock of training in every run")
+    parser.add_argument("--set", dest="common", action="append", default=[], help="a setting of every run")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once")
+    parser.add_argument("--cores-per-run", type=int, default=0, help="pin each run to this many cores of its own")
+    parser.add_argument("--out", type=Path, default=None, help="keep the run directories here (default: runs/)")
+    args = parser.parse_args()
+    core_sets = pinned_cores(parser, args.parallel, args.cores_per_run)
+    out = args.out or ROOT / "runs" / f"staleness-learning-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    # held-out rounds at the start and the end only: a faster policy would otherwise pay for more rounds
+    runs = [Run(f"{policy}-eta{eta}", [f"staleness_policy={policy}", f"staleness={eta}", f"max_minutes={args.minutes}",
+                                       "steps=100000", "eval.interval_steps=0"], seed,
+                out / f"{policy}-eta{eta}-s{seed}")
+            for seed in args.seeds for eta in args.etas for policy in args.policies]
+    run_all(args.recipe, runs, args.common, args.parallel, timeout_s=args.minutes * 60 + 900, core_sets=core_sets)
+    print(f"{args.minutes:g} minutes of training a run, then the last held-out round; runs in {out}\n")
+    print(report(runs))
+
+
+if __name__ == "__main__":
+    main()

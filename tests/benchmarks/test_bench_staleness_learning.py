@@ -1,0 +1,54 @@
+"""bench_staleness_learning: each run's lags, stale and wasted tokens and lengths read from its step records, and the
+table's means over seeds."""
+
+from __future__ import annotations
+
+import json
+
+from tests.benchmarks.loading import load_benchmark
+
+first_run = load_benchmark("bench_first_run")
+bench = load_benchmark("bench_staleness_learning")
+
+
+def _run(tmp_path, variant: str, seed: int, steps: list[dict], rounds: list[float]):
+    run = first_run.Run(variant, [], seed, tmp_path / f"{variant}-s{seed}")
+    run.run_dir.mkdir()
+    lines = [{"kind": "eval", "version": 0, "pass@1": rounds[0]}, *steps,
+             {"kind": "eval", "version": steps[-1]["version"], "pass@1": rounds[1]}]
+    (run.run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    run.rounds = [x for x in lines if x["kind"] == "eval"]
+    return run
+
+
+def _step(version, lags, tokens, masked=0, stale=0, dropped_tokens=0, trained=0, wall_s=10.0):
+    return {"kind": "step", "version": version, "staleness": {str(k): v for k, v in lags.items()}, "tokens": tokens,
+            "masked_tokens": masked, "stale_tokens": stale, "dropped_tokens": dropped_tokens,
+            "trained_samples": trained, "wall_s": wall_s}
+
+
+def test_a_runs_prices_come_from_every_step_record(tmp_path):
+    steps = [_step(1, {0: 3, 1: 1}, tokens=100, masked=10, stale=0, dropped_tokens=20, trained=4, wall_s=2.0),
+             _step(2, {1: 2, 4: 2}, tokens=60, masked=0, stale=30, dropped_tokens=50, trained=8, wall_s=4.0)]
+    run = _run(tmp_path, "token-eta2", 0, steps, [0.2, 0.3])
+    p = bench.prices(run.run_dir)
+    assert p["version"] == 2 and p["samples_per_s"] == 8 / 4.0
+    lags = [0, 0, 0, 1, 1, 1, 4, 4]
+    assert p["lag_mean"] == sum(lags) / 8 and p["lag_max"] == 4 and p["lag_p99"] == 4
+    assert p["stale"] == 30 / (160 - 10)  # of the tokens the loss read
+    assert p["wasted"] == (10 + 50) / (160 + 50)  # masked, and dropped (the run's total so far)
+    assert p["length"] == 160 / 8
+
+
+def test_the_table_gives_each_policy_and_eta_its_mean_over_seeds_and_says_when_a_run_failed(tmp_path):
+    runs = [_run(tmp_path, "strict-eta2", seed, [_step(5, {2: 4}, tokens=40, trained=4, wall_s=2.0)], [0.2, 0.2 + d])
+            for seed, d in ((0, 0.1), (1, 0.3))]
+    broken = first_run.Run("drop-eta4", [], 0, tmp_path / "drop-eta4-s0")
+    broken.error = "exit 1: boom"
+    rows = bench.report([*runs, broken]).splitlines()
+    strict = next(r for r in rows if r.startswith("| strict | 2 |"))
+    cells = [c.strip() for c in strict.strip("|").split("|")]
+    assert cells[2] == "2" and cells[3] == "0.200 ± 0.000" and cells[4] == "0.400 ± 0.100"
+    assert cells[5] == "20.0 ± 10.0"  # gain in points, its standard error over the 2 seeds
+    assert cells[7] == "2.00 ± 0.00" and cells[8] == "2.00 ± 0.00 / 2 / 2"  # samples/s; lag mean, p99, max
+    assert next(r for r in rows if r.startswith("| drop | 4 |")).count("0 of 1 (failed: 'exit 1: boom')") == 1
