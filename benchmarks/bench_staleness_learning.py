@@ -3,6 +3,7 @@
     python benchmarks/bench_staleness_learning.py                          # 5 policies × η 2, 4 × seeds 0 1 2, 6 min
     python benchmarks/bench_staleness_learning.py --policies strict token --etas 2 --seeds 0 --minutes 3
     python benchmarks/bench_staleness_learning.py --parallel 4 --cores-per-run 4    # 4 runs at once, 4 own cores each
+    python benchmarks/bench_staleness_learning.py --out DIR --tabulate              # the table of the runs kept in DIR
 
 Each run is `areal run recipes/code_rl.py` with `staleness_policy`, `staleness` and `max_minutes` set and `steps`
 out of reach, so every run trains for the same wall time and is then scored by its last held-out round (the
@@ -89,6 +90,20 @@ def report(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def kept_runs(out: Path) -> list[Run]:
+    """The finished runs kept in `out` (POLICY-etaN-sS directories), as `run_all` would have left them."""
+    runs = []
+    for run_dir in sorted(p for p in out.iterdir() if p.is_dir()):
+        variant, _, seed = run_dir.name.rpartition("-s")
+        run = Run(variant, [], int(seed), run_dir)
+        lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        run.rounds = [r for r in lines if r["kind"] == "eval"]
+        if len(run.rounds) < 2:
+            run.error = "no last held-out round: the run did not finish"
+        runs.append(run)
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "code_rl.py")
@@ -100,7 +115,13 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=1, help="runs at once")
     parser.add_argument("--cores-per-run", type=int, default=0, help="pin each run to this many cores of its own")
     parser.add_argument("--out", type=Path, default=None, help="keep the run directories here (default: runs/)")
+    parser.add_argument("--tabulate", action="store_true", help="run nothing: the table of the runs kept in --out")
     args = parser.parse_args()
+    if args.tabulate:
+        if args.out is None or not args.out.is_dir():
+            parser.error("--tabulate reads the runs kept in --out DIR: give the directory")
+        print(report(kept_runs(args.out)))
+        return
     core_sets = pinned_cores(parser, args.parallel, args.cores_per_run)
     out = args.out or ROOT / "runs" / f"staleness-learning-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)

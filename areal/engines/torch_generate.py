@@ -44,6 +44,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -114,7 +115,7 @@ class _Slot:
     def tokens(self) -> Tensor:
         return torch.cat([self.prompt, torch.tensor(self.output, dtype=torch.int64)])
 
-    @property
+    @cached_property
     def prompt_key(self) -> tuple[int, ...]:
         return tuple(self.prompt.tolist())
 

@@ -52,3 +52,15 @@ def test_the_table_gives_each_policy_and_eta_its_mean_over_seeds_and_says_when_a
     assert cells[5] == "20.0 ± 10.0"  # gain in points, its standard error over the 2 seeds
     assert cells[7] == "2.00 ± 0.00" and cells[8] == "2.00 ± 0.00 / 2 / 2"  # samples/s; lag mean, p99, max
     assert next(r for r in rows if r.startswith("| drop | 4 |")).count("0 of 1 (failed: 'exit 1: boom')") == 1
+
+
+def test_tabulate_reads_the_kept_runs_and_marks_one_without_its_last_round(tmp_path):
+    done = _run(tmp_path, "token-eta4", 1, [_step(3, {1: 4}, tokens=40, trained=4)], [0.25, 0.5])
+    cut = tmp_path / "drop-eta2-s0"
+    cut.mkdir()
+    (cut / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "version": 0, "pass@1": 0.25}))
+    runs = {r.run_dir.name: r for r in bench.kept_runs(tmp_path)}
+    assert set(runs) == {"token-eta4-s1", "drop-eta2-s0"}
+    assert (runs["token-eta4-s1"].variant, runs["token-eta4-s1"].seed) == ("token-eta4", 1)
+    assert runs["token-eta4-s1"].rounds == done.rounds and not runs["token-eta4-s1"].error
+    assert runs["drop-eta2-s0"].error.startswith("no last held-out round")
