@@ -22,9 +22,9 @@ and edits that cache between decode steps instead of restarting the batch:
 - prompts are cached: a newcomer whose prompt was read under the current weights (a GRPO group's other
   samples, a held-out round's other samples of a task) copies that prompt's KV rows and last logits
   instead of reading it in a forward of its own, and newcomers of one prompt in the same refill are read
-  once. On a small model a refill of 1-2 rows costs a whole forward's per-call overhead: prefill was 41 %
-  of the default recipe's generator CPU before this. At most `max_batch` prompts are kept (least recently
-  used go first), and a weight update empties the cache;
+  once. On a small model a refill of 1-2 rows costs a whole forward's per-call overhead: prefill forwards
+  were 41 % of the generator's main thread in the first 40 s of a default run before this. At most
+  `max_batch` prompts are kept (least recently used go first), and a weight update empties the cache;
 - a re-queued request (`requeue`: staleness_policy=recycle) leaves its row for the back of the queue
   with its output; readmitted, it is prefilled over its prompt and that output, as a newcomer is over
   its prompt, and samples on from where it was.

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.benchmarks.loading import load_benchmark
 
 bench = load_benchmark("bench_branches")
 
 
+@pytest.mark.slow  # two whole runs (27 s in CI): the default suite is kept under 15 minutes on 2 cores
 def test_parallel_branches_overlap_in_two_processes_and_the_chain_runs_them_in_turn(tmp_path):
     parallel = bench.run_layout("parallel", work=20, steps=3, run_dir=tmp_path / "parallel")
     chain = bench.run_layout("chain", work=20, steps=3, run_dir=tmp_path / "chain")
