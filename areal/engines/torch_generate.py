@@ -41,17 +41,16 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from areal.engines.prompt_cache import PromptCache, left_pad
 from areal.engines.sampling import (
     check_sampling,
     checked_request,
@@ -76,15 +75,6 @@ class GenRequest:
     prompt_ids: list[int] | Tensor
     max_new_tokens: int | None = None
     stop: Sequence[str] | None = None
-
-
-@dataclass
-class _CachedPrompt:
-    """A prompt's KV rows (per layer, [1, heads, prompt length, head dim]) and the logits after its last token."""
-
-    keys: list[Tensor]
-    values: list[Tensor]
-    logits: Tensor  # [V]
 
 
 @dataclass
@@ -128,14 +118,6 @@ class _Slot:
             versions=torch.tensor(self.versions, dtype=torch.int32),
             finish_reason=reason,
         )
-
-
-def _left_pad(x: Tensor, n: int, dim: int) -> Tensor:
-    """Prepend n zeros along dim (a negative dim, counted from the end)."""
-    if n == 0:
-        return x
-    pad = [0, 0] * (-dim - 1) + [n, 0]
-    return F.pad(x, pad)
 
 
 class TorchGenerationEngine:
@@ -190,9 +172,8 @@ class TorchGenerationEngine:
         self._pending = torch.zeros(0, dtype=torch.int64, device=self.device)  # [B] last token, not yet fed
         self._positions = torch.zeros(0, dtype=torch.int64, device=self.device)  # [B] its position id
         self._stale = False
-        self._prompts: OrderedDict[tuple[int, ...], _CachedPrompt] = OrderedDict()  # read under the current weights
+        self._prompts = PromptCache(max_batch)  # read under the current weights
         self.timings_s = {"prefill": 0.0, "decode": 0.0}
-        self.prompt_cache_hits = 0
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -206,6 +187,11 @@ class TorchGenerationEngine:
             slots.append(_Slot(r.request_id, prompt, limit, request_uniforms(self.seed, r.request_id, limit), stops))
             in_flight.add(r.request_id)
         self._waiting.extend(slots)
+
+    @property
+    def prompt_cache_hits(self) -> int:
+        """Newcomers that copied a kept prompt's rows instead of reading it."""
+        return self._prompts.hits
 
     def pending(self) -> int:
         """Requests not yet finished: running plus waiting."""
@@ -294,7 +280,7 @@ class TorchGenerationEngine:
         start = time.perf_counter()
         fresh: list[_Slot] = []
         copies: list[_Slot] = []
-        seen = set(self._prompts)
+        seen = self._prompts.keys()
         for slot in admit:
             if slot.output:  # a re-queued request reads its prompt and output: nothing to copy
                 fresh.append(slot)
@@ -325,29 +311,16 @@ class TorchGenerationEngine:
         logits, cache = self._forward(ids, mask, (mask.cumsum(1) - 1).clamp(min=0), None)
         for row, slot in enumerate(admit, start=len(rebuild)):
             if not slot.output:  # a prompt alone: later requests of the same prompt copy it
-                self._remember(slot.prompt_key, cache, row, width - len(slot.prompt), logits[row])
+                self._prompts.remember(slot.prompt_key, cache, row, width - len(slot.prompt), logits[row])
         pending = torch.tensor([s.output[-1] for s in rebuild], dtype=torch.int64, device=self.device)
         positions = torch.tensor([len(c) for c in contexts], dtype=torch.int64, device=self.device)
         return self._admit_rows(rebuild, admit, cache, logits[len(rebuild) :], mask, pending, positions)
 
     def _admit_cached(self, admit: list[_Slot]) -> list[GenResult]:
         """Newcomers whose prompt is cached: their rows are the cached ones, left-padded to a common width."""
-        entries = [self._prompts[s.prompt_key] for s in admit]
-        for slot in admit:
-            self._prompts.move_to_end(slot.prompt_key)
-        self.prompt_cache_hits += len(admit)
-        pads = [max(len(s.prompt) for s in admit) - len(s.prompt) for s in admit]
-        padded = list(zip(entries, pads, strict=True))
-        layers = [
-            SimpleNamespace(keys=torch.cat([_left_pad(e.keys[i], pad, -2) for e, pad in padded]),
-                            values=torch.cat([_left_pad(e.values[i], pad, -2) for e, pad in padded]))
-            for i in range(len(entries[0].keys))
-        ]
-        mask = torch.stack([_left_pad(torch.ones(len(s.prompt), dtype=torch.int64), pad, -1)
-                            for s, pad in zip(admit, pads, strict=True)]).to(self.device)
+        cache, mask, logits = self._prompts.rows([s.prompt_key for s in admit], self.device)
         positions = torch.tensor([len(s.prompt) for s in admit], dtype=torch.int64, device=self.device)
-        logits = torch.stack([e.logits for e in entries])
-        return self._admit_rows([], admit, SimpleNamespace(layers=layers), logits, mask, positions[:0], positions)
+        return self._admit_rows([], admit, cache, logits, mask, positions[:0], positions)
 
     def _admit_rows(self, rebuild: list[_Slot], admit: list[_Slot], cache: Any, logits: Tensor, mask: Tensor,
                     pending: Tensor, positions: Tensor) -> list[GenResult]:
@@ -369,17 +342,6 @@ class TorchGenerationEngine:
             mask, pending, positions = mask[index], pending[index], positions[index]
         self._merge([slots[i] for i in keep], cache, mask, pending, positions)
         return finished
-
-    def _remember(self, key: tuple[int, ...], cache: Any, row: int, first: int, logits: Tensor) -> None:
-        """Keep row `row` of a prefill's cache from column `first` (its prompt without the left padding)."""
-        self._prompts[key] = _CachedPrompt(
-            keys=[layer.keys[row : row + 1, :, first:].clone() for layer in cache.layers],
-            values=[layer.values[row : row + 1, :, first:].clone() for layer in cache.layers],
-            logits=logits.clone(),
-        )
-        self._prompts.move_to_end(key)
-        while len(self._prompts) > self.max_batch:
-            self._prompts.popitem(last=False)
 
     def _decode(self) -> list[GenResult]:
         start = time.perf_counter()
@@ -431,12 +393,12 @@ class TorchGenerationEngine:
         width = max(self._mask.shape[1], mask.shape[1])
         pad_old, pad_new = width - self._mask.shape[1], width - mask.shape[1]
         for old, new in zip(self._cache.layers, cache.layers, strict=True):
-            old.keys = torch.cat([_left_pad(old.keys, pad_old, -2), _left_pad(new.keys, pad_new, -2)])
-            old.values = torch.cat([_left_pad(old.values, pad_old, -2), _left_pad(new.values, pad_new, -2)])
+            old.keys = torch.cat([left_pad(old.keys, pad_old, -2), left_pad(new.keys, pad_new, -2)])
+            old.values = torch.cat([left_pad(old.values, pad_old, -2), left_pad(new.values, pad_new, -2)])
         self._set_rows(
             self._active + slots,
             self._cache,
-            torch.cat([_left_pad(self._mask, pad_old, -1), _left_pad(mask, pad_new, -1)]),
+            torch.cat([left_pad(self._mask, pad_old, -1), left_pad(mask, pad_new, -1)]),
             torch.cat([self._pending, pending]),
             torch.cat([self._positions, positions]),
         )
