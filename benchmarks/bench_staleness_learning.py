@@ -63,16 +63,21 @@ def _column(costs: list[dict[str, float]], key: str, scale: float = 1.0, digits:
     return _mean_se([c[key] for c in costs], scale, digits)
 
 
+def failure(run: Run) -> str:
+    """Why a run has no place in the table ("" when it has one): its error, or no held-out round at its end."""
+    return run.error or ("" if len(run.rounds) >= 2 else "no last held-out round: the run did not finish")
+
+
 def report(runs: list[Run]) -> str:
     lines = ["| policy | η | seeds | held-out pass@1: start | end | gain (points) | versions | trained samples/s "
              "| lag mean / p99 / max | trained tokens > η | generated tokens wasted | trained length |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for variant in dict.fromkeys(r.variant for r in runs):
-        done = [r for r in runs if r.variant == variant and r.rounds and not r.error]
-        failed = [r for r in runs if r.variant == variant and (r.error or not r.rounds)]
+        done = [r for r in runs if r.variant == variant and not failure(r)]
+        failed = [r for r in runs if r.variant == variant and failure(r)]
         policy, eta = variant.split("-eta")
         if not done:
-            lines.append(f"| {policy} | {eta} | 0 of {len(failed)} (failed: {failed[0].error[:120]!r}) "
+            lines.append(f"| {policy} | {eta} | 0 of {len(failed)} (failed: {failure(failed[0])[:120]!r}) "
                          "| | | | | | | | | |")
             continue
         costs = [prices(r.run_dir) for r in done]
@@ -98,8 +103,6 @@ def kept_runs(out: Path) -> list[Run]:
         run = Run(variant, [], int(seed), run_dir)
         lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         run.rounds = [r for r in lines if r["kind"] == "eval"]
-        if len(run.rounds) < 2:
-            run.error = "no last held-out round: the run did not finish"
         runs.append(run)
     return runs
 

@@ -17,12 +17,7 @@ start=$SECONDS
 out=${OUT:-gpu-out}
 budget=${GPU_SUITE_BUDGET_S:-380}   # the tests and the suite together, in seconds
 mkdir -p "$out"
-if compgen -G ".gpu/wheels/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/areal-site \
-    .gpu/wheels/*.whl || { echo "run.sh: installing .gpu/wheels failed" >&2; exit 1; }
-  export PYTHONPATH=/tmp/areal-site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 AREAL_CACHE=/tmp/areal-cache
+source benchmarks/gpu/wheels.sh
 {
   nvidia-smi
   python3 -c "import sys, torch, transformers, zmq, pydantic; print(sys.version); print('torch', torch.__version__, \

@@ -15,7 +15,7 @@ def _run(tmp_path, variant: str, seed: int, steps: list[dict], rounds: list[floa
     run = first_run.Run(variant, [], seed, tmp_path / f"{variant}-s{seed}")
     run.run_dir.mkdir()
     lines = [{"kind": "eval", "version": 0, "pass@1": rounds[0]}, *steps,
-             {"kind": "eval", "version": steps[-1]["version"], "pass@1": rounds[1]}]
+             *({"kind": "eval", "version": steps[-1]["version"], "pass@1": p} for p in rounds[1:])]
     (run.run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
     run.rounds = [x for x in lines if x["kind"] == "eval"]
     return run
@@ -45,13 +45,15 @@ def test_the_table_gives_each_policy_and_eta_its_mean_over_seeds_and_says_when_a
             for seed, d in ((0, 0.1), (1, 0.3))]
     broken = first_run.Run("drop-eta4", [], 0, tmp_path / "drop-eta4-s0")
     broken.error = "exit 1: boom"
-    rows = bench.report([*runs, broken]).splitlines()
+    unscored = _run(tmp_path, "token-eta2", 0, [_step(5, {2: 4}, tokens=40, trained=4)], [0.2])  # exit 0, no last round
+    rows = bench.report([*runs, broken, unscored]).splitlines()
     strict = next(r for r in rows if r.startswith("| strict | 2 |"))
     cells = [c.strip() for c in strict.strip("|").split("|")]
     assert cells[2] == "2" and cells[3] == "0.200 ± 0.000" and cells[4] == "0.400 ± 0.100"
     assert cells[5] == "20.0 ± 10.0"  # gain in points, its standard error over the 2 seeds
     assert cells[7] == "2.00 ± 0.00" and cells[8] == "2.00 ± 0.00 / 2 / 2"  # samples/s; lag mean, p99, max
     assert next(r for r in rows if r.startswith("| drop | 4 |")).count("0 of 1 (failed: 'exit 1: boom')") == 1
+    assert "0 of 1 (failed: 'no last held-out round" in next(r for r in rows if r.startswith("| token | 2 |"))
 
 
 def test_tabulate_reads_the_kept_runs_and_marks_one_without_its_last_round(tmp_path):
@@ -62,5 +64,5 @@ def test_tabulate_reads_the_kept_runs_and_marks_one_without_its_last_round(tmp_p
     runs = {r.run_dir.name: r for r in bench.kept_runs(tmp_path)}
     assert set(runs) == {"token-eta4-s1", "drop-eta2-s0"}
     assert (runs["token-eta4-s1"].variant, runs["token-eta4-s1"].seed) == ("token-eta4", 1)
-    assert runs["token-eta4-s1"].rounds == done.rounds and not runs["token-eta4-s1"].error
-    assert runs["drop-eta2-s0"].error.startswith("no last held-out round")
+    assert runs["token-eta4-s1"].rounds == done.rounds and not bench.failure(runs["token-eta4-s1"])
+    assert bench.failure(runs["drop-eta2-s0"]).startswith("no last held-out round")
