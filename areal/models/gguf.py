@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from areal.errors import ConfigError
-from areal.models.warmstart import cache_root
+from areal.models.cache import cache_root
 
 SUFFIX = ".gguf"
 PACKAGE_PREFIX = "package:"

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from rich.console import Console
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from areal.errors import ConfigError
@@ -23,6 +23,9 @@ from areal.models.builtin_weights import shipped_dir
 from areal.models.gguf import converted_dir, gguf_file, is_converted
 from areal.models.gguf import default_cache_dir as gguf_cache_dir
 from areal.models.tokenizer import CharTokenizer
+
+if TYPE_CHECKING:  # importing it loads transformers' whole modelling stack: seconds a process that only resolves paths
+    from transformers import PreTrainedModel
 
 hf_logging.disable_progress_bar()  # a worker's log is no place for per-shard progress bars
 

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from areal.models.cache import cache_root
 from areal.models.tokenizer import CharTokenizer
 
 log = logging.getLogger(__name__)
@@ -37,12 +38,6 @@ BATCH_SIZE = 16
 LR = 3e-3
 WARMUP_FRACTION = 0.1
 DONE_FILE = "warmstart.json"
-
-
-def cache_root() -> Path:
-    """$AREAL_CACHE, else ~/.cache/areal: where models areal builds or converts are kept."""
-    root = os.environ.get("AREAL_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "areal"
 
 
 def default_cache_dir() -> Path:

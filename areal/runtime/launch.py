@@ -168,14 +168,16 @@ def _builtin_policy_nodes(recipe: Recipe) -> list[Node]:
 
 
 def _prepare_models(recipe: Recipe) -> None:
-    """Load the policy once, here, before workers race to (a GGUF file is converted the first time)."""
+    """Resolve the policy's checkpoint once, here, before workers race to (a GGUF file is converted the first
+    time; a bad path is refused before any worker starts). Each worker loads the model itself: loading it here
+    too cost the start of every run seconds of imports on the controller."""
     builtin = [n for n in _builtin_policy_nodes(recipe)
                if needs_model(recipe.node_config(n.name), generation=n.kind == "generate")]
     if not builtin:
         return  # custom policy nodes bring their own models; emulated engines need none
-    from areal.models.loading import load_policy
+    from areal.models.loading import checkpoint_dir
 
-    load_policy(recipe.config.model, dtype=recipe.config.dtype)
+    checkpoint_dir(recipe.config.model)
 
 
 def _throttled(fn: Any, every_s: float = 0.25) -> Any:

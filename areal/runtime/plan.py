@@ -21,6 +21,7 @@ from rich.tree import Tree
 
 from areal.graph.picture import ChannelView, PlanView, PoolView, RouteView
 from areal.runtime.policies import policy_named
+from areal.runtime.policies.policy import versions
 
 if TYPE_CHECKING:
     from areal.graph.graph import Graph
@@ -153,16 +154,16 @@ class Plan:
         """The gate's label: how far generation may run ahead of the slowest trainer."""
         if self.mode == "async":
             policy = policy_named(self.staleness_policy, self.recycle_keep_prefix)
-            return (f"η={self.staleness} (async, {policy.name}): ≤ {self.staleness} versions ahead; "
-                    f"{policy.bound.format(eta=self.staleness)}")
+            return (f"η={self.staleness} (async, {policy.name}): ≤ {versions(self.staleness)} ahead; "
+                    f"{policy.bound_at(self.staleness)}")
         return f"η=0 ({self.mode}): waits for training"
 
     def weights_bound(self) -> str:
         """A weights route's label: how old the weights it delivers may be."""
         if self.mode == "async":
-            return f"η={self.staleness} (async): ≤ {self.staleness} versions behind"
+            return f"η={self.staleness} (async): ≤ {versions(self.staleness)} behind"
         if self.mode == "lagged":
-            return f"η={self.staleness} (lagged): exactly {self.staleness} versions behind"
+            return f"η={self.staleness} (lagged): exactly {versions(self.staleness)} behind"
         return "η=0 (sync): the current version"
 
     def bounds(self) -> str:
@@ -171,11 +172,11 @@ class Plan:
         if self.mode == "async":
             policy = policy_named(self.staleness_policy, self.recycle_keep_prefix)
             return (f"η={eta}, async, staleness_policy={policy.name}: a group starts only while the slowest trainer "
-                    f"is ≤ {eta} versions behind; {policy.bound.format(eta=eta)}; weights reach generation ≤ {eta} "
-                    "versions old")
+                    f"is ≤ {versions(eta)} behind; {policy.bound_at(eta)}; weights reach generation ≤ "
+                    f"{versions(eta)} old")
         if self.mode == "lagged":
             return (f"lagged, η={eta}: generation waits for training and samples with the weights exactly "
-                    f"{eta} versions old")
+                    f"{versions(eta)} old")
         return "η=0, sync: generation waits for training; every sample is drawn with the current weights"
 
     def view(self, graph: Graph) -> PlanView:

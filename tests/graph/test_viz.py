@@ -149,10 +149,14 @@ def test_each_models_weights_route_is_drawn_with_its_bound(monkeypatch):
     assert edges == {"weights:actor:rollout", "weights:actor:prox", "weights:critic:prox_critic"}
 
 
-@pytest.mark.parametrize(("mode", "gate"), [("sync", "η=0 (sync): waits for training"),
-                                             ("lagged", "η=2 (lagged): exactly 2 versions behind")])
-def test_the_bounds_say_what_the_mode_promises(mode, gate):
-    loaded = load_recipe(ROOT / "recipes" / "code_rl.py", overrides=[f"mode={mode}"])
+@pytest.mark.parametrize(("mode", "eta", "gate"), [
+    ("sync", 2, "η=0 (sync): waits for training"),
+    ("lagged", 2, "η=2 (lagged): exactly 2 versions behind"),
+    ("lagged", 1, "η=1 (lagged): exactly 1 version behind"),
+    ("async", 1, "η=1 (async, strict): ≤ 1 version ahead; every trained sample ≤ 1 version behind"),
+])
+def test_the_bounds_say_what_the_mode_promises(mode, eta, gate):
+    loaded = load_recipe(ROOT / "recipes" / "code_rl.py", overrides=[f"mode={mode}", f"staleness={eta}"])
     view = _as_it_runs(loaded.graph, loaded.config)
     labels = {c.bound for c in view.channels if c.bound} | {r.bound for r in view.routes}
     assert gate in labels

@@ -81,7 +81,7 @@ def test_token_trains_no_token_older_than_eta_and_masks_exactly_those(tmp_path, 
     record = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
     assert record["masked_tokens"] == masked[-1]
     line = staleness_line(controller)  # the run summary's
-    assert line.startswith("token: every trained token ≤ 1 versions behind") and f"{sum(masked)} masked" in line
+    assert line.startswith("token: every trained token ≤ 1 version behind") and f"{sum(masked)} masked" in line
     assert f"max {max(lags(reported, versions))};" in line
 
 

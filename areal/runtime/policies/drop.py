@@ -14,5 +14,5 @@ from __future__ import annotations
 from areal.runtime.policies.policy import Policy
 from areal.runtime.policies.strict import every_sample_within
 
-POLICY = Policy("drop", "every trained sample ≤ {eta} versions behind; late groups dropped", every_sample_within,
+POLICY = Policy("drop", "every trained sample ≤ {versions} behind; late groups dropped", every_sample_within,
                 drops=True)

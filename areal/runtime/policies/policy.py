@@ -73,18 +73,27 @@ class TrainedStep:
 Check = Callable[[TrainedStep], str | None]  # the first broken promise of a step, in words; None when kept
 
 
+def versions(n: int) -> str:
+    """"1 version", "2 versions": a count of policy versions in words."""
+    return f"{n} version" if n == 1 else f"{n} versions"
+
+
 @dataclass(frozen=True)
 class Policy:
     name: str
-    bound: str  # what η bounds, in words, with {eta}: the gate's label and the run summary's staleness line
+    bound: str  # what η bounds, in words, with {versions} for η: the gate's label and the run summary's staleness line
     check: Check
     in_order: bool = False  # the trainer takes groups in admission order (else: the oldest finished first)
     drops: bool = False  # a group with a token older than η at the next step is aborted, or dropped unread
     masks: bool = False  # the trainer gives loss mask 0 to every token older than η
     recycles: bool = False  # a generator re-queues a group stamped more than η versions ago, with its output
 
+    def bound_at(self, staleness: int) -> str:
+        """What this policy bounds at η = `staleness`, in words."""
+        return self.bound.format(versions=versions(staleness))
+
     def describe(self, staleness: int) -> str:
-        return f"{self.name}: {self.bound.format(eta=staleness)}"
+        return f"{self.name}: {self.bound_at(staleness)}"
 
     def pick(self, waiting: Mapping[int, int], next_group: int, consumed: set[int], per_step: int) -> list[int]:
         """The groups of the next step (`waiting`: arrived group -> its samples), empty ones included; [] while

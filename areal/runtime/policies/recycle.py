@@ -51,8 +51,8 @@ def both(first: Check, second: Check) -> Check:
     return lambda step: first(step) or second(step)
 
 
-POLICY = Policy("recycle", "every trained token ≤ {eta} versions behind; late groups re-queued with their output, "
+POLICY = Policy("recycle", "every trained token ≤ {versions} behind; late groups re-queued with their output, "
                 "older tokens masked", both(stamped_within, every_token_within), masks=True, recycles=True)
 KEEPING = Policy("recycle", "late groups re-queued with their output and trained whole: trained lag unbounded "
-                 "(measured); each group's newest token ≤ {eta} versions after its last re-queue",
+                 "(measured); each group's newest token ≤ {versions} after its last re-queue",
                  both(stamped_within, admitted_within), recycles=True)

@@ -22,5 +22,5 @@ def every_sample_within(step: TrainedStep) -> str | None:
     return None
 
 
-POLICY = Policy("strict", "every trained sample ≤ {eta} versions behind", every_sample_within,
+POLICY = Policy("strict", "every trained sample ≤ {versions} behind", every_sample_within,
                 in_order=True)

@@ -21,5 +21,5 @@ def every_token_within(step: TrainedStep) -> str | None:
     return None
 
 
-POLICY = Policy("token", "every trained token ≤ {eta} versions behind; older ones masked", every_token_within,
+POLICY = Policy("token", "every trained token ≤ {versions} behind; older ones masked", every_token_within,
                 masks=True)
