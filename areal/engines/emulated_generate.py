@@ -43,10 +43,14 @@ class _Sequence:
     capped: bool  # its drawn length reached the request's max_new_tokens
     done: int = 0  # output tokens sampled so far
     runs: list[tuple[int, int]] = field(default_factory=list)  # (first output index, version) of each run
+    prompt_len: int = field(init=False)  # an int, not len(prompt): context is summed over the batch every step
+
+    def __post_init__(self) -> None:
+        self.prompt_len = len(self.prompt)
 
     @property
     def context(self) -> int:
-        return len(self.prompt) + self.done
+        return self.prompt_len + self.done
 
     def sample(self, tokens: int, version: int) -> None:
         if not self.runs or self.runs[-1][1] != version:
