@@ -318,9 +318,19 @@ def policy_model(args: argparse.Namespace, tmp: Path) -> list[str]:
             overrides = weak_scaling(args, n, f"steps={args.model_steps}", f"staleness={eta}",
                                      f"emulation.trainer_gpus_per_rank={n}")
             rate, outcome = modelled(overrides, generators=n, policy=policy)
-            one = one or rate / n  # the first row: one strict generator
-            lines.append(f"{n:>10} {policy:>9} {rate / (one * n):>17.0%} {Prices.of(outcome).columns()}")
+            one = one_strict(one, n, policy, rate)
+            lines.append(f"{n:>10} {policy:>9} {share(rate, one, n):>17} {Prices.of(outcome).columns()}")
     return lines
+
+
+def one_strict(known: float | None, generators: int, policy: str, rate: float) -> float | None:
+    """The rate of one strict generator, once a row has measured it (None until then)."""
+    return rate if known is None and generators == 1 and policy == "strict" else known
+
+
+def share(rate: float, one: float | None, generators: int) -> str:
+    """`rate` as a share of N x one strict generator; a dash when no row measured one (its --generators lack 1)."""
+    return "—" if one is None else f"{rate / (one * generators):.0%}"
 
 
 def policy_runs(args: argparse.Namespace, tmp: Path) -> list[str]:
@@ -338,9 +348,9 @@ def policy_runs(args: argparse.Namespace, tmp: Path) -> list[str]:
             result = run(overrides, tmp / f"policy-{policy}-{n}")
             model_rate, _ = modelled(overrides, generators=n)
             rate = result["samples_per_s"]
-            one = one or rate / n
-            lines.append(f"{n:>10} {policy:>9} {rate:>10.2f} {rate / (one * n):>17.0%} {model_rate:>8.2f} "
-                         f"{rate / model_rate:>8.0%} {Prices.measured(result['steps'], overrides).columns()}")
+            one = one_strict(one, n, policy, rate)
+            lines.append(f"{n:>10} {policy:>9} {rate:>10.2f} {share(rate, one, n):>17} {model_rate:>8.2f} "
+                         f"{rate / model_rate:>8.1%} {Prices.measured(result['steps'], overrides).columns()}")
     return lines
 
 

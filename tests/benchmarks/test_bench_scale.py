@@ -81,6 +81,14 @@ def test_a_policy_model_row_is_a_share_of_one_strict_generator_with_its_price():
     assert int(worst) <= 2 and float(stale) == 0 and float(wasted) == 0 and 0.5 < float(length) < 1.5
 
 
+def test_without_one_strict_generator_measured_the_share_is_a_dash_not_100_percent():
+    args = bench.argparse.Namespace(policy_eta=2, sigma=0.6, model_steps=8, model_generators=[2],
+                                    policies=["token", "strict"], steps=4, time_scale=0.1, scaling_time_scale=1.0,
+                                    median=128)
+    title, blank, header, *rows = bench.policy_model(args, None)
+    assert [row.split()[:3] for row in rows] == [["2", "token", "—"], ["2", "strict", "—"]]
+
+
 @pytest.mark.slow  # two short emulated runs: ~30 s
 def test_a_policy_run_row_comes_from_the_runs_step_records(tmp_path):
     args = bench.argparse.Namespace(policy_eta=1, sigma=1.0, steps=5, time_scale=0.02, scaling_time_scale=0.2,
