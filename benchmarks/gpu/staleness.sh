@@ -18,11 +18,15 @@ source benchmarks/gpu/wheels.sh
 common=(--seeds "${SEED:-0}" --minutes "${MINUTES:-4}" --cores-per-run "${CORES_PER_RUN:-2}" --out "$runs"
         --set "trainer.device=${TRAINER_DEVICE:-cuda}" --set generation.device=cpu --set generation.max_new_tokens=256)
 nvidia-smi -L > "$out/bench.log" 2>&1
-# each half pinned to its own cores; the benchmark splits its half among its runs
-timeout "${BUDGET_S:-480}" taskset -c "${CORES_A:-0-9}" python3 benchmarks/bench_staleness_learning.py "${common[@]}" --etas 2 --parallel 5 \
-  --policies strict admission drop token recycle >> "$out/bench.log" 2>&1 &
-timeout "${BUDGET_S:-480}" taskset -c "${CORES_B:-10-15}" python3 benchmarks/bench_staleness_learning.py "${common[@]}" --etas 4 --parallel 3 \
-  --policies strict admission token >> "$out/bench.log" 2>&1 &
+# half CORES ETA PARALLEL POLICY...: one benchmark on its own cores, which it splits among its runs
+half() {
+  local cores=$1 eta=$2 parallel=$3
+  shift 3
+  timeout "${BUDGET_S:-480}" taskset -c "$cores" python3 benchmarks/bench_staleness_learning.py "${common[@]}" \
+    --etas "$eta" --parallel "$parallel" --policies "$@" >> "$out/bench.log" 2>&1
+}
+half "${CORES_A:-0-9}" 2 5 strict admission drop token recycle &
+half "${CORES_B:-10-15}" 4 3 strict admission token &
 wait
 python3 benchmarks/bench_staleness_learning.py --out "$runs" --tabulate > "$out/table.md" 2>&1
 (cd "$runs" && tar czf - */metrics.jsonl *.log) > "$out/runs.tgz"
