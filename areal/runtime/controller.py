@@ -313,8 +313,8 @@ class Controller(WorkerReports, WorkerRecovery):
     def _start_eval(self) -> None:
         assert self.heldout is not None
         # the policy the generators sample with (in lagged mode, not the trainer's newest)
-        batch, meta = self.heldout.start(self.versions.sampled(), self.admission.task_batch)
-        self._send_source(batch, meta)
+        for batch, meta in self.heldout.start(self.versions.sampled(), self.admission.task_batch):
+            self._send_source(batch, meta)
 
     def _eval_done(self, record: dict[str, Any]) -> None:
         record["wall_s"] = self._elapsed()

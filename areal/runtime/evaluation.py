@@ -1,9 +1,12 @@
 """Held-out rounds: the same tasks every round, so pass@1 compares across versions.
 
 A round sends every held-out task `eval.samples` times, each copy its own one-sample group with a
-negative id (kept apart from training ids: round r, copy i has group -(r·ROUND_IDS + i) - 1), as
-one batch through the whole graph. Filters pass it untouched, trainers never train it, and the
-policy's trainer reports each sample's reward; the round ends when every sample is scored or failed.
+negative id (kept apart from training ids: round r, copy i has group -(r·ROUND_IDS + i) - 1), through
+the whole graph in chunks of whole tasks, about CHUNK_SAMPLES samples each. Filters pass them untouched,
+trainers never train them, and the policy's trainer reports each sample's reward; the round ends when
+every sample is scored or failed. Chunks, not one batch: a generator returns a batch only when all of
+it is done, so one batch of the round left the reward pool idle until the last sample was written and
+then held every training group behind its scoring, and a pool of generators got it all on one member.
 """
 
 from __future__ import annotations
@@ -20,14 +23,14 @@ from areal.runtime.learning import pass_at_1_error
 
 log = logging.getLogger("areal.controller")
 ROUND_IDS = 1_000_000  # held-out sample ids of one round (the config caps tasks x samples below it)
+CHUNK_SAMPLES = 16  # a chunk of a round holds this many samples, or one task's when it has more
 
 
 @dataclass
 class Round:
     version: int
     n: int
-    batch: Batch
-    meta: GroupMeta
+    chunks: list[tuple[Batch, GroupMeta]]
     rewards: dict[int, float] = field(default_factory=dict)
     solved: set[int] = field(default_factory=set)
     failed: set[int] = field(default_factory=set)
@@ -45,16 +48,20 @@ class HeldOut:
         self.next_round = first_round
         self.pending: dict[int, Round] = {}
 
-    def start(self, version: int, task_batch: Any) -> tuple[Batch, GroupMeta]:
-        """A new round at `version` (the policy the generators sample): its batch and meta, to send."""
+    def start(self, version: int, task_batch: Any) -> list[tuple[Batch, GroupMeta]]:
+        """A new round at `version` (the policy the generators sample): its chunks (batch and meta), to send."""
         round_id = self.next_round
         self.next_round += 1
-        groups = [-(round_id * ROUND_IDS + i) - 1 for i in range(len(self.tasks))]
-        meta = GroupMeta(group=groups[0], samples=1, admitted_at=version, eval=True, round=round_id,
-                         task_ids=tuple(str(t.get("task_id", i)) for i, t in enumerate(self.tasks)))
-        batch = task_batch(self.tasks, groups)
-        self.pending[round_id] = Round(version, len(self.tasks), batch, meta)
-        return batch, meta
+        size = self.samples * max(1, CHUNK_SAMPLES // self.samples)
+        chunks = []
+        for first in range(0, len(self.tasks), size):
+            tasks = self.tasks[first:first + size]
+            groups = [-(round_id * ROUND_IDS + i) - 1 for i in range(first, first + len(tasks))]
+            meta = GroupMeta(group=groups[0], samples=1, admitted_at=version, eval=True, round=round_id,
+                             task_ids=tuple(str(t.get("task_id", i)) for i, t in enumerate(tasks, start=first)))
+            chunks.append((task_batch(tasks, groups), meta))
+        self.pending[round_id] = Round(version, len(self.tasks), chunks)
+        return chunks
 
     def scored(self, round_id: int, sample_ids: list[int], rewards: list[float],
                solved: list[bool]) -> dict[str, Any] | None:
@@ -94,7 +101,9 @@ class HeldOut:
                 "reward_mean": sum(rewards) / max(pending.n, 1), "failed": len(pending.failed)}
 
     def in_flight(self) -> list[tuple[Batch, GroupMeta]]:
-        return [(r.batch, r.meta) for r in self.pending.values()]
+        """The chunks of unfinished rounds with a sample neither scored nor failed (to send again after a crash)."""
+        return [(batch, meta) for r in self.pending.values() for batch, meta in r.chunks
+                if not set(batch["group_id"].tolist()) <= r.rewards.keys() | r.failed]
 
 
 def first_pass(source: Any, n: int) -> list[dict[str, Any]]:

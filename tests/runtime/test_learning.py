@@ -44,10 +44,56 @@ def test_a_rounds_error_counts_each_tasks_own_samples():
     from areal.runtime.evaluation import HeldOut
 
     held = HeldOut([{"task_id": "a"}, {"task_id": "b"}, {"task_id": "c"}], samples=2)
-    _, meta = held.start(0, lambda tasks, groups: groups)
+    held.start(0, lambda tasks, groups: groups)
     ids = [-i - 1 for i in range(6)]  # round 0: copy i is sample -(i) - 1, copies 2t and 2t+1 are task t
     # task a solved twice, b once, c never: pass@1 = 3/6; per-task rates 1, 0.5, 0
     record = held.scored(0, ids, [1.0, 1.0, 1.0, 0.0, 0.0, 0.0], [True, True, True, False, False, False])
     assert record["pass@1"] == 0.5 and record["tasks"] == 3
     assert record["pass@1_se"] == pytest.approx(pass_at_1_error([2, 1, 0], 2)) == pytest.approx(
         math.sqrt(0.5 * 0.5 / 1) / 3)
+
+
+def _task_batch(tasks: list[dict], groups: list[int]):
+    import torch
+
+    from areal.graph.batch import Batch
+
+    return Batch({"task_id": [t["task_id"] for t in tasks], "group_id": torch.tensor(groups)})
+
+
+def test_a_round_goes_out_in_chunks_of_whole_tasks_and_ends_with_its_last_sample():
+    """5 tasks x 8 samples, 16 samples a chunk: three chunks (2, 2 and 1 tasks), every copy in exactly one, each
+    chunk's task ids its own; the record comes when the last chunk is scored, and only unscored chunks are
+    sent again after a crash."""
+    from areal.runtime.evaluation import CHUNK_SAMPLES, HeldOut
+
+    assert CHUNK_SAMPLES == 16
+    tasks = [{"task_id": name} for name in "abcde"]
+    held = HeldOut(tasks, samples=8, first_round=3)
+    chunks = held.start(7, _task_batch)
+    assert [b.size for b, _ in chunks] == [16, 16, 8]
+    ids = [g for b, _ in chunks for g in b["group_id"].tolist()]
+    assert ids == [-(3 * 1_000_000 + i) - 1 for i in range(40)]
+    for batch, meta in chunks:
+        assert meta.eval and meta.round == 3 and meta.admitted_at == 7 and meta.samples == 1
+        assert meta.group == batch["group_id"][0].item()
+        assert list(meta.task_ids) == batch["task_id"] and len(set(meta.task_ids)) * 8 == batch.size
+    solved_by_task = {"a": 8, "b": 4, "c": 0, "d": 2, "e": 8}
+    for batch, _ in chunks[:2]:
+        names = batch["task_id"]
+        solved = [k < solved_by_task[n] for n in sorted(set(names)) for k in range(8)]
+        assert held.scored(3, batch["group_id"].tolist(), [float(x) for x in solved], solved) is None
+    assert [m.group for _, m in held.in_flight()] == [chunks[2][1].group]  # a crash now: only the last again
+    record = held.scored(3, chunks[2][0]["group_id"].tolist(), [1.0] * 8, [True] * 8)
+    assert record["pass@1"] == pytest.approx(22 / 40) and record["tasks"] == 5 and record["version"] == 7
+    assert record["pass@1_se"] == pytest.approx(pass_at_1_error([8, 4, 0, 2, 8], 8))
+    assert held.in_flight() == [] and not held.pending
+
+
+def test_a_task_with_more_samples_than_a_chunk_is_a_chunk_of_its_own():
+    from areal.runtime.evaluation import CHUNK_SAMPLES, HeldOut
+
+    held = HeldOut([{"task_id": "a"}, {"task_id": "b"}], samples=CHUNK_SAMPLES + 4)
+    chunks = held.start(0, _task_batch)
+    assert [b.size for b, _ in chunks] == [CHUNK_SAMPLES + 4] * 2
+    assert [set(m.task_ids) for _, m in chunks] == [{"a"}, {"b"}]
