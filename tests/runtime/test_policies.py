@@ -75,8 +75,10 @@ def test_token_masks_exactly_the_tokens_older_than_eta_beside_an_episodes_own_ma
     masked, count = with_policy_mask(before, 6, 2)
     assert [m.tolist() for m in masked["loss_mask"].rows()] == [[0, 0, 1, 1], [1, 1]] and count == 1
     assert checked_step(POLICIES["token"], masked, 6, 2, 1, metas())["stale_tokens"] == 0
-    with pytest.raises(RunError, match=r"1 tokens the loss reads are more than η=2 versions behind"):
+    with pytest.raises(RunError, match="1 token the loss reads is more than η = 2 versions behind"):
         checked_step(POLICIES["token"], before, 6, 2, 1, metas())
+    with pytest.raises(RunError, match="2 tokens the loss reads are more than η = 1 version behind"):
+        checked_step(POLICIES["token"], before, 6, 1, 1, metas())
 
 
 def test_a_group_expires_when_one_token_is_older_than_eta_at_the_coming_step():
@@ -104,7 +106,7 @@ def test_recycle_masks_like_token_and_refuses_a_token_sampled_more_than_eta_afte
     with pytest.raises(RunError, match="holds a token of version 6, more than η=2 after its group's last stamp at "
                                        "version 3: it was not re-queued"):
         checked_step(POLICIES["recycle"], masked, 6, 2, 2, metas((0, 1, 0, 3)))
-    with pytest.raises(RunError, match="1 tokens the loss reads are more than η=2 versions behind"):
+    with pytest.raises(RunError, match="1 token the loss reads is more than η = 2 versions behind"):
         checked_step(POLICIES["recycle"], view([[3, 6]], [0]), 6, 2, 2, metas((0, 1, 0, 4)))
     with pytest.raises(RunError, match="group 0 came with no generator's stamp"):
         checked_step(POLICIES["recycle"], masked, 6, 2, 2, metas((0, 1, 0)))

@@ -10,14 +10,15 @@ Checked on every trained token: no token the loss reads was sampled before versi
 
 from __future__ import annotations
 
-from areal.runtime.policies.policy import Policy, TrainedStep
+from areal.runtime.policies.policy import Policy, TrainedStep, versions
 
 
 def every_token_within(step: TrainedStep) -> str | None:
     """None when no token with loss mask 1 is more than η versions behind the step."""
     stale = step.stale_trained_tokens()
     if stale:
-        return f"{stale} tokens the loss reads are more than η={step.staleness} versions behind"
+        tokens, are = ("1 token", "is") if stale == 1 else (f"{stale} tokens", "are")
+        return f"{tokens} the loss reads {are} more than η = {versions(step.staleness)} behind"
     return None
 
 
