@@ -6,7 +6,9 @@ the whole graph in chunks of whole tasks, about CHUNK_SAMPLES samples each. Filt
 trainers never train them, and the policy's trainer reports each sample's reward; the round ends when
 every sample is scored or failed. Chunks, not one batch: a generator returns a batch only when all of
 it is done, so one batch of the round left the reward pool idle until the last sample was written and
-then held every training group behind its scoring, and a pool of generators got it all on one member.
+then held every training group behind its scoring, and a pool of generators got it all on one member
+(its balanced channel now deals the chunks out; a joining pool's by-group channel still sends a round's
+chunks by their first group id, so they need not spread evenly).
 """
 
 from __future__ import annotations
@@ -37,8 +39,14 @@ class Round:
     started: float = field(default_factory=time.monotonic)
 
     @property
+    def answered(self) -> set[int]:
+        """The samples scored or failed (a re-sent one may have done both)."""
+        return self.rewards.keys() | self.failed
+
+    @property
     def done(self) -> bool:
-        return len(self.rewards.keys() | self.failed) >= self.n
+        # checked on every chunk's report: count the failed apart, usually none, rather than build the union
+        return len(self.rewards) + len(self.failed - self.rewards.keys()) >= self.n
 
 
 class HeldOut:
@@ -102,8 +110,11 @@ class HeldOut:
 
     def in_flight(self) -> list[tuple[Batch, GroupMeta]]:
         """The chunks of unfinished rounds with a sample neither scored nor failed (to send again after a crash)."""
-        return [(batch, meta) for r in self.pending.values() for batch, meta in r.chunks
-                if not set(batch["group_id"].tolist()) <= r.rewards.keys() | r.failed]
+        unsent = []
+        for r in self.pending.values():
+            answered = r.answered
+            unsent += [(batch, meta) for batch, meta in r.chunks if not set(batch["group_id"].tolist()) <= answered]
+        return unsent
 
 
 def first_pass(source: Any, n: int) -> list[dict[str, Any]]:

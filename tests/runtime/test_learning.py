@@ -97,3 +97,17 @@ def test_a_task_with_more_samples_than_a_chunk_is_a_chunk_of_its_own():
     chunks = held.start(0, _task_batch)
     assert [b.size for b, _ in chunks] == [CHUNK_SAMPLES + 4] * 2
     assert [set(m.task_ids) for _, m in chunks] == [{"a"}, {"b"}]
+
+
+def test_a_sample_that_failed_and_was_then_scored_again_counts_once():
+    """A re-sent copy may be scored after the first failed: the round still waits for its other samples."""
+    from areal.runtime.evaluation import HeldOut
+
+    held = HeldOut([{"task_id": "a"}], samples=2)
+    held.start(0, _task_batch)
+    first, second = -1, -2
+    assert held.failed([first]) == []
+    assert held.scored(0, [first], [1.0], [True]) is None  # one sample answered twice, one still out
+    assert [m.group for _, m in held.in_flight()] == [first]  # the chunk holding the unanswered one
+    record = held.scored(0, [second], [0.0], [False])
+    assert record["samples"] == 2 and record["failed"] == 1 and record["pass@1"] == 0.5
