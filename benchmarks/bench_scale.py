@@ -137,7 +137,7 @@ def memory_of(controller: Any) -> dict[str, float]:
 def base(args: argparse.Namespace, time_scale: float | None = None) -> list[str]:
     scale = args.time_scale if time_scale is None else time_scale
     return [f"steps={args.steps}", f"group_size={GROUP}", f"emulation.time_scale={scale}",
-            f"emulation.output_tokens_median={args.median}", "checkpoint.interval_steps=0"]
+            f"emulation.output_tokens_median={args.median}", "checkpoint.interval_steps=0", *args.set]
 
 
 def overlap(args: argparse.Namespace, tmp: Path) -> list[str]:
@@ -310,7 +310,8 @@ def policy_model(args: argparse.Namespace, tmp: Path) -> list[str]:
     """Every staleness policy in the zero-overhead model, far past what this machine can run: its rate as a share
     of N x one strict generator, and its price (lags, tokens older than η, tokens wasted, lengths)."""
     eta = args.policy_eta
-    lines = [f"η = {eta}, σ = {args.sigma}, B = 2 groups of {GROUP} per generator, {args.model_steps} steps", "",
+    lines = [f"η = {eta}, σ = {args.sigma}, B = 2 groups of {GROUP} per generator, {args.model_steps} steps"
+             + settings(args), "",
              f"{'generators':>10} {'policy':>9} {'of N x one strict':>17} {PRICES}"]
     one = None
     for n in args.model_generators:
@@ -321,6 +322,11 @@ def policy_model(args: argparse.Namespace, tmp: Path) -> list[str]:
             one = one_strict(one, n, policy, rate)
             lines.append(f"{n:>10} {policy:>9} {share(rate, one, n):>17} {Prices.of(outcome).columns()}")
     return lines
+
+
+def settings(args: argparse.Namespace) -> str:
+    """The --set settings, for a table's title ("" when none)."""
+    return "".join(f", {setting}" for setting in args.set)
 
 
 def one_strict(known: float | None, generators: int, policy: str, rate: float) -> float | None:
@@ -337,7 +343,8 @@ def policy_runs(args: argparse.Namespace, tmp: Path) -> list[str]:
     """Every staleness policy the runtime has, run on the emulated devices beside its zero-overhead model: the
     scaling table's runs (real time), as a share of N x the one strict generator this machine measured."""
     eta = args.policy_eta
-    lines = [f"η = {eta}, σ = {args.sigma}, B = 2 groups of {GROUP} per generator, {args.steps} steps, real time", "",
+    lines = [f"η = {eta}, σ = {args.sigma}, B = 2 groups of {GROUP} per generator, {args.steps} steps, real time"
+             + settings(args), "",
              f"{'generators':>10} {'policy':>9} {'samples/s':>10} {'of N x one strict':>17} {'model':>8} "
              f"{'of model':>9} {PRICES}"]
     one = None
@@ -412,6 +419,9 @@ def main() -> None:
     parser.add_argument("--model-etas", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--model-steps", type=int, default=60,
                         help="ideal table: trainer steps (past the first η, which only drain what version 0 started)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe setting for every run and model of the tables (a table's own settings win), "
+                             "e.g. generation.max_batch=8: a generator holding more samples than slots")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="areal-bench-scale-") as tmp:
         for name in args.tables:

@@ -20,7 +20,7 @@ every host cost zero:
   for, plus the reduction) and publishing, as `EmulatedTrainEngine`;
 - when version v is published, drop aborts every untrained group holding a token older than v − η
   (its slot starts another), and recycle sends the running samples of a group stamped before
-  v − η to the back of their generator's queue, stamped v; token and recycle mask, when training,
+  v − η to the front of their generator's queue, stamped v; token and recycle mask, when training,
   the tokens older than η (recycle with `keep_prefix` trains them).
 
 The measured rate over this one is then the runtime's own efficiency.
@@ -90,7 +90,7 @@ class _Sequence:
 @dataclass
 class _Group:
     generator: int
-    stamp: int  # the version it was admitted at (recycle: or last sent to the back of the queue at)
+    stamp: int  # the version it was admitted at (recycle: or last re-queued at)
     sequences: list[_Sequence]
     left: int  # samples not finished
 
@@ -255,13 +255,13 @@ class _Replay:
         self.freed += 1
 
     def recycle(self, group: int) -> None:
-        """Its running samples leave their slots for the back of the queue, keeping what they sampled."""
+        """Its running samples leave their slots for the front of the queue, keeping what they sampled."""
         grp = self.groups[group]
         gen = self.gens[grp.generator]
         ids = {seq.sample for seq in grp.sequences}
         moved = [seq for seq in gen.active if seq.sample in ids]
         gen.active = [seq for seq in gen.active if seq.sample not in ids]
-        gen.waiting.extend(moved)
+        gen.waiting.extendleft(reversed(moved))
         grp.stamp = self.version
         self.out.recycled_groups += 1
 

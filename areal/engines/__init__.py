@@ -46,7 +46,7 @@ class GenerationEngine(Protocol):
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None: ...
     def progress(self) -> dict[int, tuple[int, int]]: ...  # request id -> (tokens so far, oldest token's version)
     def abort(self, request_ids: Iterable[int]) -> dict[int, int]: ...  # request id -> tokens it had, now wasted
-    def requeue(self, request_ids: Iterable[int]) -> dict[int, int]: ...  # to the queue's back, with its tokens
+    def requeue(self, request_ids: Iterable[int]) -> dict[int, int]: ...  # to the queue's front, with its tokens
 
 
 class TrainEngine(Protocol):

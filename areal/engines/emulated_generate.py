@@ -10,7 +10,7 @@ that the runtime relies on:
 - interruptible generation: `update_weights` costs the profile's `weights_load_s`, and the next step
   re-prefills every running sequence's context (prompt and tokens so far) before decoding on; tokens
   sampled before keep their version, later ones record the new one;
-- re-queueing (`requeue`, staleness_policy=recycle): a running sequence leaves its slot for the back
+- re-queueing (`requeue`, staleness_policy=recycle): a running sequence leaves its slot for the front
   of the queue with its output; readmitted, its prefill reads prompt and output;
 - a regenerated sample is the same sample: its length and tokens are drawn from its request id.
 
@@ -127,12 +127,13 @@ class EmulatedGenerationEngine:
         return gone
 
     def requeue(self, request_ids: Iterable[int]) -> dict[int, int]:
-        """Send these running requests to the back of the queue with what they sampled: readmitted, each pays a
-        prefill of its prompt and output so far and samples on. The output tokens each holds."""
+        """Send these running requests to the front of the queue with what they sampled (ahead of newer requests,
+        so a full queue cannot starve them): readmitted, each pays a prefill of its prompt and output so far and
+        samples on. The output tokens each holds."""
         ids = set(request_ids)
         moved = [s for s in self._active if s.request_id in ids]
         self._active = [s for s in self._active if s.request_id not in ids]
-        self._waiting.extend(moved)
+        self._waiting.extendleft(reversed(moved))
         return {s.request_id: s.done for s in moved}
 
     def step(self) -> list[GenResult]:

@@ -25,9 +25,10 @@ and edits that cache between decode steps instead of restarting the batch:
   once. On a small model a refill of 1-2 rows costs a whole forward's per-call overhead: prefill forwards
   were 41 % of the generator's main thread in the first 40 s of a default run before this. At most
   `max_batch` prompts are kept (least recently used go first), and a weight update empties the cache;
-- a re-queued request (`requeue`: staleness_policy=recycle) leaves its row for the back of the queue
-  with its output; readmitted, it is prefilled over its prompt and that output, as a newcomer is over
-  its prompt, and samples on from where it was.
+- a re-queued request (`requeue`: staleness_policy=recycle) leaves its row for the front of the queue
+  with its output, ahead of newer requests (at the back, a full queue kept the oldest groups waiting while
+  their tokens aged past η); readmitted, it is prefilled over its prompt and that output, as a newcomer
+  is over its prompt, and samples on from where it was.
 
 Sampling (areal/engines/sampling.py) is reproducible per request, not per batch, and
 `GenResult.logprobs` is log π_behav under softmax(logits / temperature) *without* top-p
@@ -238,10 +239,10 @@ class TorchGenerationEngine:
         return gone
 
     def requeue(self, request_ids: Iterable[int]) -> dict[int, int]:
-        """Send these running requests to the back of the queue with what they sampled; readmitted, each
+        """Send these running requests to the front of the queue with what they sampled; readmitted, each
         re-prefills its prompt and output under the weights of then and samples on. The output tokens each holds."""
         moved = self._take_rows(set(request_ids))
-        self._waiting.extend(moved)
+        self._waiting.extendleft(reversed(moved))
         return {s.request_id: len(s.output) for s in moved}
 
     # ---- internals ----------------------------------------------------------------------------

@@ -8,14 +8,18 @@ new one whose prompt already holds the tokens generated so far. So a weight upda
        as prompt + output so far, asking only for the tokens still allowed.
 
 Tokens sampled before the update keep their version and behaviour logprob; tokens after it record
-the new version. That bookkeeping is `VLLMGenerationEngine`, pure Python over the small `Backend`
-Protocol, so it is tested on CPU with a fake backend. `VLLMBackend` is the only code that touches
-vLLM, and imports it lazily.
+the new version. A resubmitted request (after an update, or re-queued by staleness_policy=recycle)
+goes ahead of every request not yet started: vLLM's scheduler runs with `scheduling_policy=
+"priority"` and takes it at a lower priority value, so a full queue neither swaps the running
+requests out at every update nor keeps a re-queued group waiting while its tokens age. That
+bookkeeping is `VLLMGenerationEngine`, pure Python over the small `Backend` Protocol, so it is tested
+on CPU with a fake backend. `VLLMBackend` is the only code that touches vLLM, and imports it lazily.
 
 vLLM API targeted: the v1 `LLMEngine` of vLLM 0.11-0.20 (docs.vllm.ai, vllm/v1/engine/llm_engine.py):
-`LLMEngine.from_engine_args(EngineArgs(..., worker_extension_cls=...))`, `add_request(request_id: str,
-prompt: TokensPrompt, params: SamplingParams)`, `abort_request(list[str])`, `step() -> list[RequestOutput]`,
-`collective_rpc(method, args=...)` (runs a method of the worker extension in every worker, where
+`LLMEngine.from_engine_args(EngineArgs(..., worker_extension_cls=..., scheduling_policy="priority"))`,
+`add_request(request_id: str, prompt: TokensPrompt, params: SamplingParams, priority: int)` (lower
+first), `abort_request(list[str])`, `step() -> list[RequestOutput]`, `collective_rpc(method, args=...)`
+(runs a method of the worker extension in every worker, where
 `self.model_runner.model.load_weights(weights=[(name, tensor), ...])` maps Hugging Face names onto
 vLLM's fused layers), and `reset_prefix_cache()`. Behaviour logprobs use `logprobs_mode=
 "processed_logprobs"` (after temperature), what the trainer's forward computes for the same tokens;
@@ -71,7 +75,8 @@ class BackendOutput:
 class Backend(Protocol):
     """The device side: a continuous-batching engine with abort and in-place weight loading."""
 
-    def add_request(self, request_id: str, token_ids: list[int], max_tokens: int, sampling: Sampling) -> None: ...
+    def add_request(self, request_id: str, token_ids: list[int], max_tokens: int, sampling: Sampling,
+                    resumed: bool) -> None: ...  # resumed: ahead of every request not yet started
     def abort(self, request_ids: list[str]) -> None: ...
     def step(self) -> list[BackendOutput]: ...
     def load_weights(self, state_dict: dict[str, Tensor]) -> None: ...
@@ -213,8 +218,8 @@ class VLLMGenerationEngine:
         return {r.request_id: len(r.output) for r in gone.values()}
 
     def requeue(self, request_ids: Iterable[int]) -> dict[int, int]:
-        """Abort these requests' attempts and resubmit each with its tokens so far (the backend queues it behind
-        the requests it holds); the output tokens each holds."""
+        """Abort these requests' attempts and resubmit each with its tokens so far (ahead of the requests not yet
+        started, behind the ones resubmitted before); the output tokens each holds."""
         ids = set(request_ids)
         moved = {backend_id: r for backend_id, r in self._running.items() if r.request_id in ids}
         if moved:
@@ -233,7 +238,8 @@ class VLLMGenerationEngine:
         sampling = Sampling(self.temperature, self.top_p, request_seed(request_seed(self.seed, req.request_id),
                                                                        len(req.output)))
         self._running[req.backend_id] = req
-        self.backend.add_request(req.backend_id, context, req.limit - len(req.output), sampling)
+        self.backend.add_request(req.backend_id, context, req.limit - len(req.output), sampling,
+                                 resumed=req.attempt > 0)
 
     def _append(self, req: _Request, out: BackendOutput) -> FinishReason | None:
         """Record the new tokens one by one, stopping at the first that ends the request."""
@@ -297,16 +303,17 @@ class VLLMBackend:
         args = vllm.EngineArgs(
             model=model, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
             max_num_seqs=max_num_seqs, skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
-            worker_extension_cls=f"{__name__}.WeightLoader", **engine_args,
+            worker_extension_cls=f"{__name__}.WeightLoader", scheduling_policy="priority", **engine_args,
         )
         self.engine = vllm.LLMEngine.from_engine_args(args)
 
-    def add_request(self, request_id: str, token_ids: list[int], max_tokens: int, sampling: Sampling) -> None:
+    def add_request(self, request_id: str, token_ids: list[int], max_tokens: int, sampling: Sampling,
+                    resumed: bool) -> None:
         params = self._vllm.SamplingParams(
             max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
             logprobs=0, detokenize=False, output_kind=self._delta,
         )
-        self.engine.add_request(request_id, {"prompt_token_ids": token_ids}, params)
+        self.engine.add_request(request_id, {"prompt_token_ids": token_ids}, params, priority=-1 if resumed else 0)
 
     def abort(self, request_ids: list[str]) -> None:
         self.engine.abort_request(request_ids)

@@ -120,7 +120,7 @@ class GenerateNode:
 
     def recycle_stamped_before(self, version: int) -> list[tuple[GroupMeta, int]]:
         """Re-queue every training group stamped before `version` (staleness_policy=recycle): its running samples
-        go to the back of the engine's queue with their tokens, and it is stamped with the engine's version. For
+        go to the front of the engine's queue with their tokens, and it is stamped with the engine's version. For
         each, its new meta and the output tokens its re-queued samples carry."""
         recycled = []
         for entry in [b for b in self._batches if not b.meta.eval]:

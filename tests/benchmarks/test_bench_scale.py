@@ -36,8 +36,8 @@ def test_children_forked_after_the_imports_share_them_and_spawned_ones_do_not():
 
 @pytest.mark.slow  # one short emulated run: ~15 s
 def test_a_scaling_row_comes_from_the_runs_step_records(tmp_path):
-    args = bench.argparse.Namespace(steps=4, time_scale=0.02, scaling_time_scale=0.05, median=128, generators=[2],
-                                    sigma=0.6)
+    args = bench.argparse.Namespace(set=[], steps=4, time_scale=0.02, scaling_time_scale=0.05, median=128,
+                                    generators=[2], sigma=0.6)
     rates_header, rates, blank, costs_header, costs = bench.scaling(args, tmp_path)
     n, rate, n_x_one, share, modelled, of_model, busy = rates.replace("%", "").split()
     assert int(n) == 2 and float(rate) > 0 and float(n_x_one) == pytest.approx(float(rate), rel=0.02)
@@ -57,7 +57,7 @@ def test_the_model_gets_the_runs_settings_and_prompts_from_the_recipe():
 
 @pytest.mark.slow  # two short emulated runs, the second with two trainer processes: ~15 s
 def test_a_ranks_row_comes_from_a_run_with_that_many_trainer_processes(tmp_path):
-    args = bench.argparse.Namespace(steps=4, time_scale=0.02, scaling_time_scale=0.05, median=128, sigma=0.6,
+    args = bench.argparse.Namespace(set=[], steps=4, time_scale=0.02, scaling_time_scale=0.05, median=128, sigma=0.6,
                                     rank_generators=2, trainer_ranks=[1, 2])
     title, blank, header, one, two = bench.ranks(args, tmp_path)
     assert "trainer ranks" in header
@@ -69,7 +69,7 @@ def test_a_ranks_row_comes_from_a_run_with_that_many_trainer_processes(tmp_path)
 
 
 def test_a_policy_model_row_is_a_share_of_one_strict_generator_with_its_price():
-    args = bench.argparse.Namespace(policy_eta=2, sigma=0.6, model_steps=8, model_generators=[1, 2],
+    args = bench.argparse.Namespace(set=[], policy_eta=2, sigma=0.6, model_steps=8, model_generators=[1, 2],
                                     policies=["strict", "drop"], steps=4, time_scale=0.1, scaling_time_scale=1.0,
                                     median=128)
     title, blank, header, *rows = bench.policy_model(args, None)
@@ -81,8 +81,18 @@ def test_a_policy_model_row_is_a_share_of_one_strict_generator_with_its_price():
     assert int(worst) <= 2 and float(stale) == 0 and float(wasted) == 0 and 0.5 < float(length) < 1.5
 
 
+def test_a_setting_given_with_set_reaches_the_model_and_the_title():
+    """--set generation.max_batch=2: two slots for the 48 samples a generator holds, so the modelled rate falls."""
+    common = dict(policy_eta=2, sigma=0.6, model_steps=8, model_generators=[1], policies=["strict"], steps=4,
+                  time_scale=0.1, scaling_time_scale=1.0, median=128)
+    free, tight = (bench.argparse.Namespace(set=given, **common) for given in ([], ["generation.max_batch=2"]))
+    assert bench.policy_model(tight, None)[0] == bench.policy_model(free, None)[0] + ", generation.max_batch=2"
+    free_rate, tight_rate = (bench.modelled(bench.weak_scaling(args, 1), generators=1)[0] for args in (free, tight))
+    assert tight_rate < 0.5 * free_rate
+
+
 def test_without_one_strict_generator_measured_the_share_is_a_dash_not_100_percent():
-    args = bench.argparse.Namespace(policy_eta=2, sigma=0.6, model_steps=8, model_generators=[2],
+    args = bench.argparse.Namespace(set=[], policy_eta=2, sigma=0.6, model_steps=8, model_generators=[2],
                                     policies=["token", "strict"], steps=4, time_scale=0.1, scaling_time_scale=1.0,
                                     median=128)
     title, blank, header, *rows = bench.policy_model(args, None)
@@ -91,7 +101,7 @@ def test_without_one_strict_generator_measured_the_share_is_a_dash_not_100_perce
 
 @pytest.mark.slow  # two short emulated runs: ~30 s
 def test_a_policy_run_row_comes_from_the_runs_step_records(tmp_path):
-    args = bench.argparse.Namespace(policy_eta=1, sigma=1.0, steps=5, time_scale=0.02, scaling_time_scale=0.2,
+    args = bench.argparse.Namespace(set=[], policy_eta=1, sigma=1.0, steps=5, time_scale=0.02, scaling_time_scale=0.2,
                                     median=128, generators=[1], policies=["strict", "token"])
     title, blank, header, strict, token = bench.policy_runs(args, tmp_path)
     n, policy, rate, share, modelled, of_model, mean, p99, worst, stale, wasted, length = token.replace(

@@ -128,7 +128,7 @@ def test_an_aborted_request_stops_where_it_is_and_the_others_finish_as_they_woul
 
 
 
-def test_a_requeued_sequence_waits_behind_the_queue_then_pays_a_prefill_of_its_context_and_keeps_its_versions():
+def test_a_requeued_sequence_goes_ahead_of_the_queue_pays_a_prefill_of_its_context_and_keeps_its_versions():
     engine = _engine(median=30, max_batch=1, scale=1e-6, quantum_s=1e-12)  # one decode step per step()
     engine.submit(_requests(range(2)))  # 0 runs, 1 waits
     engine.step()
@@ -137,15 +137,18 @@ def test_a_requeued_sequence_waits_behind_the_queue_then_pays_a_prefill_of_its_c
     engine.update_weights({}, version=1)
     assert engine.requeue([0, 1]) == {0: held}  # only a running sequence moves
     before = engine.modelled_s["prefill"]
-    engine.step()  # 1 takes the slot: its prompt's prefill alone
-    assert engine.modelled_s["prefill"] - before == pytest.approx(PROFILE.prefill_s(len(engine._active[0].prompt)))
+    engine.step()  # 0 takes the slot back, ahead of 1: a prefill of its prompt and its output so far
+    assert [s.request_id for s in engine._active] == [0]
+    assert engine.modelled_s["prefill"] - before == pytest.approx(PROFILE.prefill_s(len(engine._active[0].prompt)
+                                                                                    + held))
     results = []
     while engine.pending():
         results += engine.step()
     first, second = results
     alone = _engine(median=30).generate(_requests([0]))[0]
-    assert (first.request_id, second.request_id) == (1, 0) and torch.equal(second.output_ids, alone.output_ids)
-    assert second.versions.tolist() == [0] * held + [1] * (len(alone.output_ids) - held)
+    assert (first.request_id, second.request_id) == (0, 1) and torch.equal(first.output_ids, alone.output_ids)
+    assert first.versions.tolist() == [0] * held + [1] * (len(alone.output_ids) - held)
+
 
 def test_the_clock_pays_modelled_time_in_real_time_at_the_time_scale():
     clock = ModelledClock(time_scale=0.5)

@@ -191,11 +191,12 @@ def test_aborting_running_and_waiting_requests_leaves_the_others_as_they_would_h
 def test_a_requeued_request_continues_where_it_was_and_finishes_as_it_would_have(make_model):
     engine, untouched = three_steps_into_four_requests(make_model(0))
     assert engine.requeue([1, 3]) == {1: 4}  # only a running request moves: 3 is waiting already
-    assert engine.progress() == {0: (4, 0), 2: (4, 0)}  # 1 left its row: 3 takes it at the next step
-    results = []
+    assert engine.progress() == {0: (4, 0), 2: (4, 0)}  # 1 left its row
+    results = engine.step()
+    assert engine.progress()[1][0] == 6 and 3 not in engine.progress()  # 1 took its row back (prefill, decode)
     while engine.pending():
         results += engine.step()
-    assert [r.request_id for r in results][-1] == 1  # it went to the back of the queue, behind 3
+    assert [r.request_id for r in results][-1] == 3  # 1 went to the front of the queue: 3 still waits behind it
     for r in results:  # its prefix re-prefilled, its own uniforms: the same tokens and logprobs
         assert r.output_ids.tolist() == untouched[r.request_id].output_ids.tolist()
         torch.testing.assert_close(r.logprobs, untouched[r.request_id].logprobs, atol=1e-5, rtol=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import types
 
 import pytest
 import torch
@@ -30,11 +31,13 @@ class FakeBackend:
         self.weight = weight
         self.running: dict[str, tuple[list[int], int]] = {}  # id -> (context, tokens still allowed)
         self.calls: list[tuple] = []
+        self.resumed: dict[str, bool] = {}  # id -> sent ahead of the requests not yet started
         self.late: list[BackendOutput] = []  # outputs to deliver at the next step (a stale one, in a test)
 
-    def add_request(self, request_id, token_ids, max_tokens, sampling):
+    def add_request(self, request_id, token_ids, max_tokens, sampling, resumed):
         assert isinstance(sampling, Sampling)
         self.calls.append(("add", request_id, list(token_ids), max_tokens))
+        self.resumed[request_id] = resumed
         self.running[request_id] = (list(token_ids), max_tokens)
 
     def abort(self, request_ids):
@@ -114,6 +117,7 @@ def test_interruption_mid_sequence_resubmits_with_tokens_so_far_and_keeps_old_ve
         ("add", "1.1", [3, 1] + out1[:2], 4),
         ("add", "2.1", [9] + out2[:2], 2),
     ]
+    assert backend.resumed == {"1.0": False, "2.0": False, "1.1": True, "2.1": True}  # resubmitted ahead of new ones
     assert engine.interruptions == 2 and engine.version == 1
 
 
@@ -219,7 +223,35 @@ def test_a_requeued_request_is_resubmitted_with_its_tokens_so_far_and_finishes_a
     so_far = reference([3, 4], 2, None)
     assert engine.requeue([4, 9]) == {4: 2}  # an unknown id is no-op
     assert backend.calls[-2:] == [("abort", ["4.0"]), ("add", "4.1", [3, 4, *so_far], 4)]
+    assert backend.resumed == {"4.0": False, "4.1": True}  # resubmitted ahead of the requests not yet started
     results = []
     while engine.pending():
         results += engine.step()
     assert results[0].output_ids.tolist() == reference([3, 4], 6, None) and results[0].versions.tolist() == [2] * 6
+
+
+def test_the_vllm_backend_schedules_by_priority_and_sends_a_resumed_request_first(monkeypatch):
+    """What VLLMBackend asks of vLLM, against a stand-in module: priority scheduling, and a lower value (taken
+    first) for a resubmitted request than for one not yet started."""
+    made: dict = {}
+    added: list[tuple[str, int]] = []
+
+    class Engine:
+        def add_request(self, request_id, prompt, params, priority=0):
+            added.append((request_id, priority))
+
+    def engine_args(**kwargs):
+        made.update(kwargs)
+        return kwargs
+
+    vllm = types.SimpleNamespace(EngineArgs=engine_args, SamplingParams=lambda **kw: kw,
+                                 LLMEngine=types.SimpleNamespace(from_engine_args=lambda args: Engine()))
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params",
+                        types.SimpleNamespace(RequestOutputKind=types.SimpleNamespace(DELTA="delta")))
+    backend = VLLMBackend("some/model")
+    sampling = Sampling(1.0, 1.0, 0)
+    backend.add_request("1.0", [3], 4, sampling, resumed=False)
+    backend.add_request("1.1", [3, 5], 3, sampling, resumed=True)
+    assert made["scheduling_policy"] == "priority"
+    assert added == [("1.0", 0), ("1.1", -1)]

@@ -2,12 +2,14 @@
 
 The trainer takes the B oldest finished groups. Each generator stamps a group with its version
 when it starts it; when it takes version v, every group of its still generating that was stamped
-before v - η is interrupted: its running samples leave their slots for the back of the engine's
-queue, keeping their tokens, and the group is stamped v. Readmitted, a sample re-prefills its
-prompt and output on the weights of then and samples on. So no group generates more than η
-versions past its stamp: each trained sample's newest token is at most η versions newer than its
-group's last stamp. The re-queues are counted (`recycled` groups, `recycled_tokens` carried over);
-a recycled group stays in flight until it is trained, so the accounting identity is unchanged.
+before v - η is interrupted: its running samples leave their slots for the front of the engine's
+queue, keeping their tokens, and the group is stamped v. Readmitted ahead of every newer request,
+a sample re-prefills its prompt and output on the weights of then and samples on. So no group
+generates more than η versions past its stamp: each trained sample's newest token is at most η
+versions newer than its group's last stamp. The re-queues are counted (`recycled` groups,
+`recycled_tokens` carried over); a recycled group stays in flight until it is trained, so the
+accounting identity is unchanged. (At the back of a full queue, a re-queued group waited while its
+tokens aged: docs/benchmarks.md measures the price.)
 
 Its older tokens, by `recycle_keep_prefix`:
 - masked (the default, slime's `--mask-offpolicy-in-partial-rollout`): loss mask 0 on every token
