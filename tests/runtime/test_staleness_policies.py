@@ -161,7 +161,7 @@ def test_admission_keeps_late_groups_and_reports_their_true_lags(tmp_path, repor
 
 
 @pytest.mark.slow  # a run with a generator killed mid-way: ~25 s
-@pytest.mark.parametrize("policy", ["drop", "token", "recycle"])
+@pytest.mark.parametrize("policy", ["admission", "drop", "token", "recycle"])
 def test_a_killed_generator_loses_nothing_and_trains_nothing_twice(tmp_path, reported, policy):
     kill_rollout = KillOnce("rollout[0]", at_version=4)
     real_time = ["emulation.time_scale=1.0"] if policy == "recycle" else []  # stragglers long enough to re-queue
@@ -176,7 +176,7 @@ def test_a_killed_generator_loses_nothing_and_trains_nothing_twice(tmp_path, rep
 
 
 @pytest.mark.slow  # two runs: ~30 s
-@pytest.mark.parametrize("policy", ["token", "recycle"])
+@pytest.mark.parametrize("policy", ["admission", "drop", "token", "recycle"])
 def test_a_resumed_run_trains_every_sample_once_though_groups_were_consumed_out_of_order(tmp_path, reported, policy):
     controller, _ = run(tmp_path, policy, "steps=6", "checkpoint.interval_steps=3", "emulation.time_scale=1.0")
     first = list(reported)
