@@ -34,6 +34,14 @@ def compute(matmuls: int) -> None:
         x = torch.tanh(x @ x / 128)
 
 
+def compute_for(seconds: float) -> None:
+    """Work (not a timed wait) until `seconds` have passed: a step busy for as long as a test needs on any
+    machine, where a fixed count of matmuls took 0.8 s on one and over 1 s on another."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        compute(50)
+
+
 def wait_for(path: Path, timeout_s: float = HOLD_TIMEOUT_S) -> None:
     """Block until the test creates `path` (an event the test controls), or fail after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
@@ -129,14 +137,14 @@ class FakeTrainer:
     def setup(self, context):
         self.version = context.version
         self.log = Path(context.run_dir) / "trained.jsonl"
-        self.work = knob("FAKE_TRAIN_WORK", 0)  # matmuls per optimizer step
+        self.work_s = float(os.environ.get("FAKE_TRAIN_WORK_S", "0"))  # seconds of matmuls per optimizer step
         # FAKE_HOLD_AT=k: the update of version k waits for the test's file run_dir/release, after writing
         # run_dir/held (a trainer busy for as long as the test needs)
         self.hold_at, self.run_dir = knob("FAKE_HOLD_AT", -1), Path(context.run_dir)
 
     def __call__(self, batch):
         started = time.monotonic()
-        compute(self.work)
+        compute_for(self.work_s)
         compute_s = time.monotonic() - started
         if self.version == self.hold_at:
             (self.run_dir / "held").touch()
