@@ -127,7 +127,6 @@ def test_an_aborted_request_stops_where_it_is_and_the_others_finish_as_they_woul
     assert [r.request_id for r in results] == [0] and torch.equal(results[0].output_ids, alone.output_ids)
 
 
-
 def test_a_requeued_sequence_goes_ahead_of_the_queue_pays_a_prefill_of_its_context_and_keeps_its_versions():
     engine = _engine(median=30, max_batch=1, scale=1e-6, quantum_s=1e-12)  # one decode step per step()
     engine.submit(_requests(range(2)))  # 0 runs, 1 waits

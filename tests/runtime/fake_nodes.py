@@ -137,7 +137,7 @@ class FakeTrainer:
     def setup(self, context):
         self.version = context.version
         self.log = Path(context.run_dir) / "trained.jsonl"
-        self.work_s = float(os.environ.get("FAKE_TRAIN_WORK_S", "0"))  # seconds of matmuls per optimizer step
+        self.work_s = knob("FAKE_TRAIN_WORK_MS", 0) / 1000  # seconds of matmuls per optimizer step
         # FAKE_HOLD_AT=k: the update of version k waits for the test's file run_dir/release, after writing
         # run_dir/held (a trainer busy for as long as the test needs)
         self.hold_at, self.run_dir = knob("FAKE_HOLD_AT", -1), Path(context.run_dir)

@@ -108,7 +108,7 @@ def test_node_that_keeps_failing_stops_the_run_with_its_name(tmp_path, monkeypat
 
 def test_a_node_busy_longer_than_dead_after_s_is_not_declared_silent(tmp_path, monkeypatch):
     # each optimizer step computes for well over dead_after_s; the worker's pulse thread keeps it alive
-    monkeypatch.setenv("FAKE_TRAIN_WORK_S", "1.5")
+    monkeypatch.setenv("FAKE_TRAIN_WORK_MS", "1500")
     controller, _ = _controller(tmp_path, "steps=2", "faults.heartbeat_s=0.1", "faults.dead_after_s=0.5",
                                 "faults.policy=fail-fast")
     state = controller.run()

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from areal.runtime.evaluation import CHUNK_SAMPLES, HeldOut
 from areal.runtime.learning import pass_at_1_error, verdict
 
 
@@ -41,8 +42,6 @@ def test_the_verdict_says_learned_only_beyond_two_standard_errors():
 
 
 def test_a_rounds_error_counts_each_tasks_own_samples():
-    from areal.runtime.evaluation import HeldOut
-
     held = HeldOut([{"task_id": "a"}, {"task_id": "b"}, {"task_id": "c"}], samples=2)
     held.start(0, lambda tasks, groups: groups)
     ids = [-i - 1 for i in range(6)]  # round 0: copy i is sample -(i) - 1, copies 2t and 2t+1 are task t
@@ -65,8 +64,6 @@ def test_a_round_goes_out_in_chunks_of_whole_tasks_and_ends_with_its_last_sample
     """5 tasks x 8 samples, 16 samples a chunk: three chunks (2, 2 and 1 tasks), every copy in exactly one, each
     chunk's task ids its own; the record comes when the last chunk is scored, and only unscored chunks are
     sent again after a crash."""
-    from areal.runtime.evaluation import CHUNK_SAMPLES, HeldOut
-
     assert CHUNK_SAMPLES == 16
     tasks = [{"task_id": name} for name in "abcde"]
     held = HeldOut(tasks, samples=8, first_round=3)
@@ -91,8 +88,6 @@ def test_a_round_goes_out_in_chunks_of_whole_tasks_and_ends_with_its_last_sample
 
 
 def test_a_task_with_more_samples_than_a_chunk_is_a_chunk_of_its_own():
-    from areal.runtime.evaluation import CHUNK_SAMPLES, HeldOut
-
     held = HeldOut([{"task_id": "a"}, {"task_id": "b"}], samples=CHUNK_SAMPLES + 4)
     chunks = held.start(0, _task_batch)
     assert [b.size for b, _ in chunks] == [CHUNK_SAMPLES + 4] * 2
@@ -101,8 +96,6 @@ def test_a_task_with_more_samples_than_a_chunk_is_a_chunk_of_its_own():
 
 def test_a_sample_that_failed_and_was_then_scored_again_counts_once():
     """A re-sent copy may be scored after the first failed: the round still waits for its other samples."""
-    from areal.runtime.evaluation import HeldOut
-
     held = HeldOut([{"task_id": "a"}], samples=2)
     held.start(0, _task_batch)
     first, second = -1, -2
