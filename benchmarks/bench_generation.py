@@ -12,6 +12,9 @@
 3. GRPO groups: the same requests, each prompt shared by a group of `--group` (as the recipes draw
    them), through the engine and through the engine reading every newcomer's prompt in a forward of
    its own (the engine before its prompt cache): what copying a read prompt's rows saves.
+4. The groups of [3] with new weights every `--update-every` decode steps: the engine re-reading each
+   distinct prompt once and every output over a copy, against every running row re-reading its prompt
+   and output whole (the engine before): what interruptible generation costs each way.
 
 Random-weight Qwen2, ~1.4 M params, one intra-op thread. Times are process CPU seconds (best of
 --repeat runs): on a shared machine wall time mostly measures the neighbours.
@@ -27,7 +30,8 @@ from collections.abc import Callable
 import torch
 import transformers
 
-from areal.engines import GenRequest, TorchGenerationEngine
+from areal.engines import GenRequest, GenResult, TorchGenerationEngine
+from areal.engines.torch_generate import left_padded
 
 VOCAB, EOS, PAD, BATCH = 256, 1, 0, 16
 
@@ -132,8 +136,21 @@ def engine_run(model: torch.nn.Module, batch_prompts: list[list[int]], lengths: 
 class EveryPromptRead(TorchGenerationEngine):
     """The engine before its prompt cache: every newcomer reads its prompt in the refill's forward."""
 
-    def _prefill(self, rebuild: list, admit: list) -> list:
-        return self._prefill_forward(rebuild, admit)
+    def _prefill(self, admit: list) -> list:
+        return self._prefill_forward(admit)
+
+
+class EveryRowReread(TorchGenerationEngine):
+    """The engine before its shared-prompt rebuild: after new weights every running row re-reads its prompt and
+    its output in one forward, a group's prompt once per row."""
+
+    def _rebuild(self, rows: list) -> None:
+        self._stale = False
+        self._set_rows([], None, self._mask[:0, :0])
+        if rows:
+            ids, mask = left_padded([s.tokens()[:-1] for s in rows], self.pad_token_id)
+            _, cache = self._forward(ids, mask, (mask.cumsum(1) - 1).clamp(min=0), None)
+            self._set_rows(rows, cache, mask, torch.tensor([s.output[-1] for s in rows]), mask.sum(1))
 
 
 def grouped_run(engine_class: type[TorchGenerationEngine], model: torch.nn.Module, batch_prompts: list[list[int]],
@@ -142,12 +159,38 @@ def grouped_run(engine_class: type[TorchGenerationEngine], model: torch.nn.Modul
     engine.generate([GenRequest(i, batch_prompts[i // group], n) for i, n in enumerate(lengths)])
 
 
+def updated_run(engine_class: type[TorchGenerationEngine], model: torch.nn.Module, batch_prompts: list[list[int]],
+                lengths: list[int], group: int, every: int) -> tuple[TorchGenerationEngine, list[GenResult]]:
+    """GRPO groups through the engine, new weights (the same tensors) landing every `every` decode steps; the
+    engine and its results."""
+    engine = engine_class(model, eos_token_id=EOS, pad_token_id=PAD, max_batch=2 * BATCH)
+    engine.submit([GenRequest(i, batch_prompts[i // group], n) for i, n in enumerate(lengths)])
+    weights, results, steps = model.state_dict(), [], 0
+    while engine.pending():
+        results += engine.step()
+        steps += 1
+        if steps % every == 0:
+            engine.update_weights(weights, engine.version + 1)
+    return engine, results
+
+
+def best_updated_run(engine_class: type[TorchGenerationEngine], model: torch.nn.Module,
+                     batch_prompts: list[list[int]], lengths: list[int], group: int, every: int,
+                     repeat: int) -> tuple[float, dict[str, float]]:
+    """Least CPU seconds of `updated_run` over `repeat` runs, and the last run's engine time per phase."""
+    engines: list[TorchGenerationEngine] = []
+    spent = best_time(lambda: engines.append(updated_run(engine_class, model, batch_prompts, lengths, group,
+                                                         every)[0]), repeat)
+    return spent, engines[-1].time_split()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--group", type=int, default=8, help="[3]: requests sharing each prompt")
+    parser.add_argument("--update-every", type=int, default=16, help="[4]: decode steps between new weights")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = build_model()
@@ -192,6 +235,15 @@ def main() -> None:
     print(f"  every prompt read          : {total / every_s:8.0f} tok/s")
     print(f"  a group's prompt read once : {total / cached_s:8.0f} tok/s   {every_s / cached_s:.2f}x")
 
+    # 4. the same groups, with new weights every few decode steps: the running rows are re-read each time
+    print(f"\n[4] the groups of [3], new weights every {args.update_every} decode steps")
+    variants = (("every row re-read whole", EveryRowReread), ("a prompt read once", TorchGenerationEngine))
+    timed = [(label, *best_updated_run(engine_class, model, batch_prompts, lengths, args.group, args.update_every,
+                                       args.repeat)) for label, engine_class in variants]
+    whole_s = timed[0][1]
+    for label, spent, split in timed:
+        print(f"  {label:<27}: {total / spent:8.0f} tok/s   re-reading {split['rebuild'] / sum(split.values()):.0%} "
+              f"of the engine's time   {whole_s / spent:.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -12,7 +12,8 @@ standard error): held-out pass@1 at the start and at the end, the versions reach
 of the trained samples (their step minus the version of their oldest token: mean, p99, max), the share of
 trained tokens older than η (the admission policy trains them; recycle with `recycle_keep_prefix`), the share
 of generated tokens wasted (dropped with their group, or masked), and the mean trained output length (does a
-policy favour short answers?).
+policy favour short answers?). A second table says where the time went: each worker's busy share and the share of
+its generator's time spent re-reading running rows under new weights.
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ def prices(run_dir: Path) -> dict[str, float]:
     masked = sum(s.get("masked_tokens", 0) for s in steps)
     stale = sum(s.get("stale_tokens", 0) for s in steps)
     dropped = last["dropped_tokens"]
+    rebuild = [s["generator_rebuild_share"] for s in steps if "generator_rebuild_share" in s]
     return {
+        **{f"busy {worker}": statistics.mean(s["busy"].get(worker, 0.0) for s in steps) for worker in last["busy"]},
+        "rebuild": statistics.mean(rebuild) if rebuild else math.nan,
         "version": last["version"],
         "samples_per_s": last["trained_samples"] / last["wall_s"],
         "lag_mean": statistics.mean(lags) if lags else math.nan,
@@ -95,6 +99,25 @@ def report(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def time_report(runs: list[Run]) -> str:
+    """Where each variant's time went: every worker's busy share, and its generator's time re-reading running rows
+    under new weights (the price of interruptible generation), as shares averaged over the step records."""
+    lines = []
+    for variant in dict.fromkeys(r.variant for r in runs):
+        costs = [prices(r.run_dir) for r in runs if r.variant == variant and not failure(r)]
+        if not costs:
+            continue
+        workers = [k for k in costs[0] if k.startswith("busy ")]
+        if not lines:
+            lines = [f"| policy | η | seeds | {' | '.join(workers)} | generator time re-reading rows |",
+                     "|---|---|---|" + "---|" * (len(workers) + 1)]
+        policy, eta = variant.split("-eta")
+        rebuild = "—" if any(math.isnan(c["rebuild"]) for c in costs) else f"{_column(costs, 'rebuild', 100)} %"
+        lines.append(f"| {policy} | {eta} | {len(costs)} | "
+                     + " | ".join(_column(costs, w, digits=2) for w in workers) + f" | {rebuild} |")
+    return "\n".join(lines)
+
+
 def kept_runs(out: Path) -> list[Run]:
     """The finished runs kept in `out` (POLICY-etaN-sS directories), as `run_all` would have left them."""
     runs = []
@@ -123,7 +146,8 @@ def main() -> None:
     if args.tabulate:
         if args.out is None or not args.out.is_dir():
             parser.error("--tabulate reads the runs kept in --out DIR: give the directory")
-        print(report(kept_runs(args.out)))
+        kept = kept_runs(args.out)
+        print(f"{report(kept)}\n\n{time_report(kept)}")
         return
     core_sets = pinned_cores(parser, args.parallel, args.cores_per_run)
     out = args.out or ROOT / "runs" / f"staleness-learning-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -135,7 +159,7 @@ def main() -> None:
             for seed in args.seeds for eta in args.etas for policy in args.policies]
     run_all(args.recipe, runs, args.common, args.parallel, timeout_s=args.minutes * 60 + 900, core_sets=core_sets)
     print(f"{args.minutes:g} minutes of training a run, then the last held-out round; runs in {out}\n")
-    print(report(runs))
+    print(f"{report(runs)}\n\n{time_report(runs)}")
 
 
 if __name__ == "__main__":

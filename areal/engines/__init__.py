@@ -47,6 +47,7 @@ class GenerationEngine(Protocol):
     def progress(self) -> dict[int, tuple[int, int]]: ...  # request id -> (tokens so far, oldest token's version)
     def abort(self, request_ids: Iterable[int]) -> dict[int, int]: ...  # request id -> tokens it had, now wasted
     def requeue(self, request_ids: Iterable[int]) -> dict[int, int]: ...  # to the queue's front, with its tokens
+    def time_split(self) -> dict[str, float]: ...  # seconds per phase so far; {} where the engine cannot tell
 
 
 class TrainEngine(Protocol):

@@ -89,7 +89,7 @@ class EmulatedGenerationEngine:
         self._waiting: deque[_Sequence] = deque()
         self._active: list[_Sequence] = []
         self._stale = False  # weights changed under running sequences: their KV cache is gone
-        self.modelled_s = {"prefill": 0.0, "decode": 0.0, "weights": 0.0}
+        self.modelled_s = {"prefill": 0.0, "rebuild": 0.0, "decode": 0.0, "weights": 0.0}
 
     def submit(self, requests: Iterable[GenRequest]) -> None:
         """Queue requests; like the torch engine, all are checked before any is queued."""
@@ -110,6 +110,10 @@ class EmulatedGenerationEngine:
         self.version = version
         self._stale = bool(self._active)
         self._spend("weights", self.profile.weights_load_s)
+
+    def time_split(self) -> dict[str, float]:
+        """Modelled seconds so far per phase, taking weights included."""
+        return dict(self.modelled_s)
 
     def generate(self, requests: Iterable[GenRequest]) -> list[GenResult]:
         return run_to_completion(self, requests)
@@ -143,11 +147,13 @@ class EmulatedGenerationEngine:
         rebuild = self._active if self._stale else []
         self._stale = False
         if rebuild or admit:
-            prefill = self.profile.prefill_s(sum(s.context for s in rebuild) + sum(s.context for s in admit))
+            reread, read = sum(s.context for s in rebuild), sum(s.context for s in admit)
+            prefill = self.profile.prefill_s(reread + read)
             for s in admit:  # the prefill's last logits sample each newcomer's next token (a re-queued one's too)
                 s.sample(1, self.version)
                 (finished if s.done >= s.length else self._active).append(s)
-            self._spend("prefill", prefill)
+            self._spend("rebuild", prefill * reread / (reread + read))  # the running rows' share of the forward
+            self._spend("prefill", prefill * read / (reread + read))
         if self._active:
             batch, context = len(self._active), sum(s.context for s in self._active)
             to_next = min(s.length - s.done for s in self._active)

@@ -15,10 +15,11 @@ and edits that cache between decode steps instead of restarting the batch:
   free 1584-2063 (the same within noise), static batches 1117-1574, transformers' `generate`
   463-498. Rebuilding the whole batch on every refill would instead re-read every running row;
 - a weight update (`update_weights`) marks the cache stale: at the next `step` the cache is
-  dropped and every running row is re-prefilled with the new weights over its prompt and the
-  tokens generated so far (all but the last, which the next decode step feeds), in the same
-  forward as any newcomers. Tokens sampled before the update keep their version and behaviour
-  logprob; later ones record the new version;
+  dropped and every running row is re-read with the new weights: each distinct prompt once (a GRPO
+  group's rows share theirs, and its newcomers copy it from the prompt cache), then every row's
+  output so far (all but the last token, which the next decode step feeds) over a copy of its
+  prompt's rows. Tokens sampled before the update keep their version and behaviour logprob; later
+  ones record the new version;
 - prompts are cached: a newcomer whose prompt was read under the current weights (a GRPO group's other
   samples, a held-out round's other samples of a task) copies that prompt's KV rows and last logits
   instead of reading it in a forward of its own, and newcomers of one prompt in the same refill are read
@@ -174,7 +175,8 @@ class TorchGenerationEngine:
         self._positions = torch.zeros(0, dtype=torch.int64, device=self.device)  # [B] its position id
         self._stale = False
         self._prompts = PromptCache(max_batch)  # read under the current weights
-        self.timings_s = {"prefill": 0.0, "decode": 0.0}
+        # seconds spent reading newcomers, re-reading running rows after a weight update, and decoding
+        self.timings_s = {"prefill": 0.0, "rebuild": 0.0, "decode": 0.0}
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -209,15 +211,19 @@ class TorchGenerationEngine:
 
     @torch.no_grad()
     def step(self) -> list[GenResult]:
-        """Admit waiting requests if slots allow, then one decode step for every running row."""
+        """Re-read the running rows if the weights changed, admit waiting requests if slots allow, then one decode
+        step for every running row."""
         finished: list[GenResult] = []
-        rebuild = self._active if self._stale else []
+        if self._stale:
+            start = time.perf_counter()
+            self._rebuild(self._active)
+            self.timings_s["rebuild"] += time.perf_counter() - start
         free = self.max_batch - len(self._active)
         admit: list[_Slot] = []
-        if self._waiting and (free >= self.refill_min_free or not self._active or self._stale):
+        if self._waiting and (free >= self.refill_min_free or not self._active):
             admit = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
-        if rebuild or admit:
-            finished += self._prefill(rebuild, admit)
+        if admit:
+            finished += self._prefill(admit)
         if self._active:
             finished += self._decode()
         return finished
@@ -244,6 +250,10 @@ class TorchGenerationEngine:
         moved = self._take_rows(set(request_ids))
         self._waiting.extendleft(reversed(moved))
         return {s.request_id: len(s.output) for s in moved}
+
+    def time_split(self) -> dict[str, float]:
+        """Seconds spent so far reading newcomers, re-reading running rows after weight updates, and decoding."""
+        return dict(self.timings_s)
 
     # ---- internals ----------------------------------------------------------------------------
 
@@ -275,9 +285,39 @@ class TorchGenerationEngine:
         )
         return out.logits[:, -1], getattr(out, self._cache_name)
 
-    def _prefill(self, rebuild: list[_Slot], admit: list[_Slot]) -> list[GenResult]:
-        """Admit newcomers (and, after a weight update, rebuild the running rows): the first newcomer of a prompt
-        not cached reads it in one forward with the others that need one; the rest copy its rows."""
+    def _rebuild(self, rows: list[_Slot]) -> None:
+        """After a weight update, the running rows' cache under the new weights: each distinct prompt read once (a
+        GRPO group's rows share one, and it is kept for the group's newcomers), then every row's output but its
+        pending token read over a copy of its prompt's rows. A row's output is left-padded in that second
+        forward, so its cache row has a masked gap between prompt and output."""
+        self._stale = False
+        self._set_rows([], None, self._mask[:0, :0])
+        if not rows:
+            return
+        prompts = {s.prompt_key: s.prompt for s in rows}  # a row of the first forward each, in order
+        ids, mask = left_padded(list(prompts.values()), self.pad_token_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        logits, cache = self._forward(ids, mask, (mask.cumsum(1) - 1).clamp(min=0), None)
+        row_of = {key: row for row, key in enumerate(prompts)}
+        for key, row in row_of.items():
+            self._prompts.remember(key, cache, row, mask.shape[1] - len(key), logits[row])
+        index = torch.tensor([row_of[s.prompt_key] for s in rows], dtype=torch.int64, device=self.device)
+        _select_rows(cache, index)
+        mask = mask[index]
+        outputs = [torch.tensor(s.output[:-1], dtype=torch.int64) for s in rows]
+        if any(len(o) for o in outputs):
+            new_ids, new_mask = left_padded(outputs, self.pad_token_id)
+            mask = torch.cat([mask, new_mask.to(self.device)], dim=1)
+            positions = (mask.cumsum(1) - 1).clamp(min=0)[:, -new_ids.shape[1] :]
+            _, cache = self._forward(new_ids.to(self.device), mask, positions, cache)
+        pending = torch.tensor([s.output[-1] for s in rows], dtype=torch.int64, device=self.device)
+        positions = torch.tensor([len(s.prompt) + len(s.output) - 1 for s in rows], dtype=torch.int64,
+                                 device=self.device)
+        self._set_rows(rows, cache, mask, pending, positions)
+
+    def _prefill(self, admit: list[_Slot]) -> list[GenResult]:
+        """Admit newcomers: the first newcomer of a prompt not cached reads it in one forward with the others that
+        need one; the rest copy its rows."""
         start = time.perf_counter()
         fresh: list[_Slot] = []
         copies: list[_Slot] = []
@@ -288,60 +328,42 @@ class TorchGenerationEngine:
                 continue
             (copies if slot.prompt_key in seen else fresh).append(slot)
             seen.add(slot.prompt_key)
-        finished = self._prefill_forward(rebuild, fresh) if rebuild or fresh else []
+        finished = self._prefill_forward(fresh) if fresh else []
         if copies:  # rows are copied into a running batch's cache, so there must be one
-            finished += self._admit_cached(copies) if self._active else self._prefill_forward([], copies)
+            finished += self._admit_cached(copies) if self._active else self._prefill_forward(copies)
         self.timings_s["prefill"] += time.perf_counter() - start
         return finished
 
-    def _prefill_forward(self, rebuild: list[_Slot], admit: list[_Slot]) -> list[GenResult]:
-        """One left-padded forward: running rows (after a weight update) re-read all but their pending
-        token; newcomers read their prompt (and a re-queued one its output so far) and sample their next token
-        from the last logits."""
-        if rebuild:  # the old cache was dropped in update_weights; these rows are re-added below
-            self._set_rows([], None, self._mask[:0, :0])
-            self._stale = False
-        contexts = [s.tokens()[:-1] for s in rebuild] + [s.tokens() for s in admit]
-        width = max(len(c) for c in contexts)
-        ids = torch.full((len(contexts), width), self.pad_token_id, dtype=torch.int64)
-        mask = torch.zeros(len(contexts), width, dtype=torch.int64)
-        for i, c in enumerate(contexts):
-            ids[i, width - len(c) :] = c
-            mask[i, width - len(c) :] = 1
+    def _prefill_forward(self, admit: list[_Slot]) -> list[GenResult]:
+        """One left-padded forward: newcomers read their prompt (and a re-queued one its output so far) and sample
+        their next token from the last logits."""
+        ids, mask = left_padded([s.tokens() for s in admit], self.pad_token_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         logits, cache = self._forward(ids, mask, (mask.cumsum(1) - 1).clamp(min=0), None)
-        for row, slot in enumerate(admit, start=len(rebuild)):
+        width = mask.shape[1]
+        for row, slot in enumerate(admit):
             if not slot.output:  # a prompt alone: later requests of the same prompt copy it
                 self._prompts.remember(slot.prompt_key, cache, row, width - len(slot.prompt), logits[row])
-        pending = torch.tensor([s.output[-1] for s in rebuild], dtype=torch.int64, device=self.device)
-        positions = torch.tensor([len(c) for c in contexts], dtype=torch.int64, device=self.device)
-        return self._admit_rows(rebuild, admit, cache, logits[len(rebuild) :], mask, pending, positions)
+        positions = mask.sum(1)
+        return self._admit_rows(admit, cache, logits, mask, positions)
 
     def _admit_cached(self, admit: list[_Slot]) -> list[GenResult]:
         """Newcomers whose prompt is cached: their rows are the cached ones, left-padded to a common width."""
         cache, mask, logits = self._prompts.rows([s.prompt_key for s in admit], self.device)
         positions = torch.tensor([len(s.prompt) for s in admit], dtype=torch.int64, device=self.device)
-        return self._admit_rows([], admit, cache, logits, mask, positions[:0], positions)
+        return self._admit_rows(admit, cache, logits, mask, positions)
 
-    def _admit_rows(self, rebuild: list[_Slot], admit: list[_Slot], cache: Any, logits: Tensor, mask: Tensor,
-                    pending: Tensor, positions: Tensor) -> list[GenResult]:
+    def _admit_rows(self, admit: list[_Slot], cache: Any, logits: Tensor, mask: Tensor,
+                    positions: Tensor) -> list[GenResult]:
         """Sample each newcomer's first token from `logits`, then merge the rows that go on into the batch."""
-        slots = rebuild + admit
-        finished: list[GenResult] = []
-        keep = list(range(len(rebuild)))
-        if admit:
-            sampled, reasons = self._sample_into(admit, logits)
-            pending = torch.cat([pending, sampled])
-            for i, (slot, reason) in enumerate(zip(admit, reasons, strict=True)):
-                if reason is None:
-                    keep.append(len(rebuild) + i)
-                else:
-                    finished.append(slot.result(reason))
-        if len(keep) < len(slots):
+        pending, reasons = self._sample_into(admit, logits)
+        finished = [slot.result(reason) for slot, reason in zip(admit, reasons, strict=True) if reason is not None]
+        keep = [i for i, reason in enumerate(reasons) if reason is None]
+        if len(keep) < len(admit):
             index = torch.tensor(keep, dtype=torch.int64, device=self.device)
             _select_rows(cache, index)
             mask, pending, positions = mask[index], pending[index], positions[index]
-        self._merge([slots[i] for i in keep], cache, mask, pending, positions)
+        self._merge([admit[i] for i in keep], cache, mask, pending, positions)
         return finished
 
     def _decode(self) -> list[GenResult]:
@@ -423,6 +445,17 @@ class TorchGenerationEngine:
                 for layer in cache.layers:
                     layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
         self._mask = mask
+
+
+def left_padded(rows: Sequence[Tensor], pad_token_id: int) -> tuple[Tensor, Tensor]:
+    """Token rows left-padded to the longest: their ids and attention mask, [rows, width] each."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.int64)
+    mask = torch.zeros(len(rows), width, dtype=torch.int64)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = r
+        mask[i, width - len(r) :] = 1
+    return ids, mask
 
 
 def _select_rows(cache: Any, index: Tensor) -> None:

@@ -230,6 +230,10 @@ class VLLMGenerationEngine:
             self._send(req)
         return {r.request_id: len(r.output) for r in moved.values()}
 
+    def time_split(self) -> dict[str, float]:
+        """Nothing: vLLM's scheduler mixes prefill and decode in one step, so no phase has a time of its own."""
+        return {}
+
     # ---- internals ----------------------------------------------------------------------------
 
     def _send(self, req: _Request) -> None:

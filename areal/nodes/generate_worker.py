@@ -45,11 +45,12 @@ class GenerateNode:
         self.model_name = model
         self._pending: dict[int, _Pending] = {}  # sample id -> its batch
         self._batches: list[_Pending] = []
+        self._split_at: dict[str, float] = {}  # the engine's time per phase at the last weight update
 
     def setup(self, context: Any) -> None:
         from areal.nodes.policy_copy import PolicyCopy
 
-        self.note = context.note
+        self.note, self.report = context.note, context.report
         self.group_size = context.config.group_size  # the run's, with this node's own setting in it
         self.policy = PolicyCopy(context)
         self.engine, self.tokenizer = self.policy.engine, self.policy.tokenizer
@@ -67,6 +68,7 @@ class GenerateNode:
     def receive_weights(self, version: int) -> None:
         """Take part in the trainer's broadcast of `version`; in-flight requests continue on the new weights."""
         self.policy.receive_weights(version)
+        self._report_time_split()
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -76,6 +78,16 @@ class GenerateNode:
 
     def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
         self.engine.update_weights(dict(weights), version)  # the engine a test may have put in place
+        self._report_time_split()
+
+    def _report_time_split(self) -> None:
+        """The engine's share of time per phase since the last weight update, averaged into the step's metrics
+        (`generator_rebuild_share`: re-reading running rows under the new weights, the price of interruption)."""
+        now = self.engine.time_split()
+        spent = {phase: seconds - self._split_at.get(phase, 0.0) for phase, seconds in now.items()}
+        self._split_at = now
+        if (total := sum(spent.values())) > 0:
+            self.report("metrics", values={f"generator_{phase}_share": s / total for phase, s in spent.items()})
 
     def submit(self, batch: Batch, meta: GroupMeta) -> None:
         from areal.engines.torch_generate import GenRequest

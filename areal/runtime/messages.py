@@ -150,6 +150,7 @@ class BatchRefused(Message):
 class NodeMetrics(Message):
     KIND: ClassVar[str] = "metrics"
     values: dict[str, float]
+    node: str | None = None  # the node that reported them (a trainer's own stats come untagged)
 
 
 class WorkerError(Message):

@@ -58,6 +58,8 @@ def summary_table(controller: Controller) -> Table:
     t.add_row("wall-clock", f"{controller._elapsed():.1f} s")
     t.add_row("trained samples/s", _fmt(step.get("samples_per_s"), ".2f"))
     t.add_row("generated tokens/s", _fmt(step.get("generated_tokens_per_s"), ".0f"))
+    if split := generator_time_line(step):
+        t.add_row("generator time (last step)", split)
     if s.evals:
         t.add_row("held-out pass@1", " → ".join(f"{_pass(e)}@v{e['version']}" for e in s.evals))
         if len(s.evals) > 1:
@@ -72,6 +74,14 @@ def summary_table(controller: Controller) -> Table:
     if reasons:
         t.add_row("failures", ", ".join(f"{k}: {v}" for k, v in reasons.most_common()))
     return t
+
+
+def generator_time_line(step: dict[str, Any]) -> str:
+    """The generators' engine time per phase in a step record ("" when their engine cannot tell, as vLLM's):
+    `rebuild` is re-reading running rows under new weights, what interruptible generation costs."""
+    shares = {k.removeprefix("generator_").removesuffix("_share"): v for k, v in step.items()
+              if k.startswith("generator_") and k.endswith("_share")}
+    return " · ".join(f"{phase} {share:.0%}" for phase, share in shares.items())
 
 
 def staleness_line(controller: Controller) -> str:

@@ -44,7 +44,7 @@ def one_rank_group():
 
 
 def test_vllm_without_the_package_or_a_gpu_fails_worker_setup_naming_both(bare_machine, tmp_path):
-    context = SimpleNamespace(config=VLLM, run_dir=tmp_path, version=0, resume_dir=None, note=None)
+    context = SimpleNamespace(config=VLLM, run_dir=tmp_path, version=0, resume_dir=None, note=None, report=None)
     with pytest.raises(ConfigError) as info:
         GenerateNode().setup(context)  # before the model or tokenizer is touched: nothing to load here
     assert str(info.value) == NO_VLLM_NO_GPU

@@ -238,6 +238,45 @@ def test_a_prompt_read_once_serves_its_other_requests_with_the_logprobs_of_a_flo
         assert (r.logprobs.double() - reference).abs().max() < 1e-6
 
 
+def test_a_weight_update_reads_each_prompt_once_then_every_output_over_its_copy_as_a_float64_forward_would(
+        make_model):
+    old, new = make_model(0).double(), make_model(1).double()
+    engine = TorchGenerationEngine(copy.deepcopy(old), eos_token_id=NEVER, pad_token_id=0, max_batch=8)
+    group, other = requests([(6, 1), (3, 1)], seed=5)
+    engine.submit([GenRequest(k, group.prompt_ids, max_new_tokens=8 + 3 * k) for k in range(4)]
+                  + [GenRequest(4 + k, other.prompt_ids, max_new_tokens=9 + k) for k in range(2)])
+    results = []
+    for _ in range(3):  # each row: a token from its prompt's last logits, then one a decode step
+        results += engine.step()
+    engine.update_weights(new.state_dict(), version=1)
+    read: list[tuple[int, ...]] = []
+    forward = engine.model.forward
+    engine.model.forward = lambda *a, **kw: read.append(tuple(kw["input_ids"].shape)) or forward(*a, **kw)
+    results += engine.step()
+    assert read == [(2, 6), (6, 3), (6, 1)]  # 2 prompts; 6 outputs of 4 tokens but the pending one; a decode step
+    while engine.pending():
+        results += engine.step()
+    assert sorted(r.request_id for r in results) == list(range(6))
+    for r in results:
+        assert r.versions.tolist() == [0] * 4 + [1] * (len(r.output_ids) - 4)
+        reference = torch.cat([forward_logprobs(old, r)[:4], forward_logprobs(new, r)[4:]])
+        assert (r.logprobs.double() - reference).abs().max() < 1e-6
+
+
+def test_re_reading_the_running_rows_after_a_weight_update_is_timed_apart_from_reading_newcomers(make_model):
+    engine = TorchGenerationEngine(make_model(0), eos_token_id=NEVER, pad_token_id=0, max_batch=4)
+    engine.submit(requests([(3, 12), (5, 12), (1, 12), (8, 12), (4, 12)]))  # four rows run, one waits
+    for _ in range(3):
+        engine.step()
+    before = engine.time_split()
+    assert before["rebuild"] == 0 and before["prefill"] > 0 and before["decode"] > 0
+    engine.update_weights(make_model(1).state_dict(), version=1)
+    engine.step()  # no slot is free: the forward re-reads the four running rows and nothing else
+    after = engine.time_split()
+    assert after["rebuild"] > 0
+    assert after["prefill"] - before["prefill"] < after["rebuild"] / 100  # two clock reads apart, no forward
+
+
 def test_a_weight_update_empties_the_prompt_cache(make_model):
     old, new = make_model(0), make_model(1)
     engine = TorchGenerationEngine(copy.deepcopy(old), eos_token_id=NEVER, pad_token_id=0, max_batch=4)
@@ -246,11 +285,11 @@ def test_a_weight_update_empties_the_prompt_cache(make_model):
     engine.step()
     assert engine.prompt_cache_hits == 1  # one forward read the prompt; 1 copied 0's rows
     engine.update_weights(new.state_dict(), version=1)
-    engine.submit([GenRequest(2, prompt, max_new_tokens=8)])  # admitted with the rebuild of 0 and 1
+    engine.submit([GenRequest(2, prompt, max_new_tokens=8)])  # admitted right after the rebuild of 0 and 1
     results = []
     while engine.pending():
         results += engine.step()
-    assert engine.prompt_cache_hits == 1  # not a copy of the rows read under the old weights
+    assert engine.prompt_cache_hits == 2  # 2 copied the prompt the rebuild read under the new weights
     late = next(r for r in results if r.request_id == 2)
     assert late.versions.tolist() == [1] * 8
     torch.testing.assert_close(late.logprobs, forward_logprobs(new, late), atol=1e-5, rtol=0)

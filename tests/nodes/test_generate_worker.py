@@ -13,6 +13,7 @@ from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.models.tokenizer import CharTokenizer as make_tokenizer
 from areal.nodes.generate_worker import GenerateNode, generation_problem
+from areal.runtime.messages import Message, NodeMetrics, parse
 from tests.local_model import make_checkpoint
 
 
@@ -32,7 +33,7 @@ def test_a_group_reissued_while_still_in_flight_is_generated_once(tmp_path):
     noted: list[list[int]] = []
     node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
                                published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
-                               note=lambda sample_ids, reasons: noted.append(sorted(sample_ids))))
+                               note=lambda sample_ids, reasons: noted.append(sorted(sample_ids)), report=None))
     group = Batch({"prompt": ["def f(x):\n"], "group_id": torch.tensor([5]), "sample_id": torch.tensor([5])})
     meta = GroupMeta(group=5, samples=2, admitted_at=0)
     node.submit(group, meta)
@@ -96,7 +97,7 @@ def test_prompts_go_through_the_chat_template_of_a_model_that_has_one_unless_it_
                            generation=GenerationConfig(max_new_tokens=2, stop=[], chat_template=setting))
         node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
                                    published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
-                                   note=lambda sample_ids, reasons: None))
+                                   note=lambda sample_ids, reasons: None, report=None))
         node.submit(Batch({"prompt": ["2+2?"], "group_id": torch.tensor([0]), "sample_id": torch.tensor([0])}),
                     GroupMeta(group=0, samples=1, admitted_at=0))
         done = []
@@ -106,7 +107,12 @@ def test_prompts_go_through_the_chat_template_of_a_model_that_has_one_unless_it_
     assert prompts == {"auto": "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n", "off": "2+2?"}
 
 
-def two_slot_emulated_node(tmp_path):
+def wire_report(kind: str, **fields) -> Message:
+    """What the worker's `context.report` does with a node's report: one control message, checked."""
+    return parse({"type": kind, "node": "generate", **fields}, "rollout[0]")
+
+
+def two_slot_emulated_node(tmp_path, report=wire_report):
     """An emulated generate node of two slots whose samples run 40 tokens or so, at version 0."""
     config = RunConfig(group_size=2, generation=GenerationConfig(engine="emulated", max_new_tokens=64, max_batch=2,
                                                                  stop=[]),
@@ -114,7 +120,7 @@ def two_slot_emulated_node(tmp_path):
     node = GenerateNode()
     node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
                                published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
-                               note=lambda sample_ids, reasons: None))
+                               note=lambda sample_ids, reasons: None, report=report))
     return node
 
 
@@ -170,3 +176,22 @@ def test_the_node_version_is_its_engine_version_so_tokens_and_admission_read_one
         done += node.step()
     (batch, meta), = done
     assert meta.stamped_at == 5 and {int(v) for row in batch["versions"].rows() for v in row} == {5}
+
+
+def test_each_weight_update_reports_the_engine_time_per_phase_since_the_last_with_the_re_read_rows_apart(tmp_path):
+    reports: list[Message] = []
+    node = two_slot_emulated_node(tmp_path, report=lambda kind, **fields: reports.append(wire_report(kind, **fields)))
+    node.engine.quantum_s = 1e-12  # one decode step per step()
+    node.submit(Batch({"prompt": ["1+1="], "group_id": torch.tensor([3]), "sample_id": torch.tensor([3])}),
+                GroupMeta(group=3, samples=2, admitted_at=0))
+    node.step()  # both samples read their prompt and take one decode step
+    node.load_weights({}, 1)
+    first = node.engine.time_split()
+    node.step()  # both rows re-read under version 1, one decode step; no newcomer
+    node.load_weights({}, 2)
+    spent = {phase: seconds - first[phase] for phase, seconds in node.engine.time_split().items()}
+    assert all(isinstance(r, NodeMetrics) and r.node == "generate" for r in reports) and len(reports) == 2
+    assert reports[0].values["generator_rebuild_share"] == 0 and reports[0].values["generator_prefill_share"] > 0
+    assert spent["prefill"] == 0 and spent["rebuild"] > 0
+    assert reports[1].values == pytest.approx({f"generator_{phase}_share": seconds / sum(spent.values())
+                                               for phase, seconds in spent.items()})

@@ -18,7 +18,7 @@ import pytest
 from areal.runtime import controller as controller_module
 from areal.runtime import messages as msg
 from areal.runtime.launch import build_controller
-from areal.runtime.progress import staleness_line
+from areal.runtime.progress import generator_time_line, staleness_line
 from areal.runtime.resume import resume_point
 from tests.runtime.kills import KillOnce
 
@@ -57,6 +57,11 @@ def lags(steps, versions) -> list[int]:
     return [step - min(versions[sid]) for step, ids, _ in steps for sid in ids]
 
 
+def records(tmp_path: Path) -> list[dict]:
+    """The run's metrics lines."""
+    return [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
 def identity_holds(controller, steps) -> set[int]:
     """Each sample trained at most once, none both trained and dropped; started = trained + failed + filtered
     + dropped + in flight. Returns the trained ids."""
@@ -78,8 +83,13 @@ def test_token_trains_no_token_older_than_eta_and_masks_exactly_those(tmp_path, 
     masked = [stats["masked_tokens"] for _, _, stats in reported]
     assert sum(masked) == sum(older) > 0  # stragglers were trained, their old tokens (and only those) masked
     assert max(lags(reported, versions)) > ETA and all(stats["stale_tokens"] == 0 for _, _, stats in reported)
-    record = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    record = records(tmp_path)[-1]
     assert record["masked_tokens"] == masked[-1]
+    # each weight update's time split reached the step records; stragglers ran through updates, so re-reading
+    split = [r for r in records(tmp_path) if "generator_rebuild_share" in r]
+    assert split and all(sum(v for k, v in r.items() if k.startswith("generator_")) == pytest.approx(1) for r in split)
+    assert max(r["generator_rebuild_share"] for r in split) > 0
+    assert generator_time_line(split[-1]).startswith("prefill ") and " · rebuild " in generator_time_line(split[-1])
     line = staleness_line(controller)  # the run summary's
     assert line.startswith("token: every trained token ≤ 1 version behind") and f"{sum(masked)} masked" in line
     assert f"max {max(lags(reported, versions))};" in line
@@ -94,8 +104,7 @@ def test_drop_aborts_late_groups_in_generation_and_trains_none_past_eta(tmp_path
     dropped = controller.accounting.dropped
     assert dropped and controller.accounting.dropped_tokens > 0 and len(trained) == 12 * B * G
     assert {sid // G for sid in dropped} & {sid // G for sid in trained} == set()  # a group goes whole
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    aborted = [r for r in records if r["kind"] == "dropped" and "aborted in generation" in r["reason"]]
+    aborted = [r for r in records(tmp_path) if r["kind"] == "dropped" and "aborted in generation" in r["reason"]]
     assert aborted and aborted[0]["reason"].startswith("rollout: ")  # stopped where it was, not only discarded
 
 
@@ -138,13 +147,13 @@ def test_recycle_requeues_late_groups_with_their_output_and_masks_or_keeps_their
     stale = sum(stats["stale_tokens"] for _, _, stats in reported)
     assert older > 0 and (masked, stale) == ((0, older) if keep_prefix else (older, 0))
     acc = controller.accounting.summary()
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lines = records(tmp_path)
     assert acc["recycled"] >= len(requeued) > 0 and acc["recycled_tokens"] > 0
-    logged = [r for r in records if r["kind"] == "recycled"]
+    logged = [r for r in lines if r["kind"] == "recycled"]
     assert sum(len(r["groups"]) for r in logged) == acc["recycled"]  # every re-queue counted and logged
     assert sum(r["tokens"] for r in logged) == acc["recycled_tokens"]
     # a step record counts the re-queues so far: a generator may re-queue after the last step, on its last weights
-    counted = [r["recycled"] for r in records if r["kind"] == "step"]
+    counted = [r["recycled"] for r in lines if r["kind"] == "step"]
     assert counted == sorted(counted) and 0 < counted[-1] <= acc["recycled"]
     line = staleness_line(controller)
     assert f"recycled {acc['recycled']} groups ({acc['recycled_tokens']} tokens re-queued)" in line
