@@ -99,6 +99,10 @@ class GenerationConfig(_Section):
     temperature: PositiveFloat = 1.0
     top_p: float = Field(1.0, gt=0, le=1)
     max_batch: PositiveInt = Field(32, description="sequences decoded together by one generate worker")
+    refill_min_free: PositiveInt | None = Field(
+        None, description="torch engine: rows that must be free before waiting requests join the batch; None: a "
+        "quarter of max_batch (each refill copies the running batch's cache: with a full queue at 128 rows, a "
+        "refill at every free row cost 20-30 % of tokens/s, benchmarks/bench_generation.py [5])")
     stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\n#", "\nprint", "\n\n"])
     threads: PositiveInt = Field(1, description="torch threads of each generate worker")
     engine: Literal["torch", "vllm", "emulated"] = Field(
@@ -111,6 +115,18 @@ class GenerationConfig(_Section):
         "auto", description="auto: a prompt becomes a user message in the tokenizer's chat template when it has "
         "one (an instruct model); off: the prompt is tokenised as it is (a base model continuing text)"
     )
+
+    @model_validator(mode="after")
+    def _refill_within_the_batch(self) -> GenerationConfig:
+        if self.refill_min_free is not None and self.refill_min_free > self.max_batch:
+            raise ValueError(f"refill_min_free={self.refill_min_free} rows can never be free in a batch of "
+                             f"max_batch={self.max_batch}")
+        return self
+
+    @property
+    def refill_rows(self) -> int:
+        """Free rows that start a refill: the setting, or a quarter of the batch."""
+        return self.refill_min_free or max(1, self.max_batch // 4)
 
 
 class EmulationConfig(_Section):

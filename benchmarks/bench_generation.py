@@ -12,9 +12,11 @@
 3. GRPO groups: the same requests, each prompt shared by a group of `--group` (as the recipes draw
    them), through the engine and through the engine reading every newcomer's prompt in a forward of
    its own (the engine before its prompt cache): what copying a read prompt's rows saves.
-4. The groups of [3] with new weights every `--update-every` decode steps: the engine re-reading each
-   distinct prompt once and every output over a copy, against every running row re-reading its prompt
-   and output whole (the engine before): what interruptible generation costs each way.
+4. The code recipe's shape (GRPO groups of `--group`, prompts of 30-36 tokens, outputs of 8-30) with a
+   queue that never empties (a generator at η > 1 holds more samples than rows), 128 rows, new weights
+   every 40 or 16 decode steps: the engine re-reading each distinct prompt once and every output over
+   a copy, against every running row re-reading its prompt and output whole (the engine before).
+5. The same requests: the refill started at 1, 16, 32 or 64 free rows, with and without new weights.
 
 Random-weight Qwen2, ~1.4 M params, one intra-op thread. Times are process CPU seconds (best of
 --repeat runs): on a shared machine wall time mostly measures the neighbours.
@@ -159,29 +161,32 @@ def grouped_run(engine_class: type[TorchGenerationEngine], model: torch.nn.Modul
     engine.generate([GenRequest(i, batch_prompts[i // group], n) for i, n in enumerate(lengths)])
 
 
-def updated_run(engine_class: type[TorchGenerationEngine], model: torch.nn.Module, batch_prompts: list[list[int]],
-                lengths: list[int], group: int, every: int) -> tuple[TorchGenerationEngine, list[GenResult]]:
-    """GRPO groups through the engine, new weights (the same tensors) landing every `every` decode steps; the
-    engine and its results."""
-    engine = engine_class(model, eos_token_id=EOS, pad_token_id=PAD, max_batch=2 * BATCH)
+@torch.no_grad()
+def full_queue_run(engine_class: type[TorchGenerationEngine], model: torch.nn.Module, batch_prompts: list[list[int]],
+                   lengths: list[int], group: int, refill: int, every: int,
+                   rows: int = 8 * BATCH) -> tuple[TorchGenerationEngine, list[GenResult]]:
+    """Every request queued at once (what a generator holds at η > 1: more samples than rows), a refill once
+    `refill` rows are free, new weights (the same tensors) every `every` decode steps (0: never); the engine, to
+    read its time, and the results."""
+    engine = engine_class(model, eos_token_id=EOS, pad_token_id=PAD, max_batch=rows, refill_min_free=refill)
     engine.submit([GenRequest(i, batch_prompts[i // group], n) for i, n in enumerate(lengths)])
     weights, results, steps = model.state_dict(), [], 0
     while engine.pending():
         results += engine.step()
         steps += 1
-        if steps % every == 0:
+        if every and steps % every == 0:
             engine.update_weights(weights, engine.version + 1)
     return engine, results
 
 
-def best_updated_run(engine_class: type[TorchGenerationEngine], model: torch.nn.Module,
-                     batch_prompts: list[list[int]], lengths: list[int], group: int, every: int,
-                     repeat: int) -> tuple[float, dict[str, float]]:
-    """Least CPU seconds of `updated_run` over `repeat` runs, and the last run's engine time per phase."""
+def timed_full_queue(engine_class: type[TorchGenerationEngine], model: torch.nn.Module, batch_prompts: list[list[int]],
+                     lengths: list[int], group: int, refill: int, every: int, repeat: int) -> tuple[float, str]:
+    """Least CPU seconds of `full_queue_run` over `repeat` runs, and the last run's engine time per phase."""
     engines: list[TorchGenerationEngine] = []
-    spent = best_time(lambda: engines.append(updated_run(engine_class, model, batch_prompts, lengths, group,
-                                                         every)[0]), repeat)
-    return spent, engines[-1].time_split()
+    spent = best_time(lambda: engines.append(full_queue_run(engine_class, model, batch_prompts, lengths, group,
+                                                            refill, every)[0]), repeat)
+    split = engines[-1].time_split()
+    return spent, " · ".join(f"{phase} {t / sum(split.values()):.0%}" for phase, t in split.items())
 
 
 def main() -> None:
@@ -190,7 +195,6 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--max-len", type=int, default=256)
     parser.add_argument("--group", type=int, default=8, help="[3]: requests sharing each prompt")
-    parser.add_argument("--update-every", type=int, default=16, help="[4]: decode steps between new weights")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = build_model()
@@ -235,15 +239,31 @@ def main() -> None:
     print(f"  every prompt read          : {total / every_s:8.0f} tok/s")
     print(f"  a group's prompt read once : {total / cached_s:8.0f} tok/s   {every_s / cached_s:.2f}x")
 
-    # 4. the same groups, with new weights every few decode steps: the running rows are re-read each time
-    print(f"\n[4] the groups of [3], new weights every {args.update_every} decode steps")
-    variants = (("every row re-read whole", EveryRowReread), ("a prompt read once", TorchGenerationEngine))
-    timed = [(label, *best_updated_run(engine_class, model, batch_prompts, lengths, args.group, args.update_every,
-                                       args.repeat)) for label, engine_class in variants]
-    whole_s = timed[0][1]
-    for label, spent, split in timed:
-        print(f"  {label:<27}: {total / spent:8.0f} tok/s   re-reading {split['rebuild'] / sum(split.values()):.0%} "
-              f"of the engine's time   {whole_s / spent:.2f}x")
+    # 4 and 5: the code recipe's shape, a queue that never empties (a generator at η > 1), 128 rows
+    rows, queued = 8 * BATCH, 64 * BATCH
+    recipe_prompts = prompts(queued // args.group, g, lo=30, hi=36)  # ~33 tokens, outputs of 8-30, as the recipe's
+    recipe_lengths = torch.randint(8, 31, (queued,), generator=g).tolist()
+    tokens = sum(recipe_lengths)
+    print(f"\n[4] {queued} requests queued at once (groups of {args.group}, prompts of 30-36 tokens, outputs of "
+          f"8-30), {rows} rows, a refill at {rows // 4} free: after new weights")
+    for every in (40, 16):
+        print(f"  new weights every {every} decode steps:")
+        whole_s, split = timed_full_queue(EveryRowReread, model, recipe_prompts, recipe_lengths, args.group,
+                                          rows // 4, every, args.repeat)
+        print(f"    every row re-read whole : {tokens / whole_s:8.0f} tok/s   1.00x   {split}")
+        once_s, split = timed_full_queue(TorchGenerationEngine, model, recipe_prompts, recipe_lengths, args.group,
+                                         rows // 4, every, args.repeat)
+        print(f"    a prompt read once      : {tokens / once_s:8.0f} tok/s   {whole_s / once_s:.2f}x   {split}")
+
+    print(f"\n[5] the requests of [4]: the refill started at 1, {rows // 8}, {rows // 4} or {rows // 2} free rows")
+    for every in (0, 40):
+        print(f"  new weights {f'every {every} decode steps' if every else 'never'}:")
+        at_one = 0.0
+        for refill in (1, rows // 8, rows // 4, rows // 2):
+            spent, split = timed_full_queue(TorchGenerationEngine, model, recipe_prompts, recipe_lengths, args.group,
+                                            refill, every, args.repeat)
+            at_one = at_one or spent
+            print(f"    refill at {refill:>3} free: {tokens / spent:8.0f} tok/s   {at_one / spent:.2f}x   {split}")
 
 if __name__ == "__main__":
     main()

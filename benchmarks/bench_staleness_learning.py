@@ -118,10 +118,17 @@ def time_report(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def _table_order(run_dir: Path) -> tuple[int, int, int]:
+    """A kept run's place in the tables: its η, its policy in POLICIES' order, its seed (a run's own order)."""
+    variant, _, seed = run_dir.name.rpartition("-s")
+    policy, _, eta = variant.partition("-eta")
+    return int(eta), POLICIES.index(policy) if policy in POLICIES else len(POLICIES), int(seed)
+
+
 def kept_runs(out: Path) -> list[Run]:
     """The finished runs kept in `out` (POLICY-etaN-sS directories), as `run_all` would have left them."""
     runs = []
-    for run_dir in sorted(p for p in out.iterdir() if p.is_dir()):
+    for run_dir in sorted((p for p in out.iterdir() if p.is_dir()), key=_table_order):
         variant, _, seed = run_dir.name.rpartition("-s")
         run = Run(variant, [], int(seed), run_dir)
         lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

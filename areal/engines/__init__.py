@@ -138,6 +138,7 @@ def _torch_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any
     if weights is not None:
         model.load_state_dict(load_file(str(weights)))
     return TorchGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch=config.generation.max_batch,
+                                 refill_min_free=config.generation.refill_rows,
                                  **_sampling(config, tokenizer, version, decode))
 
 

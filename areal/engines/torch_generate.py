@@ -9,11 +9,13 @@ and edits that cache between decode steps instead of restarting the batch:
 - continuous refill: waiting requests are prefilled on their own (prompt only) and their cache
   rows are left-padded and concatenated onto the running batch. No running row is ever
   recomputed, so a refill costs one prompt-length forward of the newcomers plus one copy of the
-  cache. Because that is cheap, refill happens as soon as `refill_min_free` slots are free
-  (default 1). Measured by benchmarks/bench_generation.py (CPU time, 1 thread, 1.4 M params,
-  batch 16, 64 Pareto-tailed lengths, two runs): refill at 1 free slot 1721-2017 tok/s, at 4
-  free 1584-2063 (the same within noise), static batches 1117-1574, transformers' `generate`
-  463-498. Rebuilding the whole batch on every refill would instead re-read every running row;
+  cache. Refill happens once `refill_min_free` slots are free (the engine's default 1; a run's,
+  `generation.refill_min_free`, a quarter of the batch). Measured by benchmarks/bench_generation.py
+  (CPU time, 1 thread, 1.4 M params, batch 16, 64 Pareto-tailed lengths, two runs): refill at 1
+  free slot 1721-2017 tok/s, at 4 free 1584-2063 (the same within noise), static batches
+  1117-1574, transformers' `generate` 463-498. But with a queue that never empties and 128 rows,
+  the copy of the cache at every step's refill cost 20-30 % of tokens/s against a refill at 32 free
+  ([5] there). Rebuilding the whole batch on every refill would instead re-read every running row;
 - a weight update (`update_weights`) marks the cache stale: at the next `step` the cache is
   dropped and every running row is re-read with the new weights: each distinct prompt once (a GRPO
   group's rows share theirs, and its newcomers copy it from the prompt cache), then every row's

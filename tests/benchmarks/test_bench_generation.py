@@ -27,7 +27,7 @@ def test_the_whole_row_re_read_baseline_samples_what_the_engine_samples_and_read
     model = bench.build_model().double()  # float64: the two orders of reading round alike, so tokens match
     prompts = bench.prompts(4, torch.Generator().manual_seed(0))
     lengths = [5, 9, 13, 20, 7, 11, 3, 16]
-    runs = {name: bench.updated_run(_tokens_read(cls), model, prompts, lengths, group=2, every=3)
+    runs = {name: bench.full_queue_run(_tokens_read(cls), model, prompts, lengths, group=2, refill=2, every=3, rows=4)
             for name, cls in (("baseline", bench.EveryRowReread), ("engine", TorchGenerationEngine))}
     (base, base_results), (engine, results) = runs["baseline"], runs["engine"]
     assert engine.version == base.version > 2  # weights landed mid-generation, as often in both

@@ -61,8 +61,11 @@ def test_tabulate_reads_the_kept_runs_and_marks_one_without_its_last_round(tmp_p
     cut = tmp_path / "drop-eta2-s0"
     cut.mkdir()
     (cut / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "version": 0, "pass@1": 0.25}))
-    runs = {r.run_dir.name: r for r in bench.kept_runs(tmp_path)}
-    assert set(runs) == {"token-eta4-s1", "drop-eta2-s0"}
+    _run(tmp_path, "strict-eta4", 0, [_step(3, {1: 4}, tokens=40, trained=4)], [0.25, 0.5])
+    _run(tmp_path, "strict-eta4", 1, [_step(3, {1: 4}, tokens=40, trained=4)], [0.25, 0.5])
+    kept = bench.kept_runs(tmp_path)
+    assert [r.run_dir.name for r in kept] == ["drop-eta2-s0", "strict-eta4-s0", "strict-eta4-s1", "token-eta4-s1"]
+    runs = {r.run_dir.name: r for r in kept}
     assert (runs["token-eta4-s1"].variant, runs["token-eta4-s1"].seed) == ("token-eta4", 1)
     assert runs["token-eta4-s1"].rounds == done.rounds and not bench.failure(runs["token-eta4-s1"])
     assert bench.failure(runs["drop-eta2-s0"]).startswith("no last held-out round")

@@ -80,6 +80,15 @@ def test_the_factories_build_the_torch_engines_by_default_with_the_given_weights
     assert (type(gen), type(train)) == (TorchGenerationEngine, TorchTrainEngine)
     assert gen.version == 3
     assert all(torch.equal(gen.model.state_dict()[k], v) for k, v in published.items())
+    assert gen.refill_min_free == 32 // 4  # a quarter of the default batch
+    settings = (({"max_batch": 128}, 32), ({"max_batch": 3}, 1), ({"max_batch": 128, "refill_min_free": 5}, 5))
+    for setting, rows in settings:
+        assert GenerationConfig(**setting).refill_rows == rows
+
+
+def test_a_refill_larger_than_the_batch_is_refused_naming_both():
+    with pytest.raises(ValueError, match="refill_min_free=40 rows can never be free in a batch of max_batch=32"):
+        GenerationConfig(refill_min_free=40)
 
 
 def test_the_emulated_engines_load_no_model():
