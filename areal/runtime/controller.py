@@ -70,6 +70,7 @@ class WorkerProcess:
     last_error: str | None = None
     fatal: bool = False  # its error is one a restart would repeat (a node that broke its contract)
     holding: set[int] = field(default_factory=set)  # groups a trainer has gathered, not yet trained
+    stopped: bool = False  # it said so, its last message: everything it sent before has been handled
 
 
 @dataclass
@@ -265,13 +266,18 @@ class Controller(WorkerReports, WorkerRecovery):
             self.control.send(w.worker_id, Stop(checkpoint=str(checkpoint) if checkpoint and trainer else None))
         deadline = time.monotonic() + STOP_TIMEOUT_S
         unwritten = None
-        while any(w.process.poll() is None for w in self.workers.values()) and time.monotonic() < deadline:
+        while not all(w.stopped for w in self.workers.values()) and time.monotonic() < deadline:
+            # a worker sends its checkpoint and "stopped" just before it exits: once every process is gone, one
+            # more listen reads what they sent last, then nothing more can come
+            gone = all(w.process.poll() is not None for w in self.workers.values())
             try:
                 self._listen(100)
             except RunError as err:
                 log.error("while stopping: %s", err)
                 if isinstance(err, WriteFailed):
                     unwritten = unwritten or err
+            if gone:
+                break
         for w in self.workers.values():
             if w.process.poll() is None:
                 log.warning("killing %s (pid %d): it did not stop within %.0f s", w.worker_id, w.process.pid,
@@ -362,6 +368,10 @@ class Controller(WorkerReports, WorkerRecovery):
         worker.holding = set(getattr(m, "holding", worker.holding))
         worker.counts = {"batches": m.batches, "samples": m.samples, "tokens": m.tokens}
 
+    def _on_stopped(self, worker: WorkerProcess, m: msg.Stopped) -> None:
+        self._on_heartbeat(worker, m)
+        worker.stopped = True
+
     # -- faults ---------------------------------------------------------------------------
 
     def _elapsed(self) -> float:
@@ -373,7 +383,7 @@ HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], Non
     msg.Ready: Controller._on_ready,
     msg.Heartbeat: Controller._on_heartbeat,
     msg.Census: Controller._on_census,
-    msg.Stopped: Controller._on_heartbeat,
+    msg.Stopped: Controller._on_stopped,
     msg.VersionPublished: Controller._on_version,
     msg.SamplesFailed: Controller._on_failed,
     msg.SamplesFiltered: Controller._on_filtered,
