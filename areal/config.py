@@ -102,7 +102,7 @@ class GenerationConfig(_Section):
     refill_min_free: PositiveInt | None = Field(
         None, description="torch engine: rows that must be free before waiting requests join the batch; None: a "
         "quarter of max_batch (each refill copies the running batch's cache: with a full queue at 128 rows, a "
-        "refill at every free row cost 20-30 % of tokens/s, benchmarks/bench_generation.py [5])")
+        "quarter gave 1.12-1.23x the tokens/s of a refill at every free row, benchmarks/bench_generation.py [5])")
     stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\n#", "\nprint", "\n\n"])
     threads: PositiveInt = Field(1, description="torch threads of each generate worker")
     engine: Literal["torch", "vllm", "emulated"] = Field(

@@ -33,7 +33,7 @@ import torch
 import transformers
 
 from areal.engines import GenRequest, GenResult, TorchGenerationEngine
-from areal.engines.torch_generate import left_padded
+from areal.engines.kv_rows import left_padded
 
 VOCAB, EOS, PAD, BATCH = 256, 1, 0, 16
 

@@ -26,7 +26,8 @@ from torch import Tensor
 
 from areal.config import RunConfig
 from areal.engines.device import device_problem, torch_device
-from areal.engines.torch_generate import GenRequest, GenResult, TorchGenerationEngine
+from areal.engines.generation import GenRequest, GenResult
+from areal.engines.torch_generate import TorchGenerationEngine
 from areal.engines.torch_train import LossFn, MicroBatch, TorchTrainEngine
 from areal.errors import ConfigError
 

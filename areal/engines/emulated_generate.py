@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import torch
 
 from areal.engines.emulated_device import ByteTokenizer, DeviceProfile, ModelledClock, OutputLengths, token_logprobs
+from areal.engines.generation import GenRequest, GenResult
 from areal.engines.sampling import checked_request, run_to_completion
-from areal.engines.torch_generate import GenRequest, GenResult
 
 QUANTUM_S = 0.02  # real seconds of modelled decoding per step() at most (one decode step at least)
 

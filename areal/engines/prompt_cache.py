@@ -14,18 +14,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from areal.engines.kv_rows import left_pad
+
 PromptKey = tuple[int, ...]
-
-
-def left_pad(x: Tensor, n: int, dim: int) -> Tensor:
-    """Prepend n zeros along dim (a negative dim, counted from the end)."""
-    if n == 0:
-        return x
-    pad = [0, 0] * (-dim - 1) + [n, 0]
-    return F.pad(x, pad)
 
 
 @dataclass

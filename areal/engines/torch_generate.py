@@ -14,7 +14,7 @@ and edits that cache between decode steps instead of restarting the batch:
   (CPU time, 1 thread, 1.4 M params, batch 16, 64 Pareto-tailed lengths, two runs): refill at 1
   free slot 1721-2017 tok/s, at 4 free 1584-2063 (the same within noise), static batches
   1117-1574, transformers' `generate` 463-498. But with a queue that never empties and 128 rows,
-  the copy of the cache at every step's refill cost 20-30 % of tokens/s against a refill at 32 free
+  a refill at 32 free gave 1.12-1.23x the tokens/s of one at every step, each copying the cache
   ([5] there). Rebuilding the whole batch on every refill would instead re-read every running row;
 - a weight update (`update_weights`) marks the cache stale: at the next `step` the cache is
   dropped and every running row is re-read with the new weights: each distinct prompt once (a GRPO
@@ -49,12 +49,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from areal.engines.prompt_cache import PromptCache, left_pad
+from areal.engines.generation import FinishReason, GenRequest, GenResult
+from areal.engines.kv_rows import append_rows, left_padded, select_rows, trim_padding
+from areal.engines.prompt_cache import PromptCache
 from areal.engines.sampling import (
     check_sampling,
     checked_request,
@@ -67,31 +69,6 @@ from areal.engines.sampling import (
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-FinishReason = Literal["eos", "length", "stop"]
-
-
-@dataclass
-class GenRequest:
-    """One prompt to complete; `max_new_tokens` and `stop` (strings) override the engine's for this request."""
-
-    request_id: int
-    prompt_ids: list[int] | Tensor
-    max_new_tokens: int | None = None
-    stop: Sequence[str] | None = None
-
-
-@dataclass
-class GenResult:
-    """A finished completion. `output_ids` includes the eos or stop tokens that ended it."""
-
-    request_id: int
-    prompt_ids: Tensor  # [P] int64
-    output_ids: Tensor  # [L] int64
-    logprobs: Tensor  # [L] float32, log π_behav after temperature (no top-p renormalisation)
-    versions: Tensor  # [L] int32, the policy version that sampled each token
-    finish_reason: FinishReason
-
 
 @dataclass
 class _Slot:
@@ -271,7 +248,7 @@ class TorchGenerationEngine:
             self._set_rows([], None, self._mask[:0, :0])
         else:
             index = torch.tensor(keep, dtype=torch.int64, device=self.device)
-            _select_rows(self._cache, index)
+            select_rows(self._cache, index)
             self._set_rows([self._active[i] for i in keep], self._cache, self._mask[index], self._pending[index],
                            self._positions[index])
         return taken
@@ -304,7 +281,7 @@ class TorchGenerationEngine:
         for key, row in row_of.items():
             self._prompts.remember(key, cache, row, mask.shape[1] - len(key), logits[row])
         index = torch.tensor([row_of[s.prompt_key] for s in rows], dtype=torch.int64, device=self.device)
-        _select_rows(cache, index)
+        select_rows(cache, index)
         mask = mask[index]
         outputs = [torch.tensor(s.output[:-1], dtype=torch.int64) for s in rows]
         if any(len(o) for o in outputs):
@@ -363,7 +340,7 @@ class TorchGenerationEngine:
         keep = [i for i, reason in enumerate(reasons) if reason is None]
         if len(keep) < len(admit):
             index = torch.tensor(keep, dtype=torch.int64, device=self.device)
-            _select_rows(cache, index)
+            select_rows(cache, index)
             mask, pending, positions = mask[index], pending[index], positions[index]
         self._merge([admit[i] for i in keep], cache, mask, pending, positions)
         return finished
@@ -380,7 +357,7 @@ class TorchGenerationEngine:
             keep = [i for i, r in enumerate(reasons) if r is None]
             index = torch.tensor(keep, dtype=torch.int64, device=self.device)
             if keep:
-                _select_rows(self._cache, index)
+                select_rows(self._cache, index)
             self._set_rows(
                 [self._active[i] for i in keep],
                 self._cache if keep else None,
@@ -415,18 +392,9 @@ class TorchGenerationEngine:
         if not self._active:
             self._set_rows(slots, cache, mask, pending, positions)
             return
-        width = max(self._mask.shape[1], mask.shape[1])
-        pad_old, pad_new = width - self._mask.shape[1], width - mask.shape[1]
-        for old, new in zip(self._cache.layers, cache.layers, strict=True):
-            old.keys = torch.cat([left_pad(old.keys, pad_old, -2), left_pad(new.keys, pad_new, -2)])
-            old.values = torch.cat([left_pad(old.values, pad_old, -2), left_pad(new.values, pad_new, -2)])
-        self._set_rows(
-            self._active + slots,
-            self._cache,
-            torch.cat([left_pad(self._mask, pad_old, -1), left_pad(mask, pad_new, -1)]),
-            torch.cat([self._pending, pending]),
-            torch.cat([self._positions, positions]),
-        )
+        merged = append_rows(self._cache, self._mask, cache, mask)
+        self._set_rows(self._active + slots, self._cache, merged, torch.cat([self._pending, pending]),
+                       torch.cat([self._positions, positions]))
 
     def _set_rows(
         self,
@@ -440,27 +408,4 @@ class TorchGenerationEngine:
         self._active, self._cache = slots, cache
         self._pending = pending if pending is not None else self._pending[:0]
         self._positions = positions if positions is not None else self._positions[:0]
-        if slots and mask.shape[1]:
-            first = int(mask.any(0).to(torch.int64).argmax())
-            if first:
-                mask = mask[:, first:]
-                for layer in cache.layers:
-                    layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-        self._mask = mask
-
-
-def left_padded(rows: Sequence[Tensor], pad_token_id: int) -> tuple[Tensor, Tensor]:
-    """Token rows left-padded to the longest: their ids and attention mask, [rows, width] each."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.int64)
-    mask = torch.zeros(len(rows), width, dtype=torch.int64)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = r
-        mask[i, width - len(r) :] = 1
-    return ids, mask
-
-
-def _select_rows(cache: Any, index: Tensor) -> None:
-    """Keep only the given batch rows of every layer of an HF DynamicCache."""
-    for layer in cache.layers:
-        layer.keys, layer.values = layer.keys[index], layer.values[index]
+        self._mask = trim_padding(cache, mask) if slots and mask.shape[1] else mask

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from areal.engines.generation import FinishReason, GenRequest, GenResult
 from areal.engines.sampling import (
     check_sampling,
     checked_request,
@@ -47,7 +48,6 @@ from areal.engines.sampling import (
     request_stops,
     run_to_completion,
 )
-from areal.engines.torch_generate import FinishReason, GenRequest, GenResult
 
 MISSING_VLLM = ("generation.engine=\"vllm\" needs the 'vllm' package (pip install 'areal[gpu]'); "
                 "generation.engine=\"torch\" runs without it.")

@@ -79,7 +79,7 @@ class EngineSampler:
         self.requests = 0
 
     async def sample(self, request_id: int, context: list[int], max_new_tokens: int, stop: list[str] | None) -> Any:
-        from areal.engines.torch_generate import GenRequest
+        from areal.engines.generation import GenRequest
 
         future = self.loop.create_future()
         self.engine.submit([GenRequest(request_id, context, max_new_tokens, stop)])

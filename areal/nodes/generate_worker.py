@@ -90,7 +90,7 @@ class GenerateNode:
             self.report("metrics", values={f"generator_{phase}_share": s / total for phase, s in spent.items()})
 
     def submit(self, batch: Batch, meta: GroupMeta) -> None:
-        from areal.engines.torch_generate import GenRequest
+        from areal.engines.generation import GenRequest
 
         samples = meta.samples
         groups = batch["group_id"].tolist()

@@ -70,7 +70,6 @@ class WorkerProcess:
     last_error: str | None = None
     fatal: bool = False  # its error is one a restart would repeat (a node that broke its contract)
     holding: set[int] = field(default_factory=set)  # groups a trainer has gathered, not yet trained
-    stopped: bool = False  # it said so, its last message: everything it sent before has been handled
 
 
 @dataclass
@@ -266,7 +265,7 @@ class Controller(WorkerReports, WorkerRecovery):
             self.control.send(w.worker_id, Stop(checkpoint=str(checkpoint) if checkpoint and trainer else None))
         deadline = time.monotonic() + STOP_TIMEOUT_S
         unwritten = None
-        while not all(w.stopped for w in self.workers.values()) and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             # a worker sends its checkpoint and "stopped" just before it exits: once every process is gone, one
             # more listen reads what they sent last, then nothing more can come
             gone = all(w.process.poll() is not None for w in self.workers.values())
@@ -368,10 +367,6 @@ class Controller(WorkerReports, WorkerRecovery):
         worker.holding = set(getattr(m, "holding", worker.holding))
         worker.counts = {"batches": m.batches, "samples": m.samples, "tokens": m.tokens}
 
-    def _on_stopped(self, worker: WorkerProcess, m: msg.Stopped) -> None:
-        self._on_heartbeat(worker, m)
-        worker.stopped = True
-
     # -- faults ---------------------------------------------------------------------------
 
     def _elapsed(self) -> float:
@@ -383,7 +378,7 @@ HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], Non
     msg.Ready: Controller._on_ready,
     msg.Heartbeat: Controller._on_heartbeat,
     msg.Census: Controller._on_census,
-    msg.Stopped: Controller._on_stopped,
+    msg.Stopped: Controller._on_heartbeat,
     msg.VersionPublished: Controller._on_version,
     msg.SamplesFailed: Controller._on_failed,
     msg.SamplesFiltered: Controller._on_filtered,

@@ -225,7 +225,8 @@ def _benchmark(settings: EvalSettings) -> tuple[Any, Callable[[bool], tuple[list
 def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]], settings: EvalSettings, chat: bool,
               stops: list[str], report: Progress) -> list[tuple[str, int]]:
     """(completion text cut at the first stop string, output tokens) per task × sample, in that order."""
-    from areal.engines.torch_generate import GenRequest, TorchGenerationEngine
+    from areal.engines.generation import GenRequest
+    from areal.engines.torch_generate import TorchGenerationEngine
     from areal.models.chat import encode_prompt
 
     def decode(ids: list[int]) -> str:

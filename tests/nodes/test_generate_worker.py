@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from areal.config import GenerationConfig, RunConfig
-from areal.engines.torch_generate import GenResult
+from areal.engines.generation import GenResult
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.models.tokenizer import CharTokenizer as make_tokenizer
