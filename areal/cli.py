@@ -351,12 +351,11 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         err_console.print("interrupted")
         sys.exit(130)
-    except Exception as err:  # click usage errors arrive as ClickException
-        import click
-
-        if isinstance(err, click.ClickException):
-            err.show()
-            sys.exit(err.exit_code)
+    except Exception as err:  # a usage error: click's ClickException, or the copy of click that typer >= 0.2x ships
+        show, exit_code = getattr(err, "show", None), getattr(err, "exit_code", None)
+        if callable(show) and isinstance(exit_code, int):
+            show()
+            sys.exit(exit_code)
         raise
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -4,6 +4,7 @@
     python benchmarks/bench_staleness_learning.py --policies strict token --etas 2 --seeds 0 --minutes 3
     python benchmarks/bench_staleness_learning.py --parallel 4 --cores-per-run 4    # 4 runs at once, 4 own cores each
     python benchmarks/bench_staleness_learning.py --out DIR --tabulate              # the table of the runs kept in DIR
+    python benchmarks/bench_staleness_learning.py --tasks chains      # answers with a heavy tail of lengths
 
 Each run is `areal run recipes/code_rl.py` with `staleness_policy`, `staleness` and `max_minutes` set and `steps`
 out of reach, so every run trains for the same wall time and is then scored by its last held-out round (the
@@ -29,6 +30,12 @@ from pathlib import Path
 from bench_first_run import ROOT, Run, pinned_cores, run_all
 
 POLICIES = ("strict", "admission", "drop", "token", "recycle")
+# the task sets a run can train on: the recipe's own, or the chain tasks, whose answers have the heavy tail of
+# lengths the built-in ones lack (areal/data/chain_tasks.py), with the tiny coder warm-started on them
+TASKS = {
+    "code": [],
+    "chains": ["data.path=builtin:chains", "model=builtin:tiny-chainer", "generation.max_new_tokens=400"],
+}
 
 
 def prices(run_dir: Path) -> dict[str, float]:
@@ -144,6 +151,7 @@ def main() -> None:
     parser.add_argument("--etas", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--minutes", type=float, default=6.0, help="wall-clock of training in every run")
+    parser.add_argument("--tasks", choices=TASKS, default="code", help="chains: answers with a heavy tail of lengths")
     parser.add_argument("--set", dest="common", action="append", default=[], help="a setting of every run")
     parser.add_argument("--parallel", type=int, default=1, help="runs at once")
     parser.add_argument("--cores-per-run", type=int, default=0, help="pin each run to this many cores of its own")
@@ -164,7 +172,8 @@ def main() -> None:
                                        "steps=100000", "eval.interval_steps=0"], seed,
                 out / f"{policy}-eta{eta}-s{seed}")
             for seed in args.seeds for eta in args.etas for policy in args.policies]
-    run_all(args.recipe, runs, args.common, args.parallel, timeout_s=args.minutes * 60 + 900, core_sets=core_sets)
+    run_all(args.recipe, runs, TASKS[args.tasks] + args.common, args.parallel, timeout_s=args.minutes * 60 + 900,
+            core_sets=core_sets)
     print(f"{args.minutes:g} minutes of training a run, then the last held-out round; runs in {out}\n")
     print(f"{report(runs)}\n\n{time_report(runs)}")
 

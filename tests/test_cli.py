@@ -48,6 +48,12 @@ def test_user_error_is_the_message_alone_and_exit_2(write_recipe, tmp_path):
     assert "Traceback" not in done.stderr
 
 
+def test_an_unknown_option_is_a_usage_error_without_a_traceback(tmp_path):
+    done = areal("run", "recipes/code_rl.py", "--out", "x", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "│" not in done.stderr
+    assert "No such option: --out" in done.stderr and "Usage:" in done.stderr
+
+
 def test_debug_flag_shows_the_traceback(write_recipe, tmp_path):
     done = areal("--debug", "viz", str(write_recipe(recipes.MISSING_PRODUCER)), cwd=tmp_path)
     assert done.returncode != 0 and "Traceback" in done.stderr and "GraphError" in done.stderr

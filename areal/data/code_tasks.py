@@ -142,20 +142,26 @@ def _hidden_tests(fn: Callable[..., Any], kind: str, task_id: str, consts: dict[
     raise AssertionError(f"task {task_id}: no input set tells its outputs apart")
 
 
-def _make_task(template: Template, var: str, consts: dict[str, Any]) -> Task:
-    fields = {"v": var, **consts}
-    task_id = "/".join([template.name, var, *(f"{k}={v}" for k, v in consts.items())])
-    prompt = f"# {template.comment.format(**fields)}\ndef f({var}):\n"
-    solution = f"    return {template.body.format(**fields)}\n"
+def reference_task(task_id: str, prompt: str, solution: str, kind: str, consts: dict[str, Any],
+                   difficulty: int) -> Task:
+    """A task whose hidden tests are what our own `prompt + solution` returns on inputs of `kind`."""
     namespace: dict[str, Any] = {}
     exec(compile(prompt + solution, f"<task {task_id}>", "exec"), namespace)  # our own reference code
     return {
         "task_id": task_id,
         "prompt": prompt,
-        "tests": _hidden_tests(namespace["f"], template.arg, task_id, consts),
+        "tests": _hidden_tests(namespace["f"], kind, task_id, consts),
         "solution": solution,
-        "difficulty": template.difficulty,
+        "difficulty": difficulty,
     }
+
+
+def _make_task(template: Template, var: str, consts: dict[str, Any]) -> Task:
+    fields = {"v": var, **consts}
+    task_id = "/".join([template.name, var, *(f"{k}={v}" for k, v in consts.items())])
+    prompt = f"# {template.comment.format(**fields)}\ndef f({var}):\n"
+    solution = f"    return {template.body.format(**fields)}\n"
+    return reference_task(task_id, prompt, solution, template.arg, consts, template.difficulty)
 
 
 @cache

@@ -3,7 +3,9 @@
 `code_tasks("train")` (or `math_tasks("train")`) stands in a recipe for "the training tasks":
 the runtime calls `configure(config)` before reading it, which returns a JSONL source of that
 schema when `data.path` (or `data.heldout_path` for the held-out split) is set, and the built-in
-tasks otherwise. A bad file is reported with the config key that named it.
+tasks otherwise. `builtin:NAME` in either key names another built-in set of the same schema (`builtin:chains`:
+code answers with a heavy tail of lengths); the held-out split follows `data.path`'s set unless
+`data.heldout_path` names one. A bad file or name is reported with the config key that named it.
 """
 
 from __future__ import annotations
@@ -12,11 +14,19 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from areal.config import RunConfig
+from areal.data.chain_tasks import builtin_chain_tasks
 from areal.data.code_tasks import builtin_code_tasks
 from areal.data.jsonl import jsonl_tasks
 from areal.data.math_tasks import builtin_math_tasks
 from areal.data.schemas import FIELDS
 from areal.errors import ConfigError
+
+BUILTIN_PREFIX = "builtin:"
+# the named built-in sets of each schema: `builtin:NAME` in data.path or data.heldout_path
+BUILTIN_SETS: dict[str, dict[str, Callable[..., Any]]] = {
+    "code": {"code": builtin_code_tasks, "chains": builtin_chain_tasks},
+    "math": {"math": builtin_math_tasks},
+}
 
 
 class ConfiguredTasks:
@@ -34,12 +44,23 @@ class ConfiguredTasks:
     def configure(self, config: RunConfig) -> Any:
         key = "path" if self.split == "train" else "heldout_path"
         path = getattr(config.data, key)
+        if not path and self.split != "train" and (config.data.path or "").startswith(BUILTIN_PREFIX):
+            key, path = "path", config.data.path  # held-out tasks of the training set's built-in set
         if not path:
             return self.builtin(split=self.split, seed=config.data.seed)
+        if path.startswith(BUILTIN_PREFIX):
+            return self._named_builtin(key, path.removeprefix(BUILTIN_PREFIX), config.data.seed)
         try:
             return jsonl_tasks(path, schema=self.schema, seed=config.data.seed)
         except ConfigError as err:
             raise ConfigError(f"data.{key}: {err}") from None  # every jsonl error names the file
+
+    def _named_builtin(self, key: str, name: str, seed: int) -> Any:
+        sets = BUILTIN_SETS[self.schema]
+        if name not in sets:
+            known = ", ".join(BUILTIN_PREFIX + n for n in sets)
+            raise ConfigError(f"data.{key}: no built-in {self.schema} tasks named {name!r}; known: {known}.")
+        return sets[name](split=self.split, seed=seed)
 
 
 def code_tasks(split: str = "train") -> ConfiguredTasks:

@@ -22,7 +22,7 @@ from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.graph.node import Node
 from areal.graph.roles import ConfiguredSource, ResumableSource
-from areal.runtime.codec import FrameTooLarge, encode
+from areal.runtime.codec import FrameTooLarge, Unpackable, encode
 from areal.runtime.plan import Plan
 from areal.runtime.staleness import StalenessGate
 
@@ -62,7 +62,7 @@ class Admission:
             try:
                 encode(batch, meta.to_wire(), max_frame_bytes=self.plan.max_frame_bytes,
                        max_header_bytes=self.plan.max_header_bytes)
-            except FrameTooLarge as err:  # a record that could never be sent: skipped like a malformed one
+            except (FrameTooLarge, Unpackable) as err:  # a record that can never be sent: skipped as malformed
                 self._skip(task, str(err))
                 continue
             if group in self.done:  # its number and its task pass, as they did before the resume; no slot is held

@@ -72,6 +72,21 @@ class FrameTooLarge(WireError):
     """A batch that could never cross the wire: a frame over the run's limits (the receiver would drop it)."""
 
 
+class Unpackable(TypeError):
+    """A json field or meta msgpack cannot carry (an object, an integer past 64 bits), named."""
+
+
+def _unpackable(header: dict[str, Any]) -> str:
+    """Which part of a header msgpack refuses: its first json field that fails alone, else the meta."""
+    for field in header["fields"]:
+        if field["kind"] == "json":
+            try:
+                msgpack.packb(field["value"], use_bin_type=True)
+            except (TypeError, ValueError, OverflowError):
+                return f"field {field['name']!r}"
+    return "the meta"
+
+
 def encode(batch: Batch, meta: Mapping[str, Any] | None = None, *, max_frame_bytes: int | None = None,
            max_header_bytes: int | None = None) -> list[bytes | memoryview]:
     """Frames for `batch`: the packed header, then views of the tensors' memory (no copy).
@@ -101,8 +116,8 @@ def encode(batch: Batch, meta: Mapping[str, Any] | None = None, *, max_frame_byt
     try:
         packed = msgpack.packb(header, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
-        message = f"batch header cannot be packed (meta and json fields hold plain objects): {exc}"
-        raise TypeError(message) from exc
+        raise Unpackable(f"batch header cannot be packed (meta and json fields hold plain objects): "
+                         f"{_unpackable(header)}: {exc}") from exc
     if max_header_bytes is not None and len(packed) > max_header_bytes:
         sizes = {f["name"]: len(msgpack.packb(f["value"], use_bin_type=True)) for f in fields if f["kind"] == "json"}
         largest = max(sizes, key=sizes.__getitem__) if sizes else None

@@ -31,3 +31,17 @@ def test_a_bad_data_file_is_named_with_its_config_key(tmp_path):
     ):
         math_tasks("train").configure(RunConfig(data={"path": str(code)}))
     assert repr(code_tasks("test")) == "code_tasks('test')" and code_tasks().fields == ("task_id", "prompt", "tests")
+
+
+def test_builtin_name_picks_another_builtin_set_and_the_heldout_split_follows_it():
+    config = RunConfig(data={"path": "builtin:chains"})
+    train, heldout = code_tasks("train").configure(config), code_tasks("test").configure(config)
+    assert (train.split, heldout.split) == ("train", "test")
+    assert all(t["task_id"].startswith("chain/") for t in train.tasks + heldout.tasks)
+    mixed = RunConfig(data={"path": "builtin:chains", "heldout_path": "builtin:code"})
+    assert not any(t["task_id"].startswith("chain/") for t in code_tasks("test").configure(mixed).tasks)
+    with pytest.raises(ConfigError, match=r"^data\.heldout_path: no built-in code tasks named 'chain'; known: "
+                                          r"builtin:code, builtin:chains\.$"):
+        code_tasks("test").configure(RunConfig(data={"heldout_path": "builtin:chain"}))
+    with pytest.raises(ConfigError, match=r"^data\.path: no built-in math tasks named 'chains'"):
+        math_tasks("train").configure(config)

@@ -64,12 +64,13 @@ class Counting:
     def __init__(self):
         self.i = 0
         self.huge_at = knob("FAKE_HUGE_PROMPT_AT", -1)  # a record too large for any frame
+        self.unpackable_at = knob("FAKE_UNPACKABLE_AT", -1)  # a record msgpack cannot carry: an int past 64 bits
 
     def __iter__(self):
         while True:
             self.i += 1
             huge = self.i - 1 == self.huge_at
-            yield {"prompt": "x" * 200_000 if huge else f"p{self.i - 1}"}
+            yield {"prompt": 2**70 if self.i - 1 == self.unpackable_at else "x" * 200_000 if huge else f"p{self.i - 1}"}
 
     def state(self):
         return {"i": self.i}

@@ -311,5 +311,9 @@ def test_encode_refuses_a_dtype_the_wire_does_not_carry():
 
 
 def test_encode_refuses_json_that_msgpack_cannot_carry():
-    with pytest.raises(TypeError, match="batch header cannot be packed"):
-        encode(Batch({"tests": [object()]}))
+    with pytest.raises(TypeError, match=r"batch header cannot be packed .*: field 'tests': "):
+        encode(Batch({"ok": ["a"], "tests": [object()]}))
+    with pytest.raises(TypeError, match=r"field 'outputs': Integer value out of range"):
+        encode(Batch({"outputs": [[2**64]]}))
+    with pytest.raises(TypeError, match=r"cannot be packed .*: the meta: "):
+        encode(Batch({"ok": [1]}), {"big": 2**70})

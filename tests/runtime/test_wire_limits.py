@@ -46,6 +46,18 @@ def test_a_task_record_too_large_to_send_is_skipped_and_named_and_the_run_goes_o
     assert summary["trained"] == 8 and summary["failed"] == 0
 
 
+def test_a_task_record_msgpack_cannot_carry_is_skipped_and_named_and_the_run_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_UNPACKABLE_AT", "2")  # a task whose tests hold an integer past 64 bits, say
+    controller = _controller(tmp_path)
+    state = controller.run()
+    skipped = [m["problem"] for m in _metrics(controller) if m["kind"] == "bad_task"]
+    assert state.version == 2 and len(skipped) == 1
+    assert "skipped a task: batch header cannot be packed" in skipped[0]
+    assert "field 'tasks.prompt': Integer value out of range" in skipped[0]
+    summary = controller.accounting.summary()
+    assert summary["trained"] == 8 and summary["failed"] == 0
+
+
 def test_generated_data_over_the_frame_limit_fails_its_samples_and_stops_the_run_instead_of_hanging(tmp_path,
                                                                                                      monkeypatch):
     monkeypatch.setenv("FAKE_TOKENS", "5000")  # int64 output_ids of a group of 2: 80 kB, over 64 KiB
