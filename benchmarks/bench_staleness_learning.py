@@ -13,8 +13,10 @@ standard error): held-out pass@1 at the start and at the end, the versions reach
 of the trained samples (their step minus the version of their oldest token: mean, p99, max), the share of
 trained tokens older than η (the admission policy trains them; recycle with `recycle_keep_prefix`), the share
 of generated tokens wasted (dropped with their group, or masked), and the mean trained output length (does a
-policy favour short answers?). A second table says where the time went: each worker's busy share and the share of
-its generator's time spent re-reading running rows under new weights.
+policy favour short answers?). A second table says where the time went: each worker's busy share, the share of
+its generator's time spent re-reading running rows under new weights, and the tokens it generated a second.
+`--tasks chains` trains on the chain tasks instead (areal/data/chain_tasks.py), whose answers have the heavy tail
+of lengths the recipe's tasks lack.
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ def prices(run_dir: Path) -> dict[str, float]:
     stale = sum(s.get("stale_tokens", 0) for s in steps)
     dropped = last["dropped_tokens"]
     rebuild = [s["generator_rebuild_share"] for s in steps if "generator_rebuild_share" in s]
+    generated = [s["generated_tokens_per_s"] for s in steps if "generated_tokens_per_s" in s]
     return {
         **{f"busy {worker}": statistics.mean(s["busy"].get(worker, 0.0) for s in steps) for worker in last["busy"]},
         "rebuild": statistics.mean(rebuild) if rebuild else math.nan,
+        "generated_per_s": statistics.mean(generated) if generated else math.nan,
         "version": last["version"],
         "samples_per_s": last["trained_samples"] / last["wall_s"],
         "lag_mean": statistics.mean(lags) if lags else math.nan,
@@ -107,8 +111,9 @@ def report(runs: list[Run]) -> str:
 
 
 def time_report(runs: list[Run]) -> str:
-    """Where each variant's time went: every worker's busy share, and its generator's time re-reading running rows
-    under new weights (the price of interruptible generation), as shares averaged over the step records."""
+    """Where each variant's time went: every worker's busy share, its generator's time re-reading running rows under
+    new weights (the price of interruptible generation) and the tokens it generated a second, averaged over the
+    step records."""
     lines = []
     for variant in dict.fromkeys(r.variant for r in runs):
         costs = [prices(r.run_dir) for r in runs if r.variant == variant and not failure(r)]
@@ -116,12 +121,14 @@ def time_report(runs: list[Run]) -> str:
             continue
         workers = [k for k in costs[0] if k.startswith("busy ")]
         if not lines:
-            lines = [f"| policy | η | seeds | {' | '.join(workers)} | generator time re-reading rows |",
-                     "|---|---|---|" + "---|" * (len(workers) + 1)]
+            lines = [f"| policy | η | seeds | {' | '.join(workers)} | generator time re-reading rows "
+                     "| generated tokens/s |", "|---|---|---|" + "---|" * (len(workers) + 2)]
         policy, eta = variant.split("-eta")
         rebuild = "—" if any(math.isnan(c["rebuild"]) for c in costs) else f"{_column(costs, 'rebuild', 100)} %"
+        generated = "—" if any(math.isnan(c["generated_per_s"]) for c in costs) else _column(costs, "generated_per_s",
+                                                                                             digits=0)
         lines.append(f"| {policy} | {eta} | {len(costs)} | "
-                     + " | ".join(_column(costs, w, digits=2) for w in workers) + f" | {rebuild} |")
+                     + " | ".join(_column(costs, w, digits=2) for w in workers) + f" | {rebuild} | {generated} |")
     return "\n".join(lines)
 
 

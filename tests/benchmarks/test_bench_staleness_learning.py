@@ -71,16 +71,18 @@ def test_tabulate_reads_the_kept_runs_and_marks_one_without_its_last_round(tmp_p
     assert bench.failure(runs["drop-eta2-s0"]).startswith("no last held-out round")
 
 
-def test_the_time_table_averages_busy_shares_and_re_reading_over_steps_then_seeds(tmp_path):
+def test_the_time_table_averages_busy_shares_re_reading_and_generation_over_steps_then_seeds(tmp_path):
     def steps(rebuild: list[float]) -> list[dict]:
         return [_step(v, {1: 4}, tokens=40, trained=4, busy={"rollout[0]": 0.2 * v, "actor[0]": 0.9},
-                      generator_rebuild_share=r) for v, r in enumerate(rebuild, start=1)]
+                      generator_rebuild_share=r, generated_tokens_per_s=1000 * r)
+                for v, r in enumerate(rebuild, start=1)]
 
     runs = [_run(tmp_path, "token-eta4", 0, steps([0.1, 0.3]), [0.2, 0.3]),  # busy 0.2, 0.4; re-reading 0.1, 0.3
             _run(tmp_path, "token-eta4", 1, steps([0.5, 0.5]), [0.2, 0.3]),
             _run(tmp_path, "strict-eta2", 0, [_step(1, {2: 4}, tokens=40, trained=4)], [0.2, 0.3])]  # vLLM: no split
     rows = bench.time_report(runs).splitlines()
-    assert rows[0] == "| policy | η | seeds | busy rollout[0] | busy actor[0] | generator time re-reading rows |"
+    assert rows[0] == ("| policy | η | seeds | busy rollout[0] | busy actor[0] | generator time re-reading rows "
+                       "| generated tokens/s |")
     token = [c.strip() for c in rows[2].strip("|").split("|")]
-    assert token == ["token", "4", "2", "0.30 ± 0.00", "0.90 ± 0.00", "35.0 ± 15.0 %"]
-    assert rows[3].endswith("| — |")
+    assert token == ["token", "4", "2", "0.30 ± 0.00", "0.90 ± 0.00", "35.0 ± 15.0 %", "350 ± 150"]
+    assert rows[3].endswith("| — | — |")
