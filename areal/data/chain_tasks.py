@@ -17,7 +17,7 @@ import random
 from functools import cache
 
 from areal.data.builtin import BuiltinTaskSource, Task, select
-from areal.data.code_tasks import DIGITS, reference_task
+from areal.data.code_tasks import DIGITS, INT_ARGS, reference_task
 
 N_TASKS = 700
 MAX_STEPS = 30
@@ -26,7 +26,6 @@ SIGMA = 0.9
 VARS = ("x", "n", "a", "k", "y", "m", "b", "z")
 OPS = {"+": "+=", "-": "-=", "*": "*="}
 CHOICE_SEED = 0  # which updates each k gets: fixed, so the set is the same everywhere
-LARGEST_INPUT = 20  # the hidden tests' inputs are at most this large (code_tasks._random_arg)
 
 
 def chain_share(k: int) -> float:
@@ -50,7 +49,8 @@ def _all_tasks() -> tuple[Task, ...]:
     tasks = []
     for k in range(1, MAX_STEPS + 1):
         # the tests' outputs must stay 64-bit integers to cross the wire: no 9 multiplied in 30 times
-        updates = [u for u in itertools.product(VARS, OPS, DIGITS) if u[1] != "*" or LARGEST_INPUT * u[2] ** k < 2**62]
+        largest = max(map(abs, INT_ARGS))
+        updates = [u for u in itertools.product(VARS, OPS, DIGITS) if u[1] != "*" or largest * u[2] ** k < 2**62]
         count = min(len(updates), round(N_TASKS * chain_share(k)))
         tasks += [chain_task(var, op, c, k) for var, op, c in rng.sample(updates, count)]
     return tuple(tasks)

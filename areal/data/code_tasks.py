@@ -27,6 +27,7 @@ INT_VARS = ("x", "n", "a", "k")
 STR_VARS = ("s", "w", "t")
 LIST_VARS = ("xs", "nums", "vals")
 DIGITS = tuple(range(1, 10))
+INT_ARGS = (-9, 20)  # an int argument of the hidden tests, when not drawn near the task's constants
 LETTERS = tuple("abcdefgh")
 
 
@@ -123,7 +124,7 @@ def _random_arg(kind: str, rng: random.Random, consts: dict[str, Any]) -> Any:
         near = [v for v in consts.values() if isinstance(v, int)]
         if near and rng.random() < 0.5:
             return rng.choice(near) + rng.randint(-2, 2)
-        return rng.randint(-9, 20)
+        return rng.randint(*INT_ARGS)
     if kind == "str":
         letters = "".join(v for v in consts.values() if isinstance(v, str)) + "abcdeXYZ"
         return "".join(rng.choice(letters) for _ in range(rng.randint(1, 7)))

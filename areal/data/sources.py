@@ -32,10 +32,9 @@ BUILTIN_SETS: dict[str, dict[str, Callable[..., Any]]] = {
 class ConfiguredTasks:
     """A placeholder the runtime resolves with `configure(config)`; see the module docstring."""
 
-    def __init__(self, schema: Literal["code", "math"], split: str, builtin: Callable[..., Any]) -> None:
+    def __init__(self, schema: Literal["code", "math"], split: str) -> None:
         self.schema = schema
         self.split = split
-        self.builtin = builtin
         self.fields: tuple[str, ...] = FIELDS[schema]
 
     def __repr__(self) -> str:
@@ -46,8 +45,7 @@ class ConfiguredTasks:
         path = getattr(config.data, key)
         if not path and self.split != "train" and (config.data.path or "").startswith(BUILTIN_PREFIX):
             key, path = "path", config.data.path  # held-out tasks of the training set's built-in set
-        if not path:
-            return self.builtin(split=self.split, seed=config.data.seed)
+        path = path or BUILTIN_PREFIX + self.schema  # the schema's own built-in set
         if path.startswith(BUILTIN_PREFIX):
             return self._named_builtin(key, path.removeprefix(BUILTIN_PREFIX), config.data.seed)
         try:
@@ -65,9 +63,9 @@ class ConfiguredTasks:
 
 def code_tasks(split: str = "train") -> ConfiguredTasks:
     """Code tasks of `split` ("train" or "test"): `data.path`/`data.heldout_path` files, else built-in."""
-    return ConfiguredTasks("code", split, builtin_code_tasks)
+    return ConfiguredTasks("code", split)
 
 
 def math_tasks(split: str = "train") -> ConfiguredTasks:
     """Math tasks of `split` ("train" or "test"): `data.path`/`data.heldout_path` files, else built-in arithmetic."""
-    return ConfiguredTasks("math", split, builtin_math_tasks)
+    return ConfiguredTasks("math", split)
