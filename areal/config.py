@@ -103,6 +103,12 @@ class GenerationConfig(_Section):
         None, description="torch engine: rows that must be free before waiting requests join the batch; None: a "
         "quarter of max_batch (each refill copies the running batch's cache: with a full queue at 128 rows, a "
         "quarter gave 1.12-1.23x the tokens/s of a refill at every free row, benchmarks/bench_generation.py [5])")
+    on_new_weights: Literal["reread", "keep-kv"] = Field(
+        "reread", description="what new weights do to the rows a torch or emulated generator is decoding: reread: "
+        "their KV is recomputed under the new weights, so each token comes from one policy (exact; a forward over "
+        "every running row); keep-kv: they decode on over the KV the old weights wrote (PipelineRL's in-flight "
+        "update: no re-read, but a token after the update comes from neither policy exactly; its behaviour "
+        "log-prob is still the one it was drawn with)")
     stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\n#", "\nprint", "\n\n"])
     threads: PositiveInt = Field(1, description="torch threads of each generate worker")
     engine: Literal["torch", "vllm", "emulated"] = Field(
@@ -121,6 +127,14 @@ class GenerationConfig(_Section):
         if self.refill_min_free is not None and self.refill_min_free > self.max_batch:
             raise ValueError(f"refill_min_free={self.refill_min_free} rows can never be free in a batch of "
                              f"max_batch={self.max_batch}")
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_rereads(self) -> GenerationConfig:
+        if self.on_new_weights == "keep-kv" and self.engine == "vllm":
+            raise ValueError("on_new_weights=keep-kv is the torch and emulated engines' option; the vLLM engine "
+                             "aborts and resubmits its requests at every update (it cannot keep their KV across "
+                             "a weight load): use on_new_weights=reread")
         return self
 
     @property

@@ -8,7 +8,8 @@ that the runtime relies on:
 - continuous batching: up to `max_batch` sequences run at once, and a waiting request joins as soon
   as a slot is free, after a prefill of its prompt (which also samples its first token);
 - interruptible generation: `update_weights` costs the profile's `weights_load_s`, and the next step
-  re-prefills every running sequence's context (prompt and tokens so far) before decoding on; tokens
+  re-prefills every running sequence's context (prompt and tokens so far) before decoding on (not with
+  `keep_kv_on_update`, which decodes on over the old KV as the torch engine's option does); tokens
   sampled before keep their version, later ones record the new one;
 - re-queueing (`requeue`, staleness_policy=recycle): a running sequence leaves its slot for the front
   of the queue with its output; readmitted, its prefill reads prompt and output;
@@ -73,6 +74,7 @@ class EmulatedGenerationEngine:
         version: int = 0,
         eos_token_id: int = ByteTokenizer.eos_token_id,
         quantum_s: float = QUANTUM_S,
+        keep_kv_on_update: bool = False,
     ) -> None:
         if max_batch < 1 or max_new_tokens < 1:
             raise ValueError(f"EmulatedGenerationEngine: need max_batch >= 1 and max_new_tokens >= 1, got "
@@ -86,6 +88,7 @@ class EmulatedGenerationEngine:
         self.eos_token_id = eos_token_id
         self.clock = ModelledClock(time_scale)
         self.quantum_s = quantum_s
+        self.keep_kv_on_update = keep_kv_on_update
         self._waiting: deque[_Sequence] = deque()
         self._active: list[_Sequence] = []
         self._stale = False  # weights changed under running sequences: their KV cache is gone
@@ -106,9 +109,10 @@ class EmulatedGenerationEngine:
         return len(self._active) + len(self._waiting)
 
     def update_weights(self, state_dict: object, version: int) -> None:
-        """Take a new version: its transfer costs `weights_load_s` now, the re-prefill at the next step."""
+        """Take a new version: its transfer costs `weights_load_s` now, the re-prefill (unless `keep_kv_on_update`)
+        at the next step."""
         self.version = version
-        self._stale = bool(self._active)
+        self._stale = bool(self._active) and not self.keep_kv_on_update
         self._spend("weights", self.profile.weights_load_s)
 
     def time_split(self) -> dict[str, float]:

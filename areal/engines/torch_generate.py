@@ -21,7 +21,10 @@ and edits that cache between decode steps instead of restarting the batch:
   group's rows share theirs, and its newcomers copy it from the prompt cache), then every row's
   output so far (all but the last token, which the next decode step feeds) over a copy of its
   prompt's rows. Tokens sampled before the update keep their version and behaviour logprob; later
-  ones record the new version;
+  ones record the new version. With `keep_kv_on_update` (`generation.on_new_weights=keep-kv`) the
+  running rows instead decode on over the KV the old weights wrote: no re-read, but a token sampled
+  after the update comes from neither policy exactly (its behaviour logprob is still the one it was
+  drawn with, so the decoupled objective's behaviour term stays true);
 - prompts are cached: a newcomer whose prompt was read under the current weights (a GRPO group's other
   samples, a held-out round's other samples of a task) copies that prompt's KV rows and last logits
   instead of reading it in a forward of its own, and newcomers of one prompt in the same refill are read
@@ -120,6 +123,7 @@ class TorchGenerationEngine:
         refill_min_free: int = 1,
         seed: int = 0,
         version: int = 0,
+        keep_kv_on_update: bool = False,
     ) -> None:
         check_sampling("TorchGenerationEngine", temperature, top_p, stop_strings, decode)
         if max_batch < 1 or not 1 <= refill_min_free <= max_batch:
@@ -143,6 +147,7 @@ class TorchGenerationEngine:
         self.decode = decode
         self.max_batch = max_batch
         self.refill_min_free = refill_min_free
+        self.keep_kv_on_update = keep_kv_on_update
         self.seed = seed
         self.version = version
         self.device = next(model.parameters()).device
@@ -180,13 +185,15 @@ class TorchGenerationEngine:
         return len(self._active) + len(self._waiting)
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        """Load new weights now; the next `step` rebuilds the KV cache with them (see module doc)."""
+        """Load new weights now; the next `step` rebuilds the KV cache with them, unless `keep_kv_on_update`
+        (see module doc). Kept prompts are dropped either way: a newcomer reads its prompt under the new weights."""
         with torch.no_grad():
             self.model.load_state_dict(state_dict)
         self.version = version
-        self._cache = None
         self._prompts.clear()
-        self._stale = bool(self._active)
+        if not self.keep_kv_on_update:
+            self._cache = None
+            self._stale = bool(self._active)
 
     @torch.no_grad()
     def step(self) -> list[GenResult]:

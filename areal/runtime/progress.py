@@ -97,7 +97,9 @@ def staleness_line(controller: Controller) -> str:
             f"{s.stale_tokens} tokens trained ({s.stale_tokens / tokens:.1%}), {s.masked_tokens} masked "
             f"({s.masked_tokens / tokens:.1%}); dropped {acc['dropped']} samples ({acc['dropped_tokens']} tokens)"
             + (f"; recycled {acc['recycled']} groups ({acc['recycled_tokens']} tokens re-queued)"
-               if policy.recycles else ""))
+               if policy.recycles else "")
+            + ("; running rows kept their KV across weight updates (generation.on_new_weights=keep-kv)"
+               if config.generation.on_new_weights == "keep-kv" else ""))
 
 
 def _pass(record: dict) -> str:

@@ -96,8 +96,9 @@ def test_continuous_batching_runs_at_most_max_batch_and_refills_freed_slots():
     assert engine.clock.modelled_s == pytest.approx(sum(rounds))
 
 
-def test_new_weights_split_a_running_sequence_and_charge_a_re_prefill():
-    engine = _engine(median=30, max_batch=4)
+@pytest.mark.parametrize("keep_kv", [False, True])
+def test_new_weights_split_a_running_sequence_and_charge_a_re_prefill_unless_the_kv_is_kept(keep_kv):
+    engine = _engine(median=30, max_batch=4, keep_kv_on_update=keep_kv)
     engine.submit(_requests(range(2)))
     engine.step()  # prefill and at least one decode step at version 0
     before = dict(engine.modelled_s)
@@ -107,7 +108,8 @@ def test_new_weights_split_a_running_sequence_and_charge_a_re_prefill():
     while engine.pending():
         results += engine.step()
     assert engine.modelled_s["weights"] == PROFILE.weights_load_s
-    assert engine.modelled_s["rebuild"] - before["rebuild"] == pytest.approx(PROFILE.prefill_s(context))
+    reread = 0.0 if keep_kv else PROFILE.prefill_s(context)
+    assert engine.modelled_s["rebuild"] - before["rebuild"] == pytest.approx(reread)
     assert engine.modelled_s["prefill"] == before["prefill"]  # the re-read is charged apart from newcomers
     for r in results:
         versions = r.versions.tolist()

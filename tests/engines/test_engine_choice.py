@@ -81,6 +81,10 @@ def test_the_factories_build_the_torch_engines_by_default_with_the_given_weights
     assert gen.version == 3
     assert all(torch.equal(gen.model.state_dict()[k], v) for k, v in published.items())
     assert gen.refill_min_free == 32 // 4  # a quarter of the default batch
+    assert not gen.keep_kv_on_update  # new weights re-read the running rows unless asked otherwise
+    kept = generation_engine(RunConfig(model=str(checkpoint), generation={"on_new_weights": "keep-kv"}), checkpoint,
+                             load_tokenizer(checkpoint), weights=None, version=0, decode=str)
+    assert kept.keep_kv_on_update
     settings = (({"max_batch": 128}, 32), ({"max_batch": 3}, 1), ({"max_batch": 128, "refill_min_free": 5}, 5))
     for setting, rows in settings:
         assert GenerationConfig(**setting).refill_rows == rows
@@ -89,6 +93,11 @@ def test_the_factories_build_the_torch_engines_by_default_with_the_given_weights
 def test_a_refill_larger_than_the_batch_is_refused_naming_both():
     with pytest.raises(ValueError, match="refill_min_free=40 rows can never be free in a batch of max_batch=32"):
         GenerationConfig(refill_min_free=40)
+
+
+def test_keeping_the_kv_across_updates_is_refused_on_vllm_which_cannot():
+    with pytest.raises(ValueError, match="on_new_weights=keep-kv is the torch and emulated engines' option"):
+        GenerationConfig(engine="vllm", on_new_weights="keep-kv")
 
 
 def test_the_emulated_engines_load_no_model():

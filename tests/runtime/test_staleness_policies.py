@@ -95,6 +95,19 @@ def test_token_trains_no_token_older_than_eta_and_masks_exactly_those(tmp_path, 
     assert f"max {max(lags(reported, versions))};" in line
 
 
+def test_keeping_the_kv_through_updates_re_reads_nothing_and_the_token_guarantee_still_holds(tmp_path, reported):
+    controller, state = run(tmp_path, "token", "steps=12", "generation.on_new_weights=keep-kv")
+    versions = arrived(controller)
+    assert state.version == 12 and identity_holds(controller, reported)
+    assert any(len(set(v)) > 1 for v in versions.values())  # rows decoded on through updates, stamped by version
+    older = [sum(v < step - ETA for v in versions[sid]) for step, ids, _ in reported for sid in ids]
+    assert sum(stats["masked_tokens"] for _, _, stats in reported) == sum(older)
+    split = [r for r in records(tmp_path) if "generator_rebuild_share" in r]
+    assert split and all(r["generator_rebuild_share"] == 0 for r in split)
+    assert staleness_line(controller).endswith("running rows kept their KV across weight updates "
+                                               "(generation.on_new_weights=keep-kv)")
+
+
 def test_drop_aborts_late_groups_in_generation_and_trains_none_past_eta(tmp_path, reported):
     # in modelled real time a straggler (1 sample in 8 is over 200 tokens, ~5x the median) outlasts η + 1 steps
     controller, state = run(tmp_path, "drop", "steps=12", "emulation.time_scale=1.0")
