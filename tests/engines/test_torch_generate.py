@@ -78,9 +78,9 @@ def test_continuous_refill_gives_the_same_completions_as_generating_each_alone(m
             torch.testing.assert_close(b.logprobs, a.logprobs, atol=1e-5, rtol=0)
 
 
-def test_weight_update_mid_generation_versions_and_logprobs_follow_the_weights(make_model):
-    old, new = make_model(0), make_model(1)
-    engine = TorchGenerationEngine(copy.deepcopy(old), eos_token_id=NEVER, pad_token_id=0, max_batch=4)
+def new_weights_after_four_steps(engine: TorchGenerationEngine, new: torch.nn.Module) -> list[GenResult]:
+    """Six requests of 12 tokens on 4 rows; the weights change to `new` (version 1) after 4 steps: requests 0-3
+    have sampled 5 tokens each by then (the first step prefills, sampling 1, then decodes 1), 4 and 5 none."""
     engine.submit(requests([(3, 12), (5, 12), (1, 12), (8, 12), (4, 12), (2, 12)]))
     results: list[GenResult] = []
     for _ in range(4):
@@ -89,8 +89,14 @@ def test_weight_update_mid_generation_versions_and_logprobs_follow_the_weights(m
     while engine.pending():
         results += engine.step()
     assert sorted(r.request_id for r in results) == list(range(6))
+    return results
+
+
+def test_weight_update_mid_generation_versions_and_logprobs_follow_the_weights(make_model):
+    old, new = make_model(0), make_model(1)
+    engine = TorchGenerationEngine(copy.deepcopy(old), eos_token_id=NEVER, pad_token_id=0, max_batch=4)
+    results = new_weights_after_four_steps(engine, new)
     for r in results:
-        # the first step prefills (1 token) then decodes (1 token): 5 tokens in 4 steps before the update
         before = 5 if r.request_id < 4 else 0
         assert r.versions.tolist() == [0] * before + [1] * (12 - before)
         torch.testing.assert_close(r.logprobs[:before], forward_logprobs(old, r)[:before], atol=1e-5, rtol=0)
@@ -113,17 +119,10 @@ def test_keeping_the_kv_across_an_update_decodes_on_over_the_old_rows_as_a_float
     old, new = make_model(0).double(), make_model(1).double()
     engine = TorchGenerationEngine(copy.deepcopy(old), eos_token_id=NEVER, pad_token_id=0, max_batch=4,
                                    keep_kv_on_update=True)
-    engine.submit(requests([(3, 12), (5, 12), (1, 12), (8, 12), (4, 12), (2, 12)]))
-    results: list[GenResult] = []
-    for _ in range(4):
-        results += engine.step()
-    engine.update_weights(new.state_dict(), version=1)
-    while engine.pending():
-        results += engine.step()
+    results = new_weights_after_four_steps(engine, new)
     assert engine.time_split()["rebuild"] == 0
-    assert sorted(r.request_id for r in results) == list(range(6))
     for r in results:
-        before = 5 if r.request_id < 4 else 0  # 5 tokens in 4 steps before the update; 4 and 5 waited
+        before = 5 if r.request_id < 4 else 0
         assert r.versions.tolist() == [0] * before + [1] * (12 - before)
         if before == 0:  # admitted after the update: read under the new weights only
             assert (r.logprobs.double() - forward_logprobs(new, r)).abs().max() < 1e-6
