@@ -38,7 +38,9 @@ class StreamRole:
             update = self._apply_weights(model)
             if update is not None:
                 with self.spans.timed("weights", "load weights", model=model, version=update.version):
-                    guard(head, weights.receive, update, gen)
+                    loaded = guard(head, weights.receive, update, gen)
+                if not loaded:
+                    continue  # superseded before it was read: the newer version's update follows
                 if update.via is None:  # the weights it holds already (v0, or taken in a collective): named now
                     gen.version = update.version
                 if self.staleness_policy.drops:

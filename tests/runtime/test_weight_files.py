@@ -7,6 +7,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from areal.graph.recipe import load_recipe
 from areal.runtime import weight_files, weights
@@ -14,7 +16,7 @@ from areal.runtime.checkpoint import Sealing, final_dir, policy_name, staging_di
 from areal.runtime.compile import compile_plan
 from areal.runtime.context import WorkerContext
 from areal.runtime.versions import Versions
-from areal.runtime.weights import Via
+from areal.runtime.weights import Via, WeightUpdate
 from areal.runtime.weights.files import FilesPublisher
 from areal.runtime.weights.transport import Source
 
@@ -84,3 +86,26 @@ def test_weights_sent_by_a_transport_this_process_lacks_are_refused_naming_it_an
         weights.receive(update, follower=None)
     with pytest.raises(weights.UnknownTransport, match="'rdma'"):
         weights.collective(update.via)
+
+
+class _Holder:
+    def __init__(self) -> None:
+        self.loaded: list[int] = []
+
+    def load_weights(self, state: dict, version: int) -> None:
+        self.loaded.append(version)
+
+
+def test_a_file_pruned_because_newer_versions_came_is_skipped_and_one_gone_for_no_reason_is_an_error(tmp_path):
+    def update(version: int) -> WeightUpdate:
+        return WeightUpdate("actor", version, Via("files", str(weight_files.published(tmp_path, "actor", version))))
+
+    newest = weight_files.published(tmp_path, "actor", 5)
+    newest.parent.mkdir(parents=True)
+    save_file({"w": torch.zeros(1)}, str(newest))
+    holder = _Holder()
+    # a slow follower told of v2 after the trainer had published v5 and pruned v2: it keeps what it holds
+    assert weights.receive(update(2), holder) is False and holder.loaded == []
+    with pytest.raises(FileNotFoundError):  # nothing newer on disk: the file is missing, which is an error
+        weights.receive(update(6), holder)
+    assert weights.receive(update(5), holder) is True and holder.loaded == [5]

@@ -42,10 +42,10 @@ def publisher(source: Source) -> Publisher:
     return TRANSPORTS[source.plan.weights_kind(source.model)].publisher(source)
 
 
-def receive(update: WeightUpdate, follower: Any) -> None:
-    """Load `update` into `follower`; an update with no `via` is the weights it holds already."""
-    if update.via is not None:
-        transport_of(update.via).receive(update.via, follower, update.version)
+def receive(update: WeightUpdate, follower: Any) -> bool:
+    """Load `update` into `follower`; an update with no `via` is the weights it holds already. False when a newer
+    version superseded it before it could be read: the follower holds what it held."""
+    return update.via is None or transport_of(update.via).receive(update.via, follower, update.version)
 
 
 __all__ = ["TRANSPORTS", "Publisher", "Source", "UnknownTransport", "Via", "WeightUpdate", "collective", "publisher",

@@ -50,9 +50,10 @@ class BroadcastPublisher:
         pass
 
 
-def receive(via: Via, follower: GroupMember, version: int) -> None:
+def receive(via: Via, follower: GroupMember, version: int) -> bool:
     """Take part in the trainer's broadcast of `version`."""
     follower.receive_weights(version)
+    return True
 
 
 TRANSPORT = Transport(publisher=BroadcastPublisher, receive=receive, collective=True)

@@ -6,6 +6,7 @@ published file (checkpoint.Sealing), so the trainer writes nothing more for it.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from areal.runtime.weights.transport import Source, Transport
 from areal.runtime.weights.update import Via
 
 KIND = "files"
+logger = logging.getLogger(__name__)
 
 
 class FilesPublisher:
@@ -49,8 +51,21 @@ class FilesPublisher:
         pass  # the newest files stay: a resumed or restarted follower starts from them
 
 
-def receive(via: Via, follower: Follower, version: int) -> None:
-    follower.load_weights(load_weights(via.where), version)
+def receive(via: Via, follower: Follower, version: int) -> bool:
+    """Load the file; False if it is gone because the trainer published `keep` newer versions meanwhile (a slow
+    follower: the newest's update follows, and the follower keeps what it holds until then)."""
+    try:
+        state = load_weights(via.where)
+    except FileNotFoundError:
+        path = Path(via.where)
+        newer = [v for v in weight_files.published_versions(path.parent.parent, path.parent.name) if v > version]
+        if not newer:
+            raise
+        logger.info("weights v%d were superseded by v%d before they could be read; waiting for its update",
+                    version, max(newer))
+        return False
+    follower.load_weights(state, version)
+    return True
 
 
 TRANSPORT = Transport(publisher=FilesPublisher, receive=receive)

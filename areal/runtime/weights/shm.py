@@ -130,11 +130,12 @@ def write(name: str, weights: dict[str, Tensor]) -> None:
         segment.close()
 
 
-def receive(via: Via, follower: Follower, version: int) -> None:
+def receive(via: Via, follower: Follower, version: int) -> bool:
     """Map the segment, hand the node the tensors in place (it copies them into its model), unmap."""
     segment = _attach(via.where)
     try:
         follower.load_weights(read(segment), version)
+        return True
     finally:
         try:
             segment.close()

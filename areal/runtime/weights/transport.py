@@ -56,6 +56,7 @@ class Publisher(Protocol):
 @dataclass(frozen=True)
 class Transport:
     publisher: Callable[[Source], Publisher]
-    receive: Callable[[Via, Any, int], None]  # (via, the follower node, version): load it into the node
+    receive: Callable[[Via, Any, int], bool]  # (via, the follower node, version): load it into the node; False
+    # when a newer version superseded it before it could be read (that one's update is on its way)
     collective: bool = False  # a follower receives when told (the trainer waits in it), not when its loop may
     one_host: bool = False  # its followers read what the trainer left on its machine: they must run there
