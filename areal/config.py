@@ -131,11 +131,16 @@ class GenerationConfig(_Section):
 
     @model_validator(mode="after")
     def _vllm_rereads(self) -> GenerationConfig:
-        if self.on_new_weights == "keep-kv" and self.engine == "vllm":
+        if self.keeps_kv and self.engine == "vllm":
             raise ValueError("on_new_weights=keep-kv is the torch and emulated engines' option; the vLLM engine "
                              "aborts and resubmits its requests at every update (it cannot keep their KV across "
                              "a weight load): use on_new_weights=reread")
         return self
+
+    @property
+    def keeps_kv(self) -> bool:
+        """Whether running rows decode on over the old weights' KV after an update (on_new_weights=keep-kv)."""
+        return self.on_new_weights == "keep-kv"
 
     @property
     def refill_rows(self) -> int:

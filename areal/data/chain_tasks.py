@@ -47,9 +47,9 @@ def chain_task(var: str, op: str, c: int, k: int) -> Task:
 def _all_tasks() -> tuple[Task, ...]:
     rng = random.Random(CHOICE_SEED)
     tasks = []
+    largest = max(map(abs, INT_ARGS))
     for k in range(1, MAX_STEPS + 1):
         # the tests' outputs must stay 64-bit integers to cross the wire: no 9 multiplied in 30 times
-        largest = max(map(abs, INT_ARGS))
         updates = [u for u in itertools.product(VARS, OPS, DIGITS) if u[1] != "*" or largest * u[2] ** k < 2**62]
         count = min(len(updates), round(N_TASKS * chain_share(k)))
         tasks += [chain_task(var, op, c, k) for var, op, c in rng.sample(updates, count)]

@@ -140,7 +140,7 @@ def _torch_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any
         model.load_state_dict(load_file(str(weights)))
     return TorchGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch=config.generation.max_batch,
                                  refill_min_free=config.generation.refill_rows,
-                                 keep_kv_on_update=config.generation.on_new_weights == "keep-kv",
+                                 keep_kv_on_update=config.generation.keeps_kv,
                                  **_sampling(config, tokenizer, version, decode))
 
 
@@ -167,7 +167,7 @@ def _emulated_generation(config: RunConfig, checkpoint: Path | None, tokenizer: 
         DeviceProfile.load(e.profile), lengths=lengths,
         max_new_tokens=config.generation.max_new_tokens, max_batch=config.generation.max_batch,
         time_scale=e.time_scale, seed=config.seed, version=version, eos_token_id=tokenizer.eos_token_id,
-        keep_kv_on_update=config.generation.on_new_weights == "keep-kv")
+        keep_kv_on_update=config.generation.keeps_kv)
 
 
 def _sampling(config: RunConfig, tokenizer: Any, version: int, decode: Callable[[list[int]], str]) -> dict[str, Any]:

@@ -99,7 +99,7 @@ def staleness_line(controller: Controller) -> str:
             + (f"; recycled {acc['recycled']} groups ({acc['recycled_tokens']} tokens re-queued)"
                if policy.recycles else "")
             + ("; running rows kept their KV across weight updates (generation.on_new_weights=keep-kv)"
-               if config.generation.on_new_weights == "keep-kv" else ""))
+               if config.generation.keeps_kv else ""))
 
 
 def _pass(record: dict) -> str:
