@@ -74,6 +74,18 @@ def test_the_trainer_keeps_the_newest_versions_a_follower_may_ask_for(tmp_path):
     assert _segments(tmp_path) == []
 
 
+def test_a_segment_unlinked_because_newer_versions_came_is_skipped_and_one_gone_for_no_reason_is_an_error(tmp_path):
+    publisher = ShmPublisher(_source(tmp_path, {"w": torch.ones(3)}))  # keeps 3
+    names = {v: publisher.publish(v) for v in range(1, 6)}
+    follower = _Follower()
+    # a slow follower told of v2 after the trainer had published v5 and unlinked v2: it keeps what it holds
+    assert receive(names[2], follower, 2) is False and follower.loaded == {}
+    assert receive(names[5], follower, 5) is True and list(follower.loaded) == [5]
+    publisher.close()
+    with pytest.raises(RunError, match="no such segment"):  # nothing newer left: the segment is missing
+        receive(names[2], follower, 2)
+
+
 TRAINER = """
 import sys, torch
 from types import SimpleNamespace

@@ -9,13 +9,17 @@ unlinks its own when it stops. A trainer that is killed cannot, so it tells a sm
 its own, each segment it makes and unlinks: when the trainer is gone the watcher's pipe closes and it unlinks
 whatever is left. Every name starts with the run's prefix (`segment_prefix`) and holds the trainer's pid,
 so a restarted trainer's segments are never the dead one's. Segments live on one machine: a follower on
-another host is told no segment by that name exists. The checkpoint gets the policy as a file, written by
-the trainer (no published file exists to copy).
+another host is told no segment by that name exists. A slow follower told of a version the trainer has since
+unlinked (it published `keep` newer ones) keeps what it holds: the newest's update follows. It tells that case
+from a missing segment by the newer segments of the same trainer listed in /dev/shm (Linux); where shared memory
+is not listed (macOS), a gone segment stays an error. The checkpoint gets the policy as a file, written by the
+trainer (no published file exists to copy).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import struct
 import subprocess
@@ -37,6 +41,9 @@ from areal.runtime.weights.update import Via
 KIND = "shm"
 ALIGN = 64  # each tensor starts at a multiple of this, so every dtype can be read in place
 LENGTH = struct.Struct("<Q")  # the index's length, first in the segment
+LISTED = Path("/dev/shm")  # where Linux lists POSIX shared memory; absent elsewhere
+VERSION_MARK = "_v"  # a segment's name ends with it and its version
+logger = logging.getLogger(__name__)
 
 # unlinks, at end of input, every segment it was told of ("+NAME") and not told is gone ("-NAME")
 WATCHER = """
@@ -71,7 +78,7 @@ class ShmPublisher:
         weights = self.source.gather()  # every rank: gathering is a collective
         if self.source.rank_follower:
             return None
-        name = f"{segment_prefix(self.source.plan.run_dir)}_{self.source.model}_{os.getpid()}_v{version}"
+        name = f"{segment_prefix(self.source.plan.run_dir)}_{self.source.model}_{os.getpid()}{VERSION_MARK}{version}"
         self._tell(f"+{name}", flush=True)  # before it exists: a kill between the two leaves nothing the watcher misses
         write(name, weights)
         self.segments[version] = name
@@ -131,8 +138,17 @@ def write(name: str, weights: dict[str, Tensor]) -> None:
 
 
 def receive(via: Via, follower: Follower, version: int) -> bool:
-    """Map the segment, hand the node the tensors in place (it copies them into its model), unmap."""
-    segment = _attach(via.where)
+    """Map the segment, hand the node the tensors in place (it copies them into its model), unmap. False if it is
+    gone because its trainer published `keep` newer versions meanwhile (the newest's update follows)."""
+    try:
+        segment = _attach(via.where)
+    except RunError:
+        newer = newer_versions(via.where)
+        if not newer:
+            raise
+        logger.info("weights v%d were superseded by v%d before they could be mapped; waiting for its update",
+                    version, max(newer))
+        return False
     try:
         follower.load_weights(read(segment), version)
         return True
@@ -162,6 +178,15 @@ def read(segment: SharedMemory) -> dict[str, Tensor]:
         return weights
     except (ValueError, TypeError, AttributeError, RuntimeError, struct.error, msgpack.UnpackException) as err:
         raise RunError(f"shared-memory weights {segment.name}: malformed ({err})") from err
+
+
+def newer_versions(name: str) -> list[int]:
+    """The versions above `name`'s that its trainer holds in listed shared memory; none where nothing is listed."""
+    base, _, version = name.rpartition(VERSION_MARK)
+    if not LISTED.is_dir():
+        return []
+    listed = (p.name.removeprefix(base + VERSION_MARK) for p in LISTED.glob(f"{base}{VERSION_MARK}*"))
+    return sorted(int(v) for v in listed if v.isdigit() and int(v) > int(version))
 
 
 def _aligned(nbytes: int) -> int:
