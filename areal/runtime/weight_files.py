@@ -34,3 +34,13 @@ def published_versions(weights_dir: Path | str, model: str) -> dict[int, Path]:
     folder = model_dir(weights_dir, model)
     found = ((_PUBLISHED.fullmatch(path.name), path) for path in folder.glob("v*.safetensors"))
     return {int(match[1]): path for match, path in found if match}
+
+
+def published_since(path: Path | str) -> list[int]:
+    """The versions published beside the published file `path` that are newer than its own."""
+    path = Path(path)
+    match = _PUBLISHED.fullmatch(path.name)
+    if match is None:
+        raise ValueError(f"{path}: not a published weights file (vNNNNNN.safetensors)")
+    versions = published_versions(path.parent.parent, path.parent.name)
+    return sorted(v for v in versions if v > int(match[1]))

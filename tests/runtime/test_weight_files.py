@@ -33,6 +33,10 @@ def test_a_published_name_reads_back_as_its_version(tmp_path):
     found = weight_files.published_versions(tmp_path, "actor")
     assert found == {v: weight_files.published(tmp_path, "actor", v) for v in (0, 7, 999_999, 1_234_567)}
     assert weight_files.published_versions(tmp_path, "critic") == {}
+    assert weight_files.published_since(weight_files.published(tmp_path, "actor", 7)) == [999_999, 1_234_567]
+    assert weight_files.published_since(weight_files.published(tmp_path, "actor", 1_234_567)) == []
+    with pytest.raises(ValueError, match="not a published weights file"):
+        weight_files.published_since(weight_files.partial(tmp_path, "actor", 8))
 
 
 class _Trainer:

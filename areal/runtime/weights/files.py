@@ -57,8 +57,7 @@ def receive(via: Via, follower: Follower, version: int) -> bool:
     try:
         state = load_weights(via.where)
     except FileNotFoundError:
-        path = Path(via.where)
-        newer = [v for v in weight_files.published_versions(path.parent.parent, path.parent.name) if v > version]
+        newer = weight_files.published_since(via.where)
         if not newer:
             raise
         logger.info("weights v%d were superseded by v%d before they could be read; waiting for its update",
