@@ -41,6 +41,10 @@ class TrainerConfig(_Section):
     grad_clip: PositiveFloat = Field(1.0, description="max global grad norm")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip ε")
     behav_weight_cap: PositiveFloat | None = Field(5.0, description="cap on π_prox/π_behav; tokens over it are masked")
+    truncated: Literal["train", "mask"] = Field(
+        "train", description="an output cut at generation.max_new_tokens: train it like any other, or mask every "
+        "token of it out of the loss (DAPO's overlong filtering: its reward judged an answer that never ended); "
+        "needs the generator's `truncated` output")
     objective: Literal["decoupled", "standard", "decoupled-shortcut"] = Field(
         "decoupled", description="decoupled PPO (AReaL), standard PPO, or decoupled with the proximal shortcut"
     )

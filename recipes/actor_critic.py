@@ -20,7 +20,7 @@ config = RunConfig(model="builtin:tiny-coder", batch_size=16, group_size=8, stal
 
 g = Graph("actor-critic")
 g.source("tasks", code_tasks("train"), heldout=code_tasks("test"))  # task_id, prompt, tests
-g.add(generate("rollout", model="actor"), pool=1)  # prompt_ids, output_ids, behav_logp, versions, completion
+g.add(generate("rollout", model="actor"), pool=1)  # prompt_ids, output_ids, behav_logp, versions, completion, truncated
 g.add(reward("score", code_tests(timeout_s=2.0)), pool=1)  # reward                 } two branches,
 g.add(compute_values("values", model="critic"), pool=1)  # values (the critic's)   } side by side
 g.add(gae_advantage("gae", gamma=1.0, lam=0.95))  # advantage, returns per token: joins them

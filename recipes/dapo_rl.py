@@ -40,7 +40,7 @@ def group_advantage(batch):
 
 g = Graph("dapo-rl")
 g.source("tasks", code_tasks("train"), heldout=code_tasks("test"))  # task_id, prompt, tests
-g.add(generate("rollout"), pool=1)  # prompt_ids, output_ids, behav_logp, versions, completion
+g.add(generate("rollout"), pool=1)  # prompt_ids, output_ids, behav_logp, versions, completion, truncated
 g.add(reward("score", code_tests(timeout_s=2.0)), pool=1)  # reward
 g.add(informative_groups)  # drops groups of equal rewards (counted as filtered; the source refills)
 g.add(group_advantage)  # advantage

@@ -36,7 +36,7 @@ def loo_advantage(batch):
 
 g = Graph("emulated-rl")
 g.source("tasks", math_tasks("train"))  # task_id, prompt, answer
-g.add(generate("rollout"), pool=1)  # prompt_ids, output_ids, behav_logp, versions, completion
+g.add(generate("rollout"), pool=1)  # prompt_ids, output_ids, behav_logp, versions, completion, truncated
 g.add(reward("score", math_reward(timeout_s=2.0)), pool=1)  # reward
 g.add(loo_advantage)  # advantage
 g.add(compute_logprob("proximal"))  # prox_logp

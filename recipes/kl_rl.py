@@ -39,7 +39,7 @@ def kl_advantage(batch):
 
 g = Graph("kl-rl")
 g.source("tasks", code_tasks("train"), heldout=code_tasks("test"))  # task_id, prompt, tests
-g.add(generate("rollout"), pool=1)  # prompt_ids, output_ids, behav_logp, versions, completion
+g.add(generate("rollout"), pool=1)  # prompt_ids, output_ids, behav_logp, versions, completion, truncated
 g.add(reward("score", code_tests(timeout_s=2.0)), pool=1)  # reward           } two branches,
 g.add(compute_logprob("reference", frozen=True, output="ref_logp"))  # ref_logp  } side by side
 g.add(kl_advantage)  # advantage, kl: joins the two branches

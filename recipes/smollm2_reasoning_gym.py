@@ -46,7 +46,7 @@ def group_advantage(batch):
 g = Graph("smollm2-rg")
 g.source("tasks", reasoning_gym_tasks(TASK, "train", size=5000, options=OPTIONS),   # task_id, prompt, answer, rg
          heldout=reasoning_gym_tasks(TASK, "test", size=5000, options=OPTIONS))
-g.add(generate("rollout"), pool=1)  # prompt_ids, output_ids, behav_logp, versions, completion
+g.add(generate("rollout"), pool=1)  # prompt_ids, output_ids, behav_logp, versions, completion, truncated
 g.add(reward("score", reasoning_gym_score()), pool=1)  # reward
 g.add(group_advantage)  # advantage
 g.add(compute_logprob("proximal"))  # prox_logp

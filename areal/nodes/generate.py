@@ -40,6 +40,7 @@ def generate(name: str, *, model: str | None = None, **settings: Any) -> NodeSpe
             "behav_logp": ports.BEHAV_LOGP,
             "versions": ports.VERSIONS,
             "completion": ports.COMPLETION,
+            "truncated": ports.TRUNCATED,
         },
         factory=_factory,
         params={"model": model},

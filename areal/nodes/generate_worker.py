@@ -170,6 +170,7 @@ class GenerateNode:
         fields["behav_logp"] = Ragged.from_rows([r.logprobs for r in results], dtype=torch.float32)
         fields["versions"] = Ragged.from_rows([r.versions for r in results], dtype=torch.int32)
         fields["completion"] = [self._completion(r.output_ids.tolist()) for r in results]
+        fields["truncated"] = torch.tensor([int(r.finish_reason == "length") for r in results], dtype=torch.int64)
         notes = {r.request_id: why for r, text in zip(results, fields["completion"])
                  if (why := generation_problem(r.finish_reason, text))}
         if notes and not entry.meta.eval:

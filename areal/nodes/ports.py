@@ -14,6 +14,7 @@ BEHAV_LOGP = Float["S", "T"]  # log π_behav of each output token, recorded whil
 PROX_LOGP = Float["S", "T"]  # log π_prox: the trainer's weights before this update
 VERSIONS = Int32["S", "T"]  # policy version that produced each output token
 LOSS_MASK = Int32["S", "T"]  # 1: the policy sampled the token (trained); 0: the environment wrote it (a tool's output)
+TRUNCATED = Int["S"]  # 1: the output was cut at max_new_tokens, not ended by the policy
 TURNS = Int["S"]  # completions an episode sampled
 TRANSCRIPT = Json["S"]  # an episode's whole context, decoded
 REWARD = Float["S"]

@@ -34,8 +34,11 @@ def ppo_update(name: str, *, token_advantages: bool = False, **settings: Any) ->
             "versions": ports.VERSIONS,
             "advantage": ports.TOKEN_ADVANTAGE if token_advantages else ports.ADVANTAGE,
             "loss_mask": ports.LOSS_MASK,
+            "truncated": ports.TRUNCATED,
         },
-        optional=frozenset({"loss_mask"}),  # produced by episodes: tool and environment tokens are not trained
+        # loss_mask: produced by episodes (tool and environment tokens are not trained); truncated: by generate
+        # nodes (trainer.truncated=mask reads it)
+        optional=frozenset({"loss_mask", "truncated"}),
         outputs={},
         factory=_factory,
         doc="decoupled PPO over batches of B groups; publishes weights as version + 1",

@@ -68,6 +68,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         for (src, dst), fields in fields_in.items()
     )
     _check_names(config, pools)
+    _check_truncated(graph, config)
     routes = tuple((pool_of[trainer], pool_of[n.name]) for n in order for trainer in [graph.model_of(n)]
                    if trainer is not None and pool_of[n.name] != pool_of[trainer])
     generators = [n for n in order if n.role in SAMPLING_ROLES]
@@ -276,6 +277,19 @@ def _check_names(config: RunConfig, pools: list[PoolSpec]) -> None:
         raise ConfigError(f"placement: {', '.join(map(repr, unplaced))} starts no pool of its own, so its "
                           f"replicas cannot be set; placement takes: {', '.join(sorted(placed))} "
                           "(a trainer's are trainer.ranks)")
+
+
+def _check_truncated(graph: Graph, config: RunConfig) -> None:
+    """trainer.truncated=mask reads which outputs were cut: the trainer must take `truncated` from a node."""
+    for n in graph.nodes.values():
+        if n.role != "trainer" or node_config(config, n).trainer.truncated != "mask":
+            continue
+        if "truncated" not in n.inputs or "versions" not in n.inputs:
+            raise ConfigError(f"trainer.truncated=mask: {n.describe()} takes no `truncated` and `versions` inputs, "
+                              "so it cannot tell which outputs were cut")
+        if graph.resolve(n, "truncated") is None:
+            raise ConfigError(f"trainer.truncated=mask: no node outputs `truncated` for {n.describe()} (generate "
+                              "nodes do; an episode does not cut its turns that way)")
 
 
 def _default_gpus(role: str, config: RunConfig) -> int:

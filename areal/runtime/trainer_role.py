@@ -18,6 +18,7 @@ from areal.graph.roles import Checkpointed, TrainerNode
 from areal.runtime import messages as msg
 from areal.runtime.chain import guard
 from areal.runtime.checkpoint import MANIFEST, staging_dir
+from areal.runtime.loss_mask import with_truncated_masked
 from areal.runtime.outputs import NodeContractError
 from areal.runtime.policies.enforce import checked_step, expired, with_policy_mask
 from areal.runtime.solved import solved
@@ -114,6 +115,8 @@ class TrainerRole:
         if batch is not None and batch.size:
             binding = self.plan.binding(self.nodes[-1].name)
             view = self.chain.view(batch, binding)
+            if self.masks_truncated:  # before the policy's mask: its count and its check see what the loss sees
+                view, stats["truncated_masked"] = with_truncated_masked(view)
             if self.enforcing and "versions" in view:
                 if self.staleness_policy.masks:  # every rank: the same mask from the same versions
                     view, stats["masked_tokens"] = with_policy_mask(view, step, self.config.staleness)

@@ -138,6 +138,9 @@ class Worker(MapRole, StreamRole, TrainerRole):
         self.next_group, self.consumed = resumed_consumption(resume_dir, pool_name)
         self.staleness_policy = policy_named(self.config.staleness_policy, self.config.recycle_keep_prefix)
         self.enforcing = self.pool.role == "train" and pool_name == plan.policy  # its versions count the lags
+        # trainer.truncated=mask, the trainer node's own setting: outputs cut at max_new_tokens leave its loss
+        self.masks_truncated = self.pool.role == "train" and \
+            recipe.node_config(self.nodes[-1].name).trainer.truncated == "mask"
 
     def _publisher(self) -> weights.Publisher:
         """How this trainer's new versions reach their followers (a broadcast's group forms here)."""

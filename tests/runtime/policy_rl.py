@@ -1,8 +1,8 @@
 """recipes/emulated_rl.py with a recording advantage: each sample's token versions as they reach the trainer.
 
-The advantage node appends (sample id, the version of each output token) to `arrived.jsonl` in the
-run directory, so a test checks a staleness policy's guarantee on what the generators stamped,
-independently of the trainer's own check and of any timing.
+The advantage node appends (sample id, the version of each output token, whether the output was cut at
+max_new_tokens) to `arrived.jsonl` in the run directory, so a test checks a staleness policy's guarantee on
+what the generators stamped, independently of the trainer's own check and of any timing.
 """
 
 import json
@@ -26,7 +26,7 @@ config = RunConfig(
 )
 
 
-@node(inputs={"reward": Float["S"], "group_id": Int["S"], "versions": Int32["S", "T"]},
+@node(inputs={"reward": Float["S"], "group_id": Int["S"], "versions": Int32["S", "T"], "truncated": Int["S"]},
       outputs={"advantage": Float["S"]})
 class RecordedAdvantage:
     def setup(self, context):
@@ -34,8 +34,9 @@ class RecordedAdvantage:
 
     def __call__(self, batch):
         with self.log.open("a") as out:
-            for sid, versions in zip(batch["sample_id"].tolist(), batch["versions"].rows()):
-                out.write(json.dumps({"sample_id": sid, "versions": versions.tolist()}) + "\n")
+            for sid, versions, cut in zip(batch["sample_id"].tolist(), batch["versions"].rows(),
+                                          batch["truncated"].tolist()):
+                out.write(json.dumps({"sample_id": sid, "versions": versions.tolist(), "truncated": cut}) + "\n")
         return {"advantage": leave_one_out(batch["reward"], batch["group_id"])}
 
 

@@ -148,3 +148,15 @@ def test_recycle_beside_an_episode_which_cannot_be_requeued_is_refused_naming_it
     with pytest.raises(ConfigError, match=r"staleness_policy=recycle: .*episode_rl\.py:\d+: node '\w+' \(episode\) is "
                                           r"an episode, which is not interrupted mid-way"):
         compile_plan(recipe.graph, recipe.config)
+
+
+def test_masking_cut_outputs_where_no_node_says_which_were_cut_is_refused_naming_the_trainer(tmp_path):
+    from areal.graph.recipe import load_recipe
+    from areal.runtime.compile import compile_plan
+
+    recipe = load_recipe(Path(__file__).with_name("episode_rl.py"), ["trainer.truncated=mask"])
+    with pytest.raises(ConfigError, match=r"trainer.truncated=mask: no node outputs `truncated` for .*episode_rl\.py:"
+                                          r"\d+: node '\w+' \(ppo-update\)"):
+        compile_plan(recipe.graph, recipe.config)
+    recipe = load_recipe(TINY_RL, ["trainer.truncated=mask"])  # a generate node says it
+    assert ("actor", "truncated", "rollout.truncated") in compile_plan(recipe.graph, recipe.config).bindings

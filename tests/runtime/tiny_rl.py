@@ -48,7 +48,7 @@ config = RunConfig(mode="sync", batch_size=2, group_size=3, steps=4, trainer={"l
                    generation={"max_new_tokens": 8}, checkpoint={"interval_steps": 2})
 g = Graph("tiny-rl")
 g.source("tasks", Prompts())
-g.add(generate("rollout"))  # prompt_ids, output_ids, behav_logp, versions, completion
+g.add(generate("rollout"))  # prompt_ids, output_ids, behav_logp, versions, completion, truncated
 g.add(vowels)  # reward
 g.add(advantage)  # advantage
 g.add(compute_logprob("proximal"))  # prox_logp

@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from areal.errors import RunError
 from areal.graph.batch import Batch, Ragged
 from areal.graph.meta import GroupMeta
+from areal.runtime.loss_mask import loss_mask, with_mask
 from areal.runtime.policies.policy import Policy, TrainedStep
 
 
@@ -24,34 +23,18 @@ def expired(versions: Ragged, version: int, staleness: int) -> bool:
 
 
 def with_policy_mask(view: Batch, step: int, staleness: int) -> tuple[Batch, int]:
-    """The view with loss mask 0 on every output token more than η versions behind `step` (an episode's own mask
+    """The view with loss mask 0 on every output token more than η versions behind `step` (the mask it brought
     kept beside it), and how many tokens that took out of the loss. On the packed tokens, in one pass."""
-    versions = view["versions"]
-    fresh = versions.values >= step - staleness
-    own = _loss_mask(view)
-    masked = int((own & ~fresh).sum())
-    return view.merge({"loss_mask": Ragged((own & fresh).to(torch.int32), versions.offsets)}), masked
+    return with_mask(view, view["versions"].values >= step - staleness)
 
 
 def checked_step(policy: Policy, view: Batch, step: int, staleness: int, batch_size: int,
                  groups: Sequence[GroupMeta]) -> dict[str, Any]:
     """Re-check `policy`'s guarantee on the view the update reads; RunError names the broken promise. Returns the
     step's staleness numbers: the lag histogram of its samples and its trained tokens older than η."""
-    trained = TrainedStep(step, staleness, batch_size, view["versions"], _loss_mask(view), view["group_id"].tolist(),
+    trained = TrainedStep(step, staleness, batch_size, view["versions"], loss_mask(view), view["group_id"].tolist(),
                           list(groups))
     broken = policy.check(trained)
     if broken is not None:
         raise RunError(f"staleness bound broken at version {step} (staleness_policy={policy.name}): {broken}")
     return {"staleness": dict(trained.histogram()), "stale_tokens": trained.stale_trained_tokens()}
-
-
-def _loss_mask(view: Batch) -> torch.Tensor:
-    """[N] bool, packed like the versions: the mask an episode brought, or every output token."""
-    versions = view["versions"]
-    if "loss_mask" not in view:
-        return torch.ones(len(versions.values), dtype=torch.bool)
-    mask = view["loss_mask"]
-    if not torch.equal(mask.offsets, versions.offsets):
-        raise RunError("loss_mask and versions disagree on the output tokens of a sample: each needs one value "
-                       "per output token")
-    return mask.values.bool()
