@@ -14,7 +14,9 @@ of the trained samples (their step minus the version of their oldest token: mean
 trained tokens older than η (the admission policy trains them; recycle with `recycle_keep_prefix`), the share
 of generated tokens wasted (dropped with their group, or masked), and the mean trained output length (does a
 policy favour short answers?). A second table says where the time went: each worker's busy share, the share of
-its generator's time spent re-reading running rows under new weights, and the tokens it generated a second.
+its generator's time spent re-reading running rows under new weights, the tokens it generated a second and the
+share of outputs cut at max_new_tokens. A third lists each run: its gain beside the signs of a run going wrong
+(the most outputs cut in one step, the largest behaviour importance weight).
 `--tasks chains` trains on the chain tasks instead (areal/data/chain_tasks.py), whose answers have the heavy tail
 of lengths the recipe's tasks lack.
 """
@@ -40,6 +42,9 @@ TASKS = {
 }
 
 
+RUNAWAY_CUT = 20  # outputs cut at max_new_tokens in one step: past this a run is drifting to endless answers
+
+
 def prices(run_dir: Path) -> dict[str, float]:
     """What a run trained and what it cost, from its step records."""
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -51,6 +56,7 @@ def prices(run_dir: Path) -> dict[str, float]:
     stale = sum(s.get("stale_tokens", 0) for s in steps)
     dropped = last["dropped_tokens"]
     rebuild = [s["generator_rebuild_share"] for s in steps if "generator_rebuild_share" in s]
+    cut = [b["over_long"] - a["over_long"] for a, b in zip([{"over_long": 0}, *steps], steps)]  # per step
     generated = [s["generated_tokens_per_s"] for s in steps if "generated_tokens_per_s" in s]
     return {
         **{f"busy {worker}": statistics.mean(s["busy"].get(worker, 0.0) for s in steps) for worker in last["busy"]},
@@ -64,6 +70,10 @@ def prices(run_dir: Path) -> dict[str, float]:
         "stale": stale / (tokens - masked) if tokens > masked else 0.0,
         "wasted": (masked + dropped) / (tokens + dropped) if tokens + dropped else 0.0,
         "length": tokens / last["trained_samples"],
+        "cut": last["over_long"] / last["started"] if last["started"] else 0.0,
+        "cut_most": max(cut),
+        "runaway_at": next((s["version"] for s, n in zip(steps, cut) if n >= RUNAWAY_CUT), None),
+        "weight_max": max(s.get("importance_weight_max", 0.0) for s in steps),
     }
 
 
@@ -122,13 +132,30 @@ def time_report(runs: list[Run]) -> str:
         workers = [k for k in costs[0] if k.startswith("busy ")]
         if not lines:
             lines = [f"| policy | η | seeds | {' | '.join(workers)} | generator time re-reading rows "
-                     "| generated tokens/s |", "|---|---|---|" + "---|" * (len(workers) + 2)]
+                     "| generated tokens/s | outputs cut |", "|---|---|---|" + "---|" * (len(workers) + 3)]
         policy, eta = variant.split("-eta")
         rebuild = "—" if any(math.isnan(c["rebuild"]) for c in costs) else f"{_column(costs, 'rebuild', 100)} %"
         generated = "—" if any(math.isnan(c["generated_per_s"]) for c in costs) else _column(costs, "generated_per_s",
                                                                                              digits=0)
         lines.append(f"| {policy} | {eta} | {len(costs)} | "
-                     + " | ".join(_column(costs, w, digits=2) for w in workers) + f" | {rebuild} | {generated} |")
+                     + " | ".join(_column(costs, w, digits=2) for w in workers)
+                     + f" | {rebuild} | {generated} | {_column(costs, 'cut', 100)} % |")
+    return "\n".join(lines)
+
+
+def run_report(runs: list[Run]) -> str:
+    """Each run on its own: its gain beside the two signs of a run going wrong, outputs cut at max_new_tokens (the
+    most in one step, and the version where a step first cut RUNAWAY_CUT) and the largest behaviour importance
+    weight π_prox/π_behav of any step."""
+    lines = ["| policy | η | seed | gain (points) | versions | outputs cut | most cut in a step (first ≥ "
+             f"{RUNAWAY_CUT} at) | largest importance weight |", "|---|---|---|---|---|---|---|---|"]
+    for run in (r for r in runs if not failure(r)):
+        c = prices(run.run_dir)
+        policy, eta = run.variant.split("-eta")
+        gain = 100 * (run.rounds[-1]["pass@1"] - run.rounds[0]["pass@1"])
+        at = f" (v{c['runaway_at']})" if c["runaway_at"] is not None else ""
+        lines.append(f"| {policy} | {eta} | {run.seed} | {gain:+.1f} | {c['version']} | {100 * c['cut']:.1f} % "
+                     f"| {c['cut_most']}{at} | {c['weight_max']:.1f} |")
     return "\n".join(lines)
 
 
@@ -169,7 +196,7 @@ def main() -> None:
         if args.out is None or not args.out.is_dir():
             parser.error("--tabulate reads the runs kept in --out DIR: give the directory")
         kept = kept_runs(args.out)
-        print(f"{report(kept)}\n\n{time_report(kept)}")
+        print(f"{report(kept)}\n\n{time_report(kept)}\n\n{run_report(kept)}")
         return
     core_sets = pinned_cores(parser, args.parallel, args.cores_per_run)
     out = args.out or ROOT / "runs" / f"staleness-learning-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -182,7 +209,7 @@ def main() -> None:
     run_all(args.recipe, runs, TASKS[args.tasks] + args.common, args.parallel, timeout_s=args.minutes * 60 + 900,
             core_sets=core_sets)
     print(f"{args.minutes:g} minutes of training a run, then the last held-out round; runs in {out}\n")
-    print(f"{report(runs)}\n\n{time_report(runs)}")
+    print(f"{report(runs)}\n\n{time_report(runs)}\n\n{run_report(runs)}")
 
 
 if __name__ == "__main__":
