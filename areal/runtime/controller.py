@@ -85,6 +85,7 @@ class RunState:
     trained_tokens: int = 0
     masked_tokens: int = 0  # output tokens of trained samples the staleness policy masked (older than η)
     stale_tokens: int = 0  # output tokens the loss read that were older than η (the admission policy's)
+    truncated_masked: int = 0  # trained samples cut at max_new_tokens, given loss mask 0 (trainer.truncated=mask)
     startup_s: float = 0.0
     status: str = "starting"
 

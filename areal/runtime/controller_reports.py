@@ -55,6 +55,7 @@ class WorkerReports:
         self.state.trained_tokens += m.tokens
         self.state.masked_tokens += int(m.stats.get("masked_tokens", 0))
         self.state.stale_tokens += int(m.stats.get("stale_tokens", 0))
+        self.state.truncated_masked += int(m.stats.get("truncated_masked", 0))
         record = self.steps.record(m, elapsed=self._elapsed(), versions=self.versions.current,
                                    trained=len(self.accounting.trained), accounting=self.accounting.summary(),
                                    generated_tokens=sum(w.counts.get("tokens", 0) for w in self.workers.values()),

@@ -68,6 +68,9 @@ def summary_table(controller: Controller) -> Table:
     t.add_row("staleness histogram", ", ".join(f"lag {k}: {v}" for k, v in sorted(s.staleness.items())) or "—")
     acc = controller.accounting.summary()
     t.add_row("accounting", " · ".join(f"{k} {v}" for k, v in acc.items()))
+    if s.truncated_masked or controller.config.trainer.truncated == "mask":
+        t.add_row("cut outputs", f"{s.truncated_masked} trained samples cut at max_new_tokens, every token of them "
+                  "out of the loss (trainer.truncated=mask)")
     if controller.skipped_tasks:
         t.add_row("skipped task records", f"{controller.skipped_tasks} — first: {controller.bad_tasks[0]}")
     reasons = controller.accounting.fail_reasons

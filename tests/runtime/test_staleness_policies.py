@@ -10,15 +10,17 @@ the bound is tested where it binds.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from areal.runtime import controller as controller_module
 from areal.runtime import messages as msg
 from areal.runtime.launch import build_controller
-from areal.runtime.progress import generator_time_line, staleness_line
+from areal.runtime.progress import generator_time_line, staleness_line, summary_table
 from areal.runtime.resume import resume_point
 from tests.runtime.kills import KillOnce
 
@@ -109,6 +111,11 @@ def test_masking_cut_outputs_takes_exactly_them_out_of_the_loss_under_the_token_
     older = [sum(v < step - ETA for v in versions[sid]) for step, ids, _ in reported for sid in ids if sid not in cut]
     assert sum(stats["masked_tokens"] for _, _, stats in reported) == sum(older) > 0
     assert records(tmp_path)[-1]["truncated_masked"] == reported[-1][2]["truncated_masked"]
+    trained_cut = sum(stats["truncated_masked"] for _, _, stats in reported)
+    console = Console(file=io.StringIO(), width=240)
+    console.print(summary_table(controller))
+    assert f"{trained_cut} trained samples cut at max_new_tokens, every token of them out of the loss" in \
+        console.file.getvalue()
 
 
 def test_keeping_the_kv_through_updates_re_reads_nothing_and_the_token_guarantee_still_holds(tmp_path, reported):
