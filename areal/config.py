@@ -1,13 +1,12 @@
 """RunConfig: every knob of a run, typed at the edge.
 
-A recipe builds one `RunConfig`; `--set a.b=value` overrides go through the same pydantic
+A recipe builds one `RunConfig`; `--set a.b=value` overrides (overrides.py) go through the same pydantic
 model, so a bad override fails exactly like a bad recipe value, naming the field. The
 resolved config is written to the run directory as config.json.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import (
@@ -17,11 +16,8 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    ValidationError,
     model_validator,
 )
-
-from areal.errors import ConfigError
 
 
 class _Section(BaseModel):
@@ -372,81 +368,3 @@ class RunConfig(_Section):
     def sampling_lag(self) -> int:
         """How many versions behind the trainer the generators' weights are held (lagged mode only)."""
         return self.staleness if self.mode == "lagged" else 0
-
-
-def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
-    """Apply `a.b=value` strings; values parse as JSON when they can, else stay strings."""
-    data = config.model_dump()
-    for text in overrides:
-        key, sep, raw = text.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {text}: expected KEY=VALUE, e.g. --set trainer.lr=3e-6")
-        _assign(data, key.strip().split("."), _parse_value(raw), f"--set {text}: ", config)
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(_describe(err, overrides)) from None
-
-
-def with_values(config: RunConfig, values: dict[str, Any], origin: str) -> RunConfig:
-    """`config` with dotted paths set to values, validated like `--set`; each error starts with `origin`."""
-    data = config.model_dump()
-    for path, value in values.items():
-        _assign(data, path.split("."), value, f"{origin}: ", config)
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError("\n".join(f"{origin}: {line}" for line in _describe(err, []).splitlines())) from None
-
-
-def override_keys(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """The dotted key each `--set` override names -> the override as typed."""
-    return {text.partition("=")[0].strip(): text for text in overrides}
-def validate_config(data: dict[str, Any]) -> RunConfig:
-    try:
-        return RunConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(_describe(err, [])) from None
-
-
-def _parse_value(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
-
-
-def _assign(data: dict[str, Any], path: list[str], value: Any, prefix: str, config: RunConfig) -> None:
-    node: Any = data
-    model: Any = type(config)
-    for depth, part in enumerate(path):
-        fields = model.model_fields if model is not None else None
-        if fields is not None and part not in fields:
-            where = ".".join(path[:depth]) or "config"
-            raise ConfigError(
-                f"{prefix}{'.'.join(path[: depth + 1])}: unknown field ({where} has: {', '.join(fields)})"
-            )
-        if depth == len(path) - 1:
-            node[part] = value
-            return
-        if fields is None or _is_mapping(fields[part].annotation):
-            node.setdefault(part, {})  # a mapping of names (placement, nodes): its keys are the user's
-        if not isinstance(node.get(part), dict):
-            raise ConfigError(f"{prefix}{'.'.join(path[: depth + 1])} is a value, not a section")
-        annotation = fields[part].annotation if fields is not None else None
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-        node = node[part]
-
-
-def _is_mapping(annotation: Any) -> bool:
-    return getattr(annotation, "__origin__", None) is dict
-
-
-def _describe(err: ValidationError, overrides: list[str]) -> str:
-    lines = []
-    for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"])
-        origin = next((o for o in overrides if o.split("=", 1)[0].strip() == field), None)
-        prefix = f"--set {origin}: " if origin else ""
-        lines.append(f"{prefix}{field}: {e['msg'][:1].lower()}{e['msg'][1:]}")
-    return "\n".join(lines)

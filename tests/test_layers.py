@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "areal"
 
-# layer -> the areal layers it may import (areal.config and areal.errors are leaves anyone may use)
+# layer -> the areal layers it may import (areal.config, its overrides and areal.errors are leaves anyone may use)
 ALLOWED = {
     "graph": {"graph"},
     "kernels": {"kernels"},
@@ -19,7 +19,7 @@ ALLOWED = {
     "runtime": {"runtime", "graph", "kernels", "nodes", "engines", "models", "rewards", "data"},
     "view": {"view", "runtime", "graph"},  # reads what a run writes; nothing below imports it
 }
-LEAVES = {"config", "errors"}
+LEAVES = {"config", "overrides", "errors"}
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:

@@ -13,10 +13,11 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from areal.config import RunConfig, apply_overrides
+from areal.config import RunConfig
 from areal.errors import ArealError, RecipeError
 from areal.graph.graph import Graph
 from areal.graph.settings import node_config, resolve_run_config
+from areal.overrides import apply_overrides
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal.config import RunConfig, override_keys, with_values
+from areal.config import RunConfig
 from areal.errors import ConfigError
 from areal.graph.graph import Graph
 from areal.graph.node import Node
+from areal.overrides import override_keys, with_values
 
 
 def resolve_run_config(graph: Graph, config: RunConfig, overrides: tuple[str, ...] | list[str]) -> RunConfig:

@@ -14,8 +14,8 @@ from typing import Any
 
 from safetensors.torch import load_file
 
-from areal.config import validate_config
 from areal.errors import ConfigError
+from areal.overrides import validate_config
 from areal.runtime.checkpoint import find_checkpoints, policy_name
 from areal.runtime.eval_inputs import check_weights
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from areal.config import RunConfig, apply_overrides
+from areal.config import RunConfig
+from areal.overrides import apply_overrides
 from tests.benchmarks.loading import load_benchmark
 
 bench = load_benchmark("bench_vs_trl")

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from areal.config import RunConfig, apply_overrides
+from areal.config import RunConfig
 from areal.engines import engine_problems, train_settings
 from areal.engines.device import device_problem, torch_device
 from areal.engines.torch_train import MicroBatch, TorchTrainEngine
 from areal.errors import ConfigError
+from areal.overrides import apply_overrides
 from tests.engines.conftest import tiny_qwen2
 
 

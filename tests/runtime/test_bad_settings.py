@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from areal.config import RunConfig, apply_overrides
+from areal.config import RunConfig
 from areal.data.jsonl import jsonl_tasks
 from areal.errors import ConfigError, RunError
+from areal.overrides import apply_overrides
 from areal.runtime.evaluation import first_pass
 from areal.runtime.launch import build_controller
 from tests.local_model import make_checkpoint

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from areal.config import ClusterConfig, RunConfig, apply_overrides
+from areal.config import ClusterConfig, RunConfig
 from areal.errors import ConfigError
 from areal.graph.recipe import load_recipe
+from areal.overrides import apply_overrides
 from areal.runtime.channels import bind_address
 from areal.runtime.compile import compile_plan
 from areal.runtime.launch import build_controller

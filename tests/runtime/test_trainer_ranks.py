@@ -11,8 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from areal.config import RunConfig, apply_overrides
+from areal.config import RunConfig
 from areal.errors import ConfigError
+from areal.overrides import apply_overrides
 from areal.runtime.launch import run_recipe
 from areal.runtime.plan import Plan
 from tests.local_model import make_checkpoint
