@@ -37,11 +37,11 @@ def with_values(config: RunConfig, values: dict[str, Any], origin: str) -> RunCo
         raise ConfigError("\n".join(f"{origin}: {line}" for line in _describe(err, []).splitlines())) from None
 
 
-
-
 def override_keys(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
     """The dotted key each `--set` override names -> the override as typed."""
     return {text.partition("=")[0].strip(): text for text in overrides}
+
+
 def validate_config(data: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
