@@ -98,9 +98,10 @@ def test_token_trains_no_token_older_than_eta_and_masks_exactly_those(tmp_path, 
 
 
 def test_masking_cut_outputs_takes_exactly_them_out_of_the_loss_under_the_token_policys_mask(tmp_path, reported):
-    # outputs log-normal around 24 tokens (σ = 1) cut at 64: about 1 in 6 is cut, and the long ones run late
+    # outputs log-normal around 24 tokens (σ = 1) cut at 64: about 1 in 6 is cut; in modelled real time the long
+    # uncut ones outlast η steps, so the token policy has old tokens of its own to mask
     controller, state = run(tmp_path, "token", "steps=8", "generation.max_new_tokens=64", "trainer.truncated=mask",
-                            "emulation.output_tokens_median=24")
+                            "emulation.output_tokens_median=24", "emulation.time_scale=1.0")
     versions = arrived(controller)
     lines = (Path(controller.plan.run_dir) / "arrived.jsonl").read_text().splitlines()
     cut = {r["sample_id"] for r in map(json.loads, lines) if r["truncated"]}
@@ -109,7 +110,7 @@ def test_masking_cut_outputs_takes_exactly_them_out_of_the_loss_under_the_token_
     assert [stats["truncated_masked"] for _, _, stats in reported] == [len(cut & set(ids)) for _, ids, _ in reported]
     # the token policy's count: old tokens of the outputs still in the loss, not those of the cut ones again
     older = [sum(v < step - ETA for v in versions[sid]) for step, ids, _ in reported for sid in ids if sid not in cut]
-    assert sum(stats["masked_tokens"] for _, _, stats in reported) == sum(older)  # stragglers depend on load
+    assert sum(stats["masked_tokens"] for _, _, stats in reported) == sum(older) > 0
     assert records(tmp_path)[-1]["truncated_masked"] == reported[-1][2]["truncated_masked"]
     trained_cut = sum(stats["truncated_masked"] for _, _, stats in reported)
     console = Console(file=io.StringIO(), width=240)
