@@ -43,6 +43,7 @@ TASKS = {
 
 
 RUNAWAY_CUT = 20  # outputs cut at max_new_tokens in one step: past this a run is drifting to endless answers
+LATE_STEPS = 20  # a run's training reward is averaged over this many last steps, beside its held-out gain
 
 
 def prices(run_dir: Path) -> dict[str, float]:
@@ -74,6 +75,7 @@ def prices(run_dir: Path) -> dict[str, float]:
         "cut_most": max(cut),
         "runaway_at": next((s["version"] for s, n in zip(steps, cut) if n >= RUNAWAY_CUT), None),
         "weight_max": max(s.get("importance_weight_max", 0.0) for s in steps),
+        "late_reward": statistics.mean(s["reward_mean"] for s in steps[-LATE_STEPS:]),
     }
 
 
@@ -144,17 +146,20 @@ def time_report(runs: list[Run]) -> str:
 
 
 def run_report(runs: list[Run]) -> str:
-    """Each run on its own: its gain beside the two signs of a run going wrong, outputs cut at max_new_tokens (the
-    most in one step, and the version where a step first cut RUNAWAY_CUT) and the largest behaviour importance
-    weight π_prox/π_behav of any step."""
-    lines = ["| policy | η | seed | gain (points) | versions | outputs cut | most cut in a step (first ≥ "
-             f"{RUNAWAY_CUT} at) | largest importance weight |", "|---|---|---|---|---|---|---|---|"]
+    """Each run on its own: its gain beside its mean training reward over its last LATE_STEPS steps (the gain is
+    one held-out round at one version, which moves more between versions than its sampling error says) and the
+    two signs of a run going wrong, outputs cut at max_new_tokens (the most in one step, and the version where
+    a step first cut RUNAWAY_CUT) and the largest behaviour importance weight π_prox/π_behav of any step."""
+    lines = [f"| policy | η | seed | gain (points) | training reward, last {LATE_STEPS} steps | versions | outputs cut "
+             f"| most cut in a step (first ≥ {RUNAWAY_CUT} at) | largest importance weight |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for run in (r for r in runs if not failure(r)):
         c = prices(run.run_dir)
         policy, eta = run.variant.split("-eta")
         gain = 100 * (run.rounds[-1]["pass@1"] - run.rounds[0]["pass@1"])
         at = f" (v{c['runaway_at']})" if c["runaway_at"] is not None else ""
-        lines.append(f"| {policy} | {eta} | {run.seed} | {gain:+.1f} | {c['version']} | {100 * c['cut']:.1f} % "
+        lines.append(f"| {policy} | {eta} | {run.seed} | {gain:+.1f} | {c['late_reward']:.2f} | {c['version']} "
+                     f"| {100 * c['cut']:.1f} % "
                      f"| {c['cut_most']}{at} | {c['weight_max']:.1f} |")
     return "\n".join(lines)
 

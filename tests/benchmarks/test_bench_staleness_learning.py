@@ -22,11 +22,11 @@ def _run(tmp_path, variant: str, seed: int, steps: list[dict], rounds: list[floa
 
 
 def _step(version, lags, tokens, masked=0, stale=0, dropped_tokens=0, trained=0, wall_s=10.0, busy=None, over_long=0,
-          **more):
+          reward_mean=0.5, **more):
     return {"kind": "step", "version": version, "staleness": {str(k): v for k, v in lags.items()}, "tokens": tokens,
             "masked_tokens": masked, "stale_tokens": stale, "dropped_tokens": dropped_tokens,
             "trained_samples": trained, "wall_s": wall_s, "busy": busy or {"rollout[0]": 0.5, "actor[0]": 1.0},
-            "over_long": over_long, "started": 10 * trained, **more}
+            "over_long": over_long, "started": 10 * trained, "reward_mean": reward_mean, **more}
 
 
 def test_a_runs_prices_come_from_every_step_record(tmp_path):
@@ -92,12 +92,18 @@ def test_the_time_table_averages_busy_shares_re_reading_and_generation_over_step
 
 def test_each_run_s_row_shows_its_gain_the_most_outputs_cut_in_a_step_and_its_largest_importance_weight(tmp_path):
     # over_long is the run's running count: 2, then 25 more (a drift from version 2), then 1 more
-    drifting = [_step(1, {1: 4}, tokens=40, trained=4, over_long=2, importance_weight_max=1.5),
-                _step(2, {1: 4}, tokens=40, trained=8, over_long=27, importance_weight_max=12.0),
-                _step(3, {1: 4}, tokens=40, trained=12, over_long=28, importance_weight_max=3.0)]
-    calm = [_step(1, {1: 4}, tokens=40, trained=4, over_long=19, importance_weight_max=2.0)]
+    # the training reward is the mean of the last LATE_STEPS steps': the first step's 0.9 falls out of it
+    steps = bench.LATE_STEPS + 1
+    drifting = [_step(1, {1: 4}, tokens=40, trained=4, over_long=2, importance_weight_max=1.5, reward_mean=0.9),
+                _step(2, {1: 4}, tokens=40, trained=8, over_long=27, importance_weight_max=12.0, reward_mean=0.3),
+                *(_step(v, {1: 4}, tokens=40, trained=4 * v, over_long=28, importance_weight_max=3.0, reward_mean=0.1)
+                  for v in range(3, steps + 1))]
+    calm = [_step(1, {1: 4}, tokens=40, trained=4, over_long=19, importance_weight_max=2.0, reward_mean=0.6)]
     rows = bench.run_report([_run(tmp_path, "strict-eta2", 1, drifting, [0.5, 0.2]),
                              _run(tmp_path, "drop-eta2", 0, calm, [0.5, 0.6])]).splitlines()
-    assert rows[0].startswith("| policy | η | seed | gain (points) |") and "first ≥ 20 at" in rows[0]
-    assert rows[2] == "| strict | 2 | 1 | -30.0 | 3 | 23.3 % | 25 (v2) | 12.0 |"  # 28 cut of 120 started
-    assert rows[3] == "| drop | 2 | 0 | +10.0 | 1 | 47.5 % | 19 | 2.0 |"
+    assert rows[0].startswith("| policy | η | seed | gain (points) | training reward, last 20 steps |")
+    assert "first ≥ 20 at" in rows[0]
+    late = (0.3 + 0.1 * (bench.LATE_STEPS - 1)) / bench.LATE_STEPS  # 0.11
+    cut = 100 * 28 / (10 * 4 * steps)  # 28 cut of the 840 the last step says were started
+    assert rows[2] == f"| strict | 2 | 1 | -30.0 | {late:.2f} | {steps} | {cut:.1f} % | 25 (v2) | 12.0 |"
+    assert rows[3] == "| drop | 2 | 0 | +10.0 | 0.60 | 1 | 47.5 % | 19 | 2.0 |"
