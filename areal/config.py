@@ -280,6 +280,11 @@ class RunConfig(_Section):
         False, description="staleness_policy=recycle: train a re-queued group's tokens older than η as sampled "
         "instead of masking them (the lag of trained tokens is then unbounded, and measured)"
     )
+    drop_slack: NonNegativeInt = Field(
+        0, description="staleness_policy=drop: groups admitted beyond the gate's (i + η + 1)·B, so a step whose late "
+        "groups were aborted finds others already running (the guarantee is drop's abort, not the gate: the lag of "
+        "every trained sample stays ≤ η; the extra groups can be late and wasted too)"
+    )
     mode: Literal["async", "sync", "lagged"] = Field(
         "async", description="sync: η 0, generation waits for training; lagged: as sync, but every sample is drawn "
         "from the policy exactly η versions old (a controlled-staleness experiment)"
@@ -324,6 +329,10 @@ class RunConfig(_Section):
         if self.recycle_keep_prefix and self.staleness_policy != "recycle":
             raise ValueError(f"recycle_keep_prefix=true needs staleness_policy=recycle, not {self.staleness_policy} "
                              "(only recycle re-queues a group with its output)")
+        if self.drop_slack and self.staleness_policy != "drop":
+            raise ValueError(f"drop_slack={self.drop_slack} needs staleness_policy=drop, not {self.staleness_policy} "
+                             "(only drop bounds the lag by aborting late groups; under the others the gate is the "
+                             "bound, and admitting past it would break it)")
         return self
 
     @model_validator(mode="after")

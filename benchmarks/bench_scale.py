@@ -219,7 +219,7 @@ def modelled(overrides: list[str], generators: int, policy: str | None = None) -
         max_batch=config.generation.max_batch, max_new_tokens=config.generation.max_new_tokens,
         trainer_gpus=e.trainer_gpus_per_rank * config.trainer.ranks,
         quantum_s=QUANTUM_S / e.time_scale if e.time_scale > 0 else float("inf"),
-        policy=policy or config.staleness_policy, keep_prefix=config.recycle_keep_prefix)
+        policy=policy or config.staleness_policy, keep_prefix=config.recycle_keep_prefix, slack=config.drop_slack)
     outcome = scale_model.simulate(schedule)
     return outcome.samples_per_s(config.batch_size * config.group_size) / (e.time_scale or 1.0), outcome
 

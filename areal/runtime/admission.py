@@ -31,14 +31,15 @@ log = logging.getLogger("areal.controller")
 
 class Admission:
     def __init__(self, node: Node, tasks: Any, plan: Plan, batch_size: int, staleness: int, group_size: int,
-                 start_group: int = 0, freed: int = 0, done: frozenset[int] = frozenset()) -> None:
+                 start_group: int = 0, freed: int = 0, done: frozenset[int] = frozenset(), slack: int = 0) -> None:
         """`start_group`, `freed`, `done`: where a resumed run stands (the trainers' next group; groups freed before
-        it; groups above it every trainer consumed already, out of admission order, which never start again)."""
+        it; groups above it every trainer consumed already, out of admission order, which never start again).
+        `slack`: groups the gate admits beyond its bound (drop_slack)."""
         self.node = node
         self.tasks = tasks
         self.plan = plan
         self.group_size = group_size
-        self.gate = StalenessGate(batch_size, staleness, started=start_group, freed=freed)
+        self.gate = StalenessGate(batch_size, staleness, started=start_group, freed=freed, slack=slack)
         self.done = done
         self.issued: dict[int, tuple[Batch, GroupMeta]] = {}  # started, not consumed by every trainer
         self.snapshots: dict[int, dict[str, Any]] = {}  # group -> the source's cursor before it started

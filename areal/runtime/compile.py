@@ -104,6 +104,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         mode=config.mode,
         staleness_policy=config.staleness_policy,
         recycle_keep_prefix=config.recycle_keep_prefix,
+        drop_slack=config.drop_slack,
     )
 
 

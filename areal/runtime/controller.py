@@ -117,7 +117,8 @@ class Controller(WorkerReports, WorkerRecovery):
         self.admission = Admission(self.source_node, tasks, plan, config.batch_size, config.admission_staleness,
                                    config.group_size, start_group=start_group,
                                    freed=start_group - start_version * config.batch_size,
-                                   done=frozenset(set.intersection(*consumed) if consumed else ()))
+                                   done=frozenset(set.intersection(*consumed) if consumed else ()),
+                                   slack=config.drop_slack)
         self.versions = Versions(plan, start_version, config.sampling_lag, resumed=resume_dir)
         self.trainers = [p.name for p in plan.trainer_pools()]
         self.next_group = {t: next_groups.get(t, start_group) for t in self.trainers}

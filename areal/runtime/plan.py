@@ -96,6 +96,7 @@ class Plan:
     recipe_sha256: str = ""  # the recipe file's hash when the run started or resumed (an edit is refused on resume)
     staleness_policy: str = "strict"  # what η bounds beyond admission (runtime/policies)
     recycle_keep_prefix: bool = False  # staleness_policy=recycle: re-queued groups train their older tokens
+    drop_slack: int = 0  # staleness_policy=drop: groups the gate admits past its bound
 
     # -- reading the plan ---------------------------------------------------------------
 
@@ -154,7 +155,8 @@ class Plan:
         """The gate's label: how far generation may run ahead of the slowest trainer."""
         if self.mode == "async":
             policy = policy_named(self.staleness_policy, self.recycle_keep_prefix)
-            return (f"η={self.staleness} (async, {policy.name}): ≤ {versions(self.staleness)} ahead; "
+            extra = f" + {self.drop_slack} groups" if self.drop_slack else ""
+            return (f"η={self.staleness} (async, {policy.name}): ≤ {versions(self.staleness)}{extra} ahead; "
                     f"{policy.bound_at(self.staleness)}")
         return f"η=0 ({self.mode}): waits for training"
 

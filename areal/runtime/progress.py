@@ -101,6 +101,7 @@ def staleness_line(controller: Controller) -> str:
             f"({s.masked_tokens / tokens:.1%}); dropped {acc['dropped']} samples ({acc['dropped_tokens']} tokens)"
             + (f"; recycled {acc['recycled']} groups ({acc['recycled_tokens']} tokens re-queued)"
                if policy.recycles else "")
+            + (f"; {config.drop_slack} groups admitted past the gate (drop_slack)" if config.drop_slack else "")
             + ("; running rows kept their KV across weight updates (generation.on_new_weights=keep-kv)"
                if config.generation.keeps_kv else ""))
 

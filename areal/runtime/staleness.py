@@ -21,17 +21,20 @@ class StalenessGate:
     hold a slot (started minus freed), so a freed group lets the source refill its batch.
     """
 
-    def __init__(self, batch_size: int, staleness: int, started: int = 0, freed: int = 0) -> None:
-        if batch_size < 1 or staleness < 0:
-            raise ValueError(f"batch_size must be >= 1 and staleness >= 0, got {batch_size}, {staleness}")
+    def __init__(self, batch_size: int, staleness: int, started: int = 0, freed: int = 0, slack: int = 0) -> None:
+        """`slack`: groups admitted past the bound, for the drop policy, whose abort (not this gate) bounds the lag."""
+        if batch_size < 1 or staleness < 0 or slack < 0:
+            raise ValueError(f"batch_size must be >= 1, staleness and slack >= 0, got {batch_size}, {staleness}, "
+                             f"{slack}")
         self.batch_size = batch_size
         self.staleness = staleness
         self.started = started  # after a resume at version i: the trainers' next group, never the old count
         self.freed = freed
+        self.slack = slack
 
     def allows(self, version: int) -> bool:
-        # N = started - freed + 1 is the group about to start
-        return (self.started - self.freed) // self.batch_size <= version + self.staleness
+        # N = started - freed + 1 is the group about to start; the first `slack` slots are extra
+        return (self.started - self.freed - self.slack) // self.batch_size <= version + self.staleness
 
     def try_start(self, version: int) -> bool:
         if not self.allows(version):
@@ -44,8 +47,8 @@ class StalenessGate:
         self.freed += 1
 
     def capacity(self, version: int) -> int:
-        """How many more groups may start now: (η + i + 1)·B − (started − freed)."""
-        return max(0, (self.staleness + version + 1) * self.batch_size - (self.started - self.freed))
+        """How many more groups may start now: (η + i + 1)·B + slack − (started − freed)."""
+        return max(0, (self.staleness + version + 1) * self.batch_size + self.slack - (self.started - self.freed))
 
     @staticmethod
     def batch_of(group_id: int, batch_size: int) -> int:

@@ -137,3 +137,25 @@ def test_a_sample_with_no_tokens_has_lag_zero_beside_others_read_from_the_packed
     assert count == 1 and [m.tolist() for m in masked["loss_mask"].rows()] == [[], [0, 1], [1]]
     numbers = checked_step(POLICIES["recycle"], masked, 6, 2, 2, metas((0, 3, 0, 4), (1, 4, 1, 4)))
     assert numbers == {"staleness": {0: 2, 3: 1}, "stale_tokens": 0}
+
+
+def test_drop_slack_admits_that_many_groups_past_the_gate_and_is_refused_under_any_other_policy():
+    from areal.runtime.plan import Plan
+    from areal.runtime.staleness import StalenessGate
+
+    def started_at_version_0(slack: int) -> int:
+        gate = StalenessGate(batch_size=4, staleness=2, slack=slack)
+        while gate.try_start(0):
+            pass
+        return gate.started
+
+    assert started_at_version_0(0) == 12 and started_at_version_0(5) == 17  # (η + 1)·B, then 5 more
+    gate = StalenessGate(batch_size=4, staleness=2, started=17, slack=5)
+    assert gate.capacity(0) == 0 and gate.capacity(1) == 4  # the bound moves on by B a version, slack and all
+    gate.free()
+    assert gate.capacity(0) == 1  # a dropped group's slot starts another, as without slack
+    with pytest.raises(ValueError, match="drop_slack=3 needs staleness_policy=drop, not admission"):
+        RunConfig(staleness_policy="admission", drop_slack=3)
+    plan = Plan("g", "r.py", (), "run", (), (), (), "ipc://c", (), "w", 10, 1, 1, staleness=2,
+                staleness_policy="drop", drop_slack=5)
+    assert plan.gate_bound().startswith("η=2 (async, drop): ≤ 2 versions + 5 groups ahead; every trained sample")

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from areal.runtime import controller as controller_module
 from areal.runtime import messages as msg
+from areal.runtime.admission import Admission
 from areal.runtime.launch import build_controller
 from areal.runtime.progress import generator_time_line, staleness_line, summary_table
 from areal.runtime.resume import resume_point
@@ -143,6 +144,27 @@ def test_drop_aborts_late_groups_in_generation_and_trains_none_past_eta(tmp_path
     assert {sid // G for sid in dropped} & {sid // G for sid in trained} == set()  # a group goes whole
     aborted = [r for r in records(tmp_path) if r["kind"] == "dropped" and "aborted in generation" in r["reason"]]
     assert aborted and aborted[0]["reason"].startswith("rollout: ")  # stopped where it was, not only discarded
+
+
+def test_drop_slack_starts_that_many_groups_past_the_gate_and_still_trains_none_past_eta(tmp_path, reported,
+                                                                                          monkeypatch):
+    slack = 3
+    started: dict[int, int] = {}  # group -> the slowest trainer's version when the gate let it start
+    admit = Admission.admit
+
+    def recording(self, version, sampled_version):
+        batches = admit(self, version, sampled_version)
+        started.update((meta.group, version) for _, meta in batches)
+        return batches
+
+    monkeypatch.setattr(Admission, "admit", recording)
+    controller, state = run(tmp_path, "drop", "steps=12", "emulation.time_scale=1.0", f"drop_slack={slack}")
+    versions = arrived(controller)
+    assert state.version == 12 and max(lags(reported, versions)) <= ETA  # drop's abort still bounds every lag
+    assert len(identity_holds(controller, reported)) == 12 * B * G
+    # before the first step ends no group is dropped, so only the slack lets more than (η + 1)·B start
+    assert sorted(g for g, v in started.items() if v == 0) == list(range((ETA + 1) * B + slack))
+    assert staleness_line(controller).endswith(f"; {slack} groups admitted past the gate (drop_slack)")
 
 
 
