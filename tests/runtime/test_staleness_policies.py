@@ -244,9 +244,11 @@ def test_a_killed_generator_loses_nothing_and_trains_nothing_twice(tmp_path, rep
 
 
 @pytest.mark.slow  # two runs: ~30 s
-@pytest.mark.parametrize("policy", ["admission", "drop", "token", "recycle"])
-def test_a_resumed_run_trains_every_sample_once_though_groups_were_consumed_out_of_order(tmp_path, reported, policy):
-    controller, _ = run(tmp_path, policy, "steps=6", "checkpoint.interval_steps=3", "emulation.time_scale=1.0")
+@pytest.mark.parametrize(("policy", "more"), [("admission", ()), ("drop", ()), ("drop", ("drop_slack=3",)),
+                                              ("token", ()), ("recycle", ())])
+def test_a_resumed_run_trains_every_sample_once_though_groups_were_consumed_out_of_order(tmp_path, reported, policy,
+                                                                                         more):
+    controller, _ = run(tmp_path, policy, "steps=6", "checkpoint.interval_steps=3", "emulation.time_scale=1.0", *more)
     first = list(reported)
     point = resume_point(tmp_path / "run")
     saved = json.loads((point.checkpoint / "controller.json").read_text())
