@@ -244,8 +244,9 @@ def test_a_killed_generator_loses_nothing_and_trains_nothing_twice(tmp_path, rep
 
 
 @pytest.mark.slow  # two runs: ~30 s
-@pytest.mark.parametrize(("policy", "more"), [("admission", ()), ("drop", ()), ("drop", ("drop_slack=3",)),
-                                              ("token", ()), ("recycle", ())])
+@pytest.mark.parametrize(("policy", "more"), [
+    *(pytest.param(policy, (), id=policy) for policy in ("admission", "drop", "token", "recycle")),
+    pytest.param("drop", ("drop_slack=3",), id="drop-slack")])
 def test_a_resumed_run_trains_every_sample_once_though_groups_were_consumed_out_of_order(tmp_path, reported, policy,
                                                                                          more):
     controller, _ = run(tmp_path, policy, "steps=6", "checkpoint.interval_steps=3", "emulation.time_scale=1.0", *more)
