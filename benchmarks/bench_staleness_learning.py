@@ -159,8 +159,7 @@ def run_report(runs: list[Run]) -> str:
         gain = 100 * (run.rounds[-1]["pass@1"] - run.rounds[0]["pass@1"])
         at = f" (v{c['runaway_at']})" if c["runaway_at"] is not None else ""
         lines.append(f"| {policy} | {eta} | {run.seed} | {gain:+.1f} | {c['late_reward']:.2f} | {c['version']} "
-                     f"| {100 * c['cut']:.1f} % "
-                     f"| {c['cut_most']}{at} | {c['weight_max']:.1f} |")
+                     f"| {100 * c['cut']:.1f} % | {c['cut_most']}{at} | {c['weight_max']:.1f} |")
     return "\n".join(lines)
 
 

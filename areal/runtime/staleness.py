@@ -7,8 +7,8 @@ groups in admission order, skipping the freed ones, B per step, so a group ranke
 slot holders is trained at version floor((N-1)/B) <= i_start + η: nothing trained is more than η
 versions behind, even when generation is interrupted and resumed on newer weights (the strict
 staleness policy; runtime/policies/ holds it and the others, which keep this gate and treat late
-groups differently). This module only decides; the controller enforces the decision and the
-trainer re-checks every sample.
+groups differently; `drop`, whose abort bounds its lag, may let `drop_slack` more groups start).
+This module only decides; the controller enforces the decision and the trainer re-checks every sample.
 """
 
 from __future__ import annotations

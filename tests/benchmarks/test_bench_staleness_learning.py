@@ -90,7 +90,7 @@ def test_the_time_table_averages_busy_shares_re_reading_and_generation_over_step
     assert rows[3].endswith("| — | — | 0.0 % |")
 
 
-def test_each_run_s_row_shows_its_gain_the_most_outputs_cut_in_a_step_and_its_largest_importance_weight(tmp_path):
+def test_each_run_s_row_shows_its_gain_late_training_reward_most_outputs_cut_in_a_step_and_largest_weight(tmp_path):
     # over_long is the run's running count: 2, then 25 more (a drift from version 2), then 1 more
     # the training reward is the mean of the last LATE_STEPS steps': the first step's 0.9 falls out of it
     steps = bench.LATE_STEPS + 1

@@ -167,7 +167,6 @@ def test_drop_slack_starts_that_many_groups_past_the_gate_and_still_trains_none_
     assert staleness_line(controller).endswith(f"; {slack} groups admitted past the gate (drop_slack)")
 
 
-
 def last_requeue(run_dir: Path) -> dict[int, int]:
     """Group -> the version its generator last re-queued it at, from the run's "recycled" metric lines."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
