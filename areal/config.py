@@ -149,10 +149,11 @@ class GenerationConfig(_Section):
 
 
 class EmulationConfig(_Section):
-    """The emulated devices of `generation.engine=emulated` and `trainer.engine=emulated` (engines/emulated_*.py)."""
+    """The emulated devices of `generation.engine=emulated` and `trainer.engine=emulated` (engines/emulated/)."""
 
-    profile: str = Field("h100-qwen2.5-1.5b", description="a device profile: a name in areal/engines/profiles/ or "
-                         "a path to a JSON file of the same keys (modelled seconds per step, token and transfer)")
+    profile: str = Field("h100-qwen2.5-1.5b", description="a device profile: a name in "
+                         "areal/engines/emulated/profiles/ or a path to a JSON file of the same keys (modelled "
+                         "seconds per step, token and transfer)")
     time_scale: float = Field(1.0, ge=0, description="real seconds per modelled second: 0.1 runs ten times faster "
                               "than the modelled devices; 0 takes no time at all")
     output_tokens_median: PositiveInt = Field(1024, description="output lengths are log-normal around this median, "
@@ -185,8 +186,8 @@ class EvalConfig(_Section):
 
 
 class RecordsConfig(_Section):
-    """What each worker records where it happens: every sample's story (runtime/sample_log.py; read by `areal
-    samples`) and the spans of its work (runtime/spans.py; read by `areal trace` and `areal view`)."""
+    """What each worker records where it happens: every sample's story (runtime/records/sample_log.py; read by `areal
+    samples`) and the spans of its work (runtime/records/spans.py; read by `areal trace` and `areal view`)."""
 
     samples: bool = Field(True, description="write samples/WORKER.jsonl: each node's declared outputs per sample, "
                           "its prompt, what was trained at which step and lag, what failed or was filtered and why")

@@ -3,7 +3,7 @@
     python benchmarks/bench_endpoint.py                 # builtin:tiny-coder, 3 repeats
     python benchmarks/bench_endpoint.py --repeats 1     # quicker
 
-The same agent runs three ways, on one episode runner (nodes/episode_worker.py) in this process: calling
+The same agent runs three ways, on one episode runner (nodes/episodes/worker.py) in this process: calling
 `llm.complete` in-process, posting to `/v1/completions` with aiohttp, and with the official `openai` client.
 Each turn sends the whole text so far and asks for `--tokens` new tokens, so what differs between the ways
 is only the HTTP round trip, JSON, the session lookup and the client library. The agent's client runs on the
@@ -26,7 +26,7 @@ from areal.config import RunConfig
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.graph.roles import FAILED
-from areal.nodes.episode_worker import local_runner
+from areal.nodes.episodes.worker import local_runner
 
 
 def agent(way: str, turns: int, tokens: int) -> Any:

@@ -57,7 +57,7 @@ def completion_of(row: dict) -> str:
 
 
 def old_checker(folder: Path) -> ModuleType:
-    """areal's math reward as it was at OLD_CHECKER (math_answer.py and its sympy child, math_symbolic.py),
+    """areal's math reward as it was at OLD_CHECKER (math/answer.py and its sympy child, math_symbolic.py),
     written into `folder` and imported from there; the child runs its file as a script, as it did."""
     for name in ("math_answer", "math_symbolic"):
         done = subprocess.run(["git", "show", f"{OLD_CHECKER}:areal/rewards/{name}.py"], cwd=ROOT,
@@ -75,7 +75,7 @@ def judges(folder: Path) -> tuple[dict[str, Callable[[dict], bool]], Callable[[]
     """Each judge as row -> rewarded?, and a function that closes their child processes."""
     from math_verify import parse, verify
 
-    from areal.rewards.math_answer import MathReward
+    from areal.rewards.math.answer import MathReward
 
     # math-verify's own default limit for both: verdicts, not this shared machine's load, decide the table
     old = old_checker(folder).MathReward(timeout_s=5.0)

@@ -122,7 +122,7 @@ def warm_started_model(train: list[Task], steps: int, restate_every: int = 0, ca
 def scorers(old_judge_dir: Path) -> tuple[dict[str, Scorer], Callable[[], None]]:
     """Each scorer as (completion, task) -> right?, and a function that closes the judges' child processes."""
     from areal.data.reasoning_gym import create_dataset
-    from areal.rewards.math_answer import MathReward
+    from areal.rewards.math.answer import MathReward
 
     dataset = create_dataset(TASK, TASKS_GENERATED, 0, OPTIONS)
     new = MathReward(timeout_s=5.0)
@@ -147,7 +147,7 @@ def answer_questions(model: str, among: list[Task], samples: int, seed: int) -> 
     """`samples` completions per task of `among` (T=1, the training temperature), task by task."""
     import torch
 
-    from areal.runtime.evaluate import EvalSettings, generate_completions, load_for_eval
+    from areal.cli.evaluate import EvalSettings, generate_completions, load_for_eval
 
     torch.set_num_threads(1)
     policy, tokenizer, _ = load_for_eval(model, None)
@@ -168,7 +168,7 @@ def train(judge: str, seed: int, steps: int, model: Path, files: tuple[Path, Pat
     settings = [f"model={model}", f"data.path={files[0]}", f"data.heldout_path={files[1]}", f"steps={steps}",
                 f"seed={seed}", f"data.seed={seed}", "mode=sync", "staleness=0", "generation.max_new_tokens=16",
                 "checkpoint.interval_steps=0", "eval.interval_steps=0", "eval.tasks=1", "eval.samples=1"]
-    cmd = [sys.executable, "-m", "areal.cli", "run", str(RECIPE), "-q", "--run-dir", str(run_dir),
+    cmd = [sys.executable, "-m", "areal.cli.app", "run", str(RECIPE), "-q", "--run-dir", str(run_dir),
            *(arg for s in settings for arg in ("--set", s))]
     env = {**os.environ, "MATH_JUDGE": judge, "OLD_JUDGE_DIR": str(old_judge_dir)}
     started = time.perf_counter()
@@ -181,7 +181,7 @@ def train(judge: str, seed: int, steps: int, model: Path, files: tuple[Path, Pat
 def training_false_positives(run_dir: Path, by_task: dict[str, Task], rg: Scorer) -> tuple[int, int, int]:
     """(answers the training judge rewarded and reasoning-gym calls wrong, answers reasoning-gym calls wrong,
     answers trained on), over every trained sample of the run."""
-    from areal.runtime.sample_records import read_samples
+    from areal.runtime.records.sample_records import read_samples
 
     trained = [r for r in read_samples(run_dir).values() if r.status == "trained"]
     false_pos = wrong = 0

@@ -30,8 +30,8 @@ def measure() -> dict[str, float]:
 
     from areal.graph.batch import Batch, Ragged
     from areal.graph.meta import GroupMeta
-    from areal.runtime.policies import POLICIES as TABLE
-    from areal.runtime.policies.enforce import checked_step, with_policy_mask
+    from areal.runtime.staleness.policies import POLICIES as TABLE
+    from areal.runtime.staleness.policies.enforce import checked_step, with_policy_mask
 
     torch.set_num_threads(1)  # as the emulated trainer's process: 2 threads on 2 busy cores cost 10x more
     g = torch.Generator().manual_seed(0)

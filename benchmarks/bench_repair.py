@@ -9,7 +9,7 @@ Scored on the held-out tasks (hidden tests only), for the warm start and for the
 - **K turns with feedback**: the recipe's own episode, which repairs on the public tests' failure;
 - **pass@K without feedback**: K independent attempts, any passes (the unbiased estimator from 2K samples).
 More turns beat one turn just by sampling again, so the feedback is used only if "K turns with feedback"
-beats pass@K. The episodes run in this process on the run's engine (nodes/episode_worker.py).
+beats pass@K. The episodes run in this process on the run's engine (nodes/episodes/worker.py).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def runner_for(recipe: Any, agent: Any, weights: Path | None) -> Any:
     """An episode runner in this process on the recipe's model (and trained weights), with the settings the
     recipe's episode node runs with (its max_new_tokens)."""
     from areal.graph.recipe import load_recipe
-    from areal.nodes.episode_worker import local_runner
+    from areal.nodes.episodes.worker import local_runner
 
     return local_runner(agent, load_recipe(recipe.__file__).config, weights=weights)
 
@@ -103,7 +103,7 @@ def main() -> None:
     run, train_s = args.run, None
     if run is None:
         run = Path(tempfile.mkdtemp(prefix="areal-repair-"))
-        cmd = [sys.executable, "-m", "areal.cli", "run", str(args.recipe), "--run-dir", str(run), "-q",
+        cmd = [sys.executable, "-m", "areal.cli.app", "run", str(args.recipe), "--run-dir", str(run), "-q",
                "--set", f"steps={args.steps}", *[x for item in args.extra for x in ("--set", item)]]
         print(f"training: {' '.join(cmd)}", file=sys.stderr, flush=True)
         started = time.perf_counter()

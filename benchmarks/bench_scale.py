@@ -57,7 +57,7 @@ GROUP = 8
 
 def run(overrides: list[str], run_dir: Path, on_started: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """One emulated run; what the tables need from its step records (after the first, which pays warm-up)."""
-    from areal.runtime.launch import build_controller
+    from areal.cli.run import build_controller
 
     sampled: list[bool] = []
     cpu_at_first_step: list[tuple[int, int]] = []  # the machine's CPU counters once the workers have started
@@ -208,8 +208,8 @@ def modelled_rate(overrides: list[str], generators: int) -> float:
 def modelled(overrides: list[str], generators: int, policy: str | None = None) -> tuple[float, scale_model.Outcome]:
     """`modelled_rate`, and what the model measured besides (lags, stale, masked and dropped tokens, lengths);
     `policy` to model another policy than the config's."""
-    from areal.engines.emulated_device import DeviceProfile, OutputLengths
-    from areal.engines.emulated_generate import QUANTUM_S
+    from areal.engines.emulated.device import DeviceProfile, OutputLengths
+    from areal.engines.emulated.generate import QUANTUM_S
 
     config, prompts = recipe_settings(overrides)
     e = config.emulation
@@ -226,10 +226,10 @@ def modelled(overrides: list[str], generators: int, policy: str | None = None) -
 
 def recipe_settings(overrides: list[str]) -> tuple[Any, tuple[int, ...]]:
     """The recipe's config under `overrides`, and its source's prompt lengths in tokens, in the groups' order."""
-    from areal.engines.emulated_device import ByteTokenizer
+    from areal.engines.emulated.device import ByteTokenizer
     from areal.graph.recipe import load_recipe
     from areal.models.chat import encode_prompt
-    from areal.runtime.admission import configured
+    from areal.runtime.staleness.admission import configured
 
     recipe = load_recipe(RECIPE, overrides)
     source = next(n for n in recipe.graph.nodes.values() if n.kind == "source")
@@ -273,7 +273,7 @@ class Prices:
     def measured(cls, steps: list[dict[str, Any]], overrides: list[str]) -> Prices:
         """From a run's step records: each trained sample's lag, its tokens (masked, older than η) and the drops; the
         drawn lengths from the emulated engine's own draws for every sample the run started."""
-        from areal.engines.emulated_device import OutputLengths
+        from areal.engines.emulated.device import OutputLengths
 
         config, _ = recipe_settings(overrides)
         lags = sum((Counter({int(k): v for k, v in s["staleness"].items()}) for s in steps), Counter())

@@ -23,8 +23,8 @@ from multiprocessing.connection import Connection
 import torch
 
 from areal.graph.batch import Batch, Ragged
-from areal.runtime.channels import BatchReceiver, BatchSender, ipc_endpoint, tcp_endpoint
-from areal.runtime.codec import decode, encode
+from areal.runtime.wire.channels import BatchReceiver, BatchSender, ipc_endpoint, tcp_endpoint
+from areal.runtime.wire.codec import decode, encode
 
 BIG_BYTES = 4 * 2**20
 WARMUP = 10

@@ -94,7 +94,7 @@ def _trainer(route: str, model_name: str, run_dir: str, port: int, told: Any, lo
 
 
 def _save(state: dict[str, torch.Tensor], path: str | None) -> None:
-    from areal.nodes.policy import save_weights
+    from areal.nodes.workers.policy import save_weights
 
     if path is not None:  # None: a rank's part of gathering, which one process has not
         save_weights(state, path)

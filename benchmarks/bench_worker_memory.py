@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-WORKER_MODULES = ("areal.runtime.worker", "areal.engines.emulated_generate", "areal.engines.emulated_train")
+WORKER_MODULES = ("areal.runtime.worker.main", "areal.engines.emulated.generate", "areal.engines.emulated.train")
 WORKER_IMPORTS = "import " + ", ".join(WORKER_MODULES)
 KINDS = {
     "bare Python": "",

@@ -33,7 +33,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from areal.engines.emulated_device import DeviceProfile, OutputLengths
+from areal.engines.emulated.device import DeviceProfile, OutputLengths
 
 POLICIES = ("strict", "admission", "drop", "token", "recycle")
 MASKING = ("token", "recycle")  # the policies whose trainer masks the tokens older than η

@@ -1,7 +1,7 @@
 """Math RL on emulated H100s: the runtime's own overhead and scaling, with no model.   areal run recipes/emulated_rl.py
 
 The graph of recipes/math_rl.py, with both engines emulated: generation and training take the
-modelled time of a 1.5B model on one H100 each (areal/engines/profiles/h100-qwen2.5-1.5b.json)
+modelled time of a 1.5B model on one H100 each (areal/engines/emulated/profiles/h100-qwen2.5-1.5b.json)
 and compute nothing, so everything else (the source and the staleness gate, the reward pool, the
 joins, the trainer's batches, weights publication, the controller) runs as it would beside GPUs.
 Output lengths are log-normal around `emulation.output_tokens_median`. The completions are random

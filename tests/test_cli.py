@@ -13,7 +13,7 @@ from tests.graph import recipes
 
 def areal(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "areal.cli", *args], capture_output=True, text=True, timeout=120, cwd=cwd
+        [sys.executable, "-m", "areal.cli.app", *args], capture_output=True, text=True, timeout=120, cwd=cwd
     )
 
 
@@ -67,8 +67,8 @@ def test_bad_set_override_is_reported_with_its_field(write_recipe, tmp_path):
 
 def test_viz_plan_fits_an_80_column_terminal_without_cutting_anything():
     recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "code_rl.py")
-    done = subprocess.run([sys.executable, "-m", "areal.cli", "viz", recipe, "--plan"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "80"})
+    done = subprocess.run([sys.executable, "-m", "areal.cli.app", "viz", recipe, "--plan"], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80 and "…" not in done.stdout
@@ -92,7 +92,7 @@ def test_samples_pages_and_filters_a_runs_records(tmp_path):
 
     from areal.config import RecordsConfig
     from areal.graph.batch import Batch
-    from areal.runtime.sample_log import SampleLog
+    from areal.runtime.records.sample_log import SampleLog
 
     log = SampleLog(tmp_path, "rollout[0]", RecordsConfig())
     batch = Batch({"sample_id": torch.arange(4), "group_id": torch.tensor([0, 0, 1, 1])})
@@ -101,8 +101,9 @@ def test_samples_pages_and_filters_a_runs_records(tmp_path):
     log.trained("actor", 3, [0, 1], [1, 2])
     log.removed("score", "failed", [3], ["wrong_answer: expected 5, got 6"])
     log.close()
-    table = subprocess.run([sys.executable, "-m", "areal.cli", "samples", str(tmp_path), "--where", "score.reward<1"],
-                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    table = subprocess.run([sys.executable, "-m", "areal.cli.app", "samples", str(tmp_path), "--where",
+                            "score.reward<1"], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "COLUMNS": "200"})
     assert table.returncode == 0, table.stderr
     assert "4 samples: 2 trained, 1 failed, 1 pending · 3 match, showing 1-3" in table.stdout
     assert "score: wrong_answer: expected 5, got 6" in table.stdout

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from areal.cli.plot import plot_runs
 from areal.errors import ConfigError
-from areal.plot import plot_runs
 
 
 def _run(tmp_path, name, mode, rewards):

@@ -158,8 +158,8 @@ def _vllm_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any,
 
 def _emulated_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any, weights: Path | None,
                          version: int, decode: Callable[[list[int]], str]) -> GenerationEngine:
-    from areal.engines.emulated_device import DeviceProfile, OutputLengths
-    from areal.engines.emulated_generate import EmulatedGenerationEngine
+    from areal.engines.emulated.device import DeviceProfile, OutputLengths
+    from areal.engines.emulated.generate import EmulatedGenerationEngine
 
     e = config.emulation
     lengths = OutputLengths(e.output_tokens_median, e.output_tokens_sigma, config.seed)
@@ -188,8 +188,8 @@ def _fsdp_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> T
 
 
 def _emulated_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> TrainEngine:
-    from areal.engines.emulated_device import DeviceProfile
-    from areal.engines.emulated_train import EmulatedTrainEngine
+    from areal.engines.emulated.device import DeviceProfile
+    from areal.engines.emulated.train import EmulatedTrainEngine
 
     e = config.emulation
     return EmulatedTrainEngine(DeviceProfile.load(e.profile), time_scale=e.time_scale,

@@ -19,7 +19,7 @@ role needs, so a mistake is never found by a `hasattr` deep in a worker loop.
 - episode: the researcher's agent, `async run(task, llm)` (an async function is its own `run`):
   one call per sample, awaiting `llm.generate(...)` as often as it likes with tools in between,
   returning the reward or a dict of outputs. The runtime drives it like a stream (its runner,
-  nodes/episode_worker.py, steps the policy's engine and the episodes' event loop between weight
+  nodes/episodes/worker.py, steps the policy's engine and the episodes' event loop between weight
   updates) and records one trajectory per episode: every token, a loss mask, behaviour
   log-probs and versions.
 
@@ -149,7 +149,7 @@ class GroupMember(Protocol):
 
 
 class LLM(Protocol):
-    """What an episode holds of the policy: its own session, one trajectory (nodes/llm.py)."""
+    """What an episode holds of the policy: its own session, one trajectory (nodes/episodes/llm.py)."""
 
     sample_id: int
     base_url: str | None  # the OpenAI-compatible endpoint, when the node serves one

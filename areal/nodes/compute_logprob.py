@@ -38,6 +38,6 @@ def compute_logprob(name: str, *, model: str | None = None, frozen: bool | str =
 
 
 def _factory(**params: Any) -> Any:
-    from areal.nodes.trainer_worker import ProximalNode
+    from areal.nodes.workers.trainer import ProximalNode
 
     return ProximalNode(**params)

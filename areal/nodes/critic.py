@@ -73,18 +73,18 @@ def value_update(name: str, *, value_clip: float | None = 0.2, **settings: Any) 
 
 
 def _values(**params: Any) -> Any:
-    from areal.nodes.critic_worker import ValuesNode
+    from areal.nodes.workers.critic import ValuesNode
 
     return ValuesNode(**params)
 
 
 def _gae(**params: Any) -> Any:
-    from areal.nodes.critic_worker import GAENode
+    from areal.nodes.workers.critic import GAENode
 
     return GAENode(**params)
 
 
 def _value_trainer(**params: Any) -> Any:
-    from areal.nodes.critic_worker import ValueTrainerNode
+    from areal.nodes.workers.critic import ValueTrainerNode
 
     return ValueTrainerNode(**params)

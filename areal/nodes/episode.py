@@ -5,7 +5,7 @@ The researcher writes `async def run(task, llm)` (or a class with `setup(context
 between turns, and returns the reward or a dict (`reward` and the node's declared `outputs`). An
 agent written against the OpenAI API points its client at `llm.base_url` with `llm.api_key`
 (`endpoint=True`) and may post its reward instead of returning it. The runtime assembles one
-trajectory per episode (nodes/trajectory.py): every token, a loss mask (model tokens 1, tool and
+trajectory per episode (nodes/episodes/trajectory.py): every token, a loss mask (model tokens 1, tool and
 environment tokens 0), behaviour log-probs and versions per token; the trainer masks the loss with it.
 
 It samples the policy like `generate` does: its own pool, new weights between decode steps (a turn
@@ -82,7 +82,7 @@ def episode(name: str, run: Any, *, inputs: Mapping[str, PortType] | None = None
 
 def _factory(run: Any, outputs: dict[str, PortType]) -> Any:
     def build(model: str | None = None, endpoint: bool = False, timeout_s: float | None = None, **_: Any) -> Any:
-        from areal.nodes.episode_worker import EpisodeRunner
+        from areal.nodes.episodes.worker import EpisodeRunner
 
         return EpisodeRunner(run, outputs, model=model, endpoint=endpoint, timeout_s=timeout_s)
 

@@ -56,6 +56,6 @@ class _GroupSize(BaseModel):
 
 
 def _factory(**params: Any) -> Any:
-    from areal.nodes.generate_worker import GenerateNode
+    from areal.nodes.workers.generate import GenerateNode
 
     return GenerateNode(**params)

@@ -48,6 +48,6 @@ def ppo_update(name: str, *, token_advantages: bool = False, **settings: Any) ->
 
 
 def _factory(**params: Any) -> Any:
-    from areal.nodes.trainer_worker import TrainerNode
+    from areal.nodes.workers.trainer import TrainerNode
 
     return TrainerNode(**params)

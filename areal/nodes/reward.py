@@ -49,7 +49,7 @@ def _named_inputs(fn: Any) -> dict[str, PortType]:
 
 def _factory(fn: Any) -> Any:
     def build(**_: Any) -> Any:
-        from areal.nodes.reward_worker import RewardNode
+        from areal.nodes.workers.reward import RewardNode
 
         return RewardNode(fn)
 

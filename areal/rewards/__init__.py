@@ -6,10 +6,10 @@ Benchmarks' own judges: `humaneval_tests` (HumanEval's `check` in the sandbox), 
 
 from areal.rewards.code_reward import CodeResult, CodeTests, code_tests, extract_code
 from areal.rewards.humaneval import HumanEvalTests, humaneval_program, humaneval_tests
-from areal.rewards.math_answer import MathResult, MathReward, answers_equivalent, extract_answer, math_reward
+from areal.rewards.math.answer import MathResult, MathReward, answers_equivalent, extract_answer, math_reward
 from areal.rewards.pass_at_k import mean_pass_at_k, pass_at_k
 from areal.rewards.reasoning_gym import ReasoningGymResult, ReasoningGymScore, extract_rg_answer, reasoning_gym_score
-from areal.rewards.sandbox import SandboxError, SandboxLayers, detect_layers, sandbox_report
+from areal.rewards.sandbox.layers import SandboxError, SandboxLayers, detect_layers, sandbox_report
 
 __all__ = [
     "CodeResult",

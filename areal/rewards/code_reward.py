@@ -7,7 +7,7 @@ decides that the machinery failed ("sandbox_error": the sandbox did not start or
 broke the protocol); a record from inside can only report how the program ended, and one that
 claims anything else counts as a crash. Every detail is made one printable line before it is
 returned or logged: it may hold the program's own bytes. Programs run on a pool of long-lived
-sandbox workers, each in a fresh jail (`sandbox_pool.py`); without bubblewrap, each in one
+sandbox workers, each in a fresh jail (`sandbox/pool.py`); without bubblewrap, each in one
 plain sandbox process.
 
 How an output is compared (`results_equal`, `normalise_stdout`). A stdio test compares text, as
@@ -34,9 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from areal.rewards.sandbox import Limits, SandboxLayers, SandboxRun, detect_layers
-from areal.rewards.sandbox_pool import SandboxPool
-from areal.rewards.sandbox_process import run_plain
+from areal.rewards.sandbox.layers import Limits, SandboxLayers, SandboxRun, detect_layers
+from areal.rewards.sandbox.pool import SandboxPool
+from areal.rewards.sandbox.process import run_plain
 
 REASONS = (
     "wrong_answer",

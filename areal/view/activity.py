@@ -1,4 +1,4 @@
-"""What the workers did lately, from their span files (runtime/spans.py): the live numbers on the graph.
+"""What the workers did lately, from their span files (runtime/records/spans.py): the live numbers on the graph.
 
 Over the last WINDOW_S seconds of spans: each node's busy fraction (its calls' time over the window, per
 replica) and samples/s, each channel's samples/s and groups/s (the sender's `send` spans) with the share of
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal.runtime.plan import Plan
-from areal.runtime.spans import span_files
-from areal.runtime.tail import JsonlTail
-from areal.runtime.trace import worker_ids
+from areal.runtime.compiler.plan import Plan
+from areal.runtime.records.spans import span_files
+from areal.runtime.records.tail import JsonlTail
+from areal.runtime.records.trace import worker_ids
 
 WINDOW_S = 10.0
 US = 1_000_000

@@ -1,10 +1,10 @@
 """Everything the page shows, read from the run directory alone, a little more at each poll.
 
 plan.json gives the graph's pools and channels and, with the recipe it names (the run's own copy first), the
-same picture `areal viz` draws; status.json (runtime/run_status.py) the gate, versions and workers as the
+same picture `areal viz` draws; status.json (runtime/controller/run_status.py) the gate, versions and workers as the
 controller last saw them; spans/ what each worker did lately (activity.py); metrics.jsonl the step and held-out
 records for the curves; samples/ the per-sample records for the table. Every file is read from where the last
-poll stopped (runtime/tail.py) and nothing is written, locked or held open, so a run cannot tell whether a view
+poll stopped (runtime/records/tail.py) and nothing is written, locked or held open, so a run cannot tell whether a view
 is watching it, and a finished run reopens from the same files.
 """
 
@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from areal.errors import ConfigError
-from areal.runtime.plan import Plan
-from areal.runtime.resume import RECIPE_COPY
-from areal.runtime.run_status import STATUS
-from areal.runtime.rundir import LOCK_FILE
-from areal.runtime.sample_log import FOLDER as SAMPLES
-from areal.runtime.sample_records import SampleRecord, fold, select
-from areal.runtime.tail import JsonlTail
+from areal.runtime.compiler.plan import Plan
+from areal.runtime.controller.run_status import STATUS
+from areal.runtime.records.sample_log import FOLDER as SAMPLES
+from areal.runtime.records.sample_records import SampleRecord, fold, select
+from areal.runtime.records.tail import JsonlTail
+from areal.runtime.storage.resume import RECIPE_COPY
+from areal.runtime.storage.rundir import LOCK_FILE
 from areal.view.activity import WINDOW_S, Activity
 
 CELL_CHARS = 400  # a text field in the samples table is cut here (the whole record: `areal samples --json`)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from areal.engines.weight_group import WeightGroup
-from areal.nodes.policy import load_weights, save_weights
+from areal.nodes.workers.policy import load_weights, save_weights
 from benchmarks.gpu.model import Shape, build, peak_gib, reset_peak, shape_facts
 from benchmarks.gpu.section import section_main
 

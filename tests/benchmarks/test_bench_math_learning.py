@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from areal.graph.recipe import load_recipe
-from areal.rewards.math_answer import MathReward
+from areal.rewards.math.answer import MathReward
 from tests.benchmarks.loading import load_benchmark
 
 pytest.importorskip("math_verify")
@@ -95,7 +95,7 @@ def test_the_benchmark_recipe_is_the_math_recipe_with_only_the_judge_chosen(judg
     if judge == "old":
         assert type(fn).__module__ == "old_math_answer" and fn.input_names == ("completion", "answer")
     else:  # the recipe's own reward, prompt and all
-        assert type(fn).__module__ == "areal.rewards.math_answer"
+        assert type(fn).__module__ == "areal.rewards.math.answer"
         assert fn.input_names == ("completion", "answer", "prompt") and fn.timeout_s == 2.0
 
 

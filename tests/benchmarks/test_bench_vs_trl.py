@@ -55,7 +55,7 @@ def test_table_reports_ratios_against_trl_and_unreached_thresholds() -> None:
 def test_trl_side_cuts_completions_like_areal() -> None:
     """The TRL reward must see exactly the text areal's generate node hands its reward."""
     pytest.importorskip("trl")
-    from areal.nodes.generate_worker import GenerateNode
+    from areal.nodes.workers.generate import GenerateNode
 
     side = load_benchmark("_trl_side")
     stops = bench.GENERATION["stop"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from areal.engines.emulated_device import DeviceProfile, OutputLengths
+from areal.engines.emulated.device import DeviceProfile, OutputLengths
 from tests.benchmarks.loading import load_benchmark
 
 model = load_benchmark("scale_model")

@@ -9,7 +9,7 @@ import pytest
 from areal.data.builtin import split_of
 from areal.data.math_tasks import builtin_math_tasks, latex
 from areal.errors import ConfigError
-from areal.rewards.math_answer import MathReward
+from areal.rewards.math.answer import MathReward
 
 
 def _value(expr: str) -> Fraction:

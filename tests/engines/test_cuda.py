@@ -12,7 +12,7 @@ import torch
 from areal.engines import GenRequest, TorchGenerationEngine
 from areal.engines.torch_train import MicroBatch, TorchTrainEngine
 from areal.kernels.ppo import decoupled_ppo_loss
-from areal.nodes.policy import load_weights, save_weights
+from areal.nodes.workers.policy import load_weights, save_weights
 from tests.engines.conftest import tiny_qwen2
 from tests.spawned import run_spawned
 

@@ -8,15 +8,15 @@ import time
 import pytest
 import torch
 
-from areal.engines.emulated_device import (
+from areal.engines.emulated.device import (
     ByteTokenizer,
     DeviceProfile,
     ModelledClock,
     OutputLengths,
     token_logprobs,
 )
-from areal.engines.emulated_generate import EmulatedGenerationEngine
-from areal.engines.emulated_train import EmulatedTrainEngine
+from areal.engines.emulated.generate import EmulatedGenerationEngine
+from areal.engines.emulated.train import EmulatedTrainEngine
 from areal.engines.generation import GenRequest
 from areal.errors import ConfigError
 

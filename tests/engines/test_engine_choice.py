@@ -11,15 +11,15 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
+from areal.cli.run import _check_engines, build_controller
 from areal.config import GenerationConfig, RunConfig, TrainerConfig
 from areal.engines import TorchGenerationEngine, TorchTrainEngine, generation_engine, train_engine
 from areal.errors import ConfigError
 from areal.graph.batch import Batch, Ragged
 from areal.graph.recipe import load_recipe
 from areal.models.loading import load_model, load_tokenizer
-from areal.nodes.generate_worker import GenerateNode
-from areal.nodes.trainer_worker import TrainerNode
-from areal.runtime.launch import _check_engines, build_controller
+from areal.nodes.workers.generate import GenerateNode
+from areal.nodes.workers.trainer import TrainerNode
 from tests.local_model import make_checkpoint
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "code_rl.py"
@@ -101,9 +101,9 @@ def test_keeping_the_kv_across_updates_is_refused_on_vllm_which_cannot():
 
 
 def test_the_emulated_engines_load_no_model():
-    from areal.engines.emulated_device import ByteTokenizer
-    from areal.engines.emulated_generate import EmulatedGenerationEngine
-    from areal.engines.emulated_train import EmulatedTrainEngine
+    from areal.engines.emulated.device import ByteTokenizer
+    from areal.engines.emulated.generate import EmulatedGenerationEngine
+    from areal.engines.emulated.train import EmulatedTrainEngine
 
     config = RunConfig(model="/nowhere", generation={"engine": "emulated"}, trainer={"engine": "emulated"})
 

@@ -130,7 +130,7 @@ def test_non_node_passed_to_add_says_how_to_fix():
 def test_an_optional_input_is_bound_only_when_the_graph_produces_it():
     from areal.config import RunConfig
     from areal.nodes import episode, generate, ppo_update
-    from areal.runtime.compile import compile_plan
+    from areal.runtime.compiler.compile import compile_plan
 
     async def agent(task, llm):
         return 1.0

@@ -13,7 +13,7 @@ from areal.graph import Float, Graph, Int, Json, node, viz
 from areal.graph.picture import PlanView
 from areal.graph.recipe import load_recipe
 from areal.nodes import compute_logprob, generate, ppo_update
-from areal.runtime.compile import compile_plan
+from areal.runtime.compiler.compile import compile_plan
 
 SVG = "{http://www.w3.org/2000/svg}"
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,13 +11,13 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from areal.cli.export import export_checkpoint
 from areal.config import RunConfig
 from areal.errors import ConfigError
 from areal.models import gguf as gguf_module
 from areal.models.chat import encode_prompt, render_prompt, uses_chat
 from areal.models.loading import checkpoint_dir, load_policy
-from areal.runtime.checkpoint import seal, staging_dir
-from areal.runtime.export import export_checkpoint
+from areal.runtime.storage.checkpoint import seal, staging_dir
 from tests.models.gguf_writer import SPECIALS, q4_1_model, tiny_llama, vocabulary, write_gguf
 
 pytestmark = pytest.mark.eval  # needs the eval extra: python -m pytest -m eval

@@ -11,8 +11,8 @@ from transformers import AutoModelForCausalLM
 from areal.config import RunConfig
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
-from areal.nodes.episode_worker import EpisodeRunner, local_runner
-from areal.nodes.policy import save_weights
+from areal.nodes.episodes.worker import EpisodeRunner, local_runner
+from areal.nodes.workers.policy import save_weights
 from tests.local_model import make_checkpoint
 
 

@@ -13,8 +13,8 @@ from areal.graph.batch import Batch, Ragged
 from areal.kernels.advantage import gae
 from areal.models.loading import load_policy
 from areal.models.value import value_model
-from areal.nodes.critic_worker import GAENode, ValuesNode, ValueTrainerNode
-from areal.nodes.policy import load_weights, save_weights
+from areal.nodes.workers.critic import GAENode, ValuesNode, ValueTrainerNode
+from areal.nodes.workers.policy import load_weights, save_weights
 from tests.local_model import make_checkpoint
 
 

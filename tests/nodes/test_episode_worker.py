@@ -10,7 +10,7 @@ import torch
 from areal.graph.ports import Float, Int
 from areal.graph.roles import FAILED
 from areal.models.tokenizer import CharTokenizer
-from areal.nodes.policy import load_weights
+from areal.nodes.workers.policy import load_weights
 from tests.nodes.episodes import group, run_all, runner_on, token_logprobs, weights_file
 
 TOKENS_1, TOKENS_2 = 6, 10

@@ -12,8 +12,8 @@ from areal.engines.generation import GenResult
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.models.tokenizer import CharTokenizer as make_tokenizer
-from areal.nodes.generate_worker import GenerateNode, generation_problem
-from areal.runtime.messages import Message, NodeMetrics, parse
+from areal.nodes.workers.generate import GenerateNode, generation_problem
+from areal.runtime.wire.messages import Message, NodeMetrics, parse
 from tests.local_model import make_checkpoint
 
 

@@ -10,7 +10,7 @@ import torch
 
 from areal.graph.batch import Batch
 from areal.graph.roles import FAILED
-from areal.nodes.reward_worker import RewardNode
+from areal.nodes.workers.reward import RewardNode
 from areal.rewards import math_reward
 
 
@@ -86,7 +86,7 @@ def test_a_reward_that_overflows_float32_or_is_not_a_number_fails_its_sample_not
 def test_a_reward_function_with_a_setup_gets_the_workers_context():
     from areal.config import RunConfig
     from areal.graph.roles import NodeContext
-    from areal.runtime.context import WorkerContext
+    from areal.runtime.worker.context import WorkerContext
 
     class Judge:
         input_names = ("completion",)

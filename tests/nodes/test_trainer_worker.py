@@ -12,8 +12,8 @@ import torch
 from areal.config import RunConfig
 from areal.engines.torch_train import NonFiniteUpdate
 from areal.graph.batch import Batch, Ragged
-from areal.nodes.policy import full_sequences
-from areal.nodes.trainer_worker import ProximalNode, TrainerNode
+from areal.nodes.workers.policy import full_sequences
+from areal.nodes.workers.trainer import ProximalNode, TrainerNode
 from tests.local_model import make_checkpoint
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from areal.rewards import CodeTests, detect_layers
-from areal.rewards.sandbox import SANDBOX_UID
+from areal.rewards.sandbox.layers import SANDBOX_UID
 
 
 def sandbox_pids() -> set[int]:

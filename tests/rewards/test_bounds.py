@@ -16,9 +16,9 @@ from collections.abc import Iterator
 import pytest
 
 from areal.rewards import CodeTests, detect_layers
-from areal.rewards.sandbox import Limits, pipe_bytes_bound
-from areal.rewards.sandbox_launch import as_uid
-from areal.rewards.sandbox_process import threads_of_uid
+from areal.rewards.sandbox.launch import as_uid
+from areal.rewards.sandbox.layers import Limits, pipe_bytes_bound
+from areal.rewards.sandbox.process import threads_of_uid
 from tests.rewards.conftest import TRY_ROUTES, job_pids, path_scorer, run_one
 
 HOLD_512_MB = {"kind": "stdio", "inputs": [""], "outputs": ["512"]}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 from areal.rewards import CodeTests
-from areal.rewards.sandbox import SandboxRun
+from areal.rewards.sandbox.layers import SandboxRun
 
 ADD = {"kind": "call", "fn_name": "add", "inputs": [[1, 2], [3, 4]], "outputs": [3, 7]}
 RIGHT = "def add(a, b):\n    return a + b\n"

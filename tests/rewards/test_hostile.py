@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from areal.rewards.sandbox import SANDBOX_UID, Limits
+from areal.rewards.sandbox.layers import SANDBOX_UID, Limits
 from tests.rewards.conftest import (
     ProcessWatch,
     _nspids,

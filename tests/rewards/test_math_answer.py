@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from areal.rewards.math_answer import MathResult, MathReward, answers_equivalent, extract_answer, read_completion
+from areal.rewards.math.answer import MathResult, MathReward, answers_equivalent, extract_answer, read_completion
 
 pytest.importorskip("math_verify")
 

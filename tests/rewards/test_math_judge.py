@@ -11,9 +11,9 @@ import torch
 
 from areal.graph.batch import Batch
 from areal.graph.roles import FAILED
-from areal.nodes.reward_worker import RewardNode
-from areal.rewards.math_answer import MathReward
-from areal.rewards.math_judge import MathJudge, Verdict
+from areal.nodes.workers.reward import RewardNode
+from areal.rewards.math.answer import MathReward
+from areal.rewards.math.judge import MathJudge, Verdict
 
 pytest.importorskip("math_verify")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from areal.rewards.math_rules import refusal
+from areal.rewards.math.rules import refusal
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from areal.rewards.math_answer import MathReward
+from areal.rewards.math.answer import MathReward
 from tests.benchmarks.loading import load_benchmark
 
 pytest.importorskip("math_verify")

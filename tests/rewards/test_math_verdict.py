@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from areal.rewards.math_verdict import answers_match, read_answer
+from areal.rewards.math.verdict import answers_match, read_answer
 
 pytest.importorskip("math_verify")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from areal.rewards import sandbox
+from areal.rewards.sandbox import layers as sandbox
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from areal.rewards import CodeTests, detect_layers
 from areal.rewards.code_reward import _verdicts
-from areal.rewards.sandbox import SandboxRun
+from areal.rewards.sandbox.layers import SandboxRun
 from tests.rewards.conftest import run_one
 
 ADD = {"kind": "call", "fn_name": "add", "inputs": [[1, 2], [3, 4]], "outputs": [3, 7]}

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from areal.cli.run import build_controller
 from areal.errors import RunError
-from areal.runtime.accounting import Accounting
-from areal.runtime.launch import build_controller
+from areal.runtime.controller.accounting import Accounting
 from tests.local_model import make_checkpoint
 
 TINY_RL = Path(__file__).with_name("tiny_rl.py")

@@ -8,7 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
-from areal.runtime.launch import build_controller, run_recipe
+from areal.cli.run import build_controller, run_recipe
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "actor_critic.py"
 B, G = 2, 4

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from areal.cli.run import build_controller
 from areal.config import RunConfig
 from areal.data.jsonl import jsonl_tasks
 from areal.errors import ConfigError, RunError
 from areal.overrides import apply_overrides
-from areal.runtime.evaluation import first_pass
-from areal.runtime.launch import build_controller
+from areal.runtime.records.evaluation import first_pass
 from tests.local_model import make_checkpoint
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
@@ -143,7 +143,7 @@ def test_a_node_that_reads_what_the_trainer_reads_runs_as_a_side_branch_and_the_
 
 def test_recycle_beside_an_episode_which_cannot_be_requeued_is_refused_naming_it(tmp_path):
     from areal.graph.recipe import load_recipe
-    from areal.runtime.compile import compile_plan
+    from areal.runtime.compiler.compile import compile_plan
 
     recipe = load_recipe(Path(__file__).with_name("episode_rl.py"), ["staleness_policy=recycle"])
     with pytest.raises(ConfigError, match=r"staleness_policy=recycle: .*episode_rl\.py:\d+: node '\w+' \(episode\) is "
@@ -153,7 +153,7 @@ def test_recycle_beside_an_episode_which_cannot_be_requeued_is_refused_naming_it
 
 def test_masking_cut_outputs_where_no_node_says_which_were_cut_is_refused_naming_the_trainer(tmp_path):
     from areal.graph.recipe import load_recipe
-    from areal.runtime.compile import compile_plan
+    from areal.runtime.compiler.compile import compile_plan
 
     recipe = load_recipe(Path(__file__).with_name("episode_rl.py"), ["trainer.truncated=mask"])
     with pytest.raises(ConfigError, match=r"trainer.truncated=mask: no node outputs `truncated` for .*episode_rl\.py:"

@@ -12,7 +12,7 @@ import torch
 import zmq
 
 from areal.graph.batch import Batch, Ragged
-from areal.runtime.channels import BatchReceiver, BatchSender, ipc_endpoint, tcp_endpoint
+from areal.runtime.wire.channels import BatchReceiver, BatchSender, ipc_endpoint, tcp_endpoint
 
 SPAWN = mp.get_context("spawn")
 
@@ -74,7 +74,7 @@ def test_batches_cross_processes_and_malformed_ones_between_are_skipped(
     endpoint = tcp_endpoint() if transport == "tcp" else ipc_endpoint(tmp_path, "rollout-score")
     done = SPAWN.Event()
     with BatchReceiver(endpoint, bind=True, name="'rollout'") as receiver, \
-            caplog.at_level(logging.WARNING, logger="areal.runtime.channels"):
+            caplog.at_level(logging.WARNING, logger="areal.runtime.wire.channels"):
         proc = child_process(_push_good_garbage_good, receiver.endpoint, done)
         first = receiver.recv(timeout_ms=60_000)
         second = receiver.recv(timeout_ms=60_000)

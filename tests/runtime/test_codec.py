@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from areal.errors import WireError
 from areal.graph.batch import Batch, Ragged
-from areal.runtime.codec import decode, encode
+from areal.runtime.wire.codec import decode, encode
 
 SENDER = "'score'[1]"
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from areal.errors import WireError
-from areal.runtime.commands import KINDS, Command, ForgetBelow, HoldWeights, Rewire, Stop, TakeCensus, parse
-from areal.runtime.control import pack, unpack
 from areal.runtime.weights import Via, WeightUpdate
-from areal.runtime.worker import COMMANDS, Worker
+from areal.runtime.wire.commands import KINDS, Command, ForgetBelow, HoldWeights, Rewire, Stop, TakeCensus, parse
+from areal.runtime.wire.control import pack, unpack
+from areal.runtime.worker.main import COMMANDS, Worker
 
 EVERY_KIND = [  # every field away from its default
     Stop(checkpoint="/run/checkpoints/.staging-000004"),

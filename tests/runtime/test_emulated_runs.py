@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from areal.engines.emulated_device import PROFILES
-from areal.runtime import controller as controller_module
-from areal.runtime import messages as msg
-from areal.runtime.launch import build_controller
-from areal.runtime.resume import resume_point
+from areal.cli.run import build_controller
+from areal.engines.emulated.device import PROFILES
+from areal.runtime.controller import controller as controller_module
+from areal.runtime.storage.resume import resume_point
+from areal.runtime.wire import messages as msg
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "emulated_rl.py"
 B, G = 2, 4

@@ -7,7 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from areal.runtime.launch import build_controller
+from areal.cli.run import build_controller
 from tests.local_model import make_checkpoint
 
 RECIPE = Path(__file__).with_name("episode_rl.py")

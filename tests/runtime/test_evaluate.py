@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from areal.cli.evaluate import EvalSettings, Judged, parse_options, summarise
 from areal.errors import ConfigError
 from areal.rewards import detect_layers, pass_at_k
-from areal.runtime.evaluate import EvalSettings, Judged, parse_options, summarise
 from tests.local_model import make_checkpoint
 
 TIMES = {"load_s": 1.0, "generate_s": 2.0, "judge_s": 0.5, "wall_s": 3.5}
@@ -20,7 +20,7 @@ TIMES = {"load_s": 1.0, "generate_s": 2.0, "judge_s": 0.5, "wall_s": 3.5}
 
 def areal(*args: str, cwd: Path, cache: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "AREAL_CACHE": str(cache), "COLUMNS": "2000"}  # rich wraps at the width
-    return subprocess.run([sys.executable, "-m", "areal.cli", *args], capture_output=True, text=True, timeout=240,
+    return subprocess.run([sys.executable, "-m", "areal.cli.app", *args], capture_output=True, text=True, timeout=240,
                           cwd=cwd, env=env)
 
 
@@ -123,10 +123,10 @@ def test_a_run_directory_is_scored_with_its_checkpoints_weights_and_a_step_elsew
     import torch
     from safetensors.torch import save_file
 
+    from areal.cli.evaluate import load_for_eval
     from areal.config import RunConfig
     from areal.models.loading import load_policy
-    from areal.runtime.checkpoint import seal, staging_dir
-    from areal.runtime.evaluate import load_for_eval
+    from areal.runtime.storage.checkpoint import seal, staging_dir
 
     base = make_checkpoint(tmp_path / "base")
     run = tmp_path / "run"
@@ -150,7 +150,7 @@ def test_a_run_directory_is_scored_with_its_checkpoints_weights_and_a_step_elsew
 
 
 def test_a_checkpoint_with_a_cut_short_or_missing_weights_file_is_refused_naming_it(tmp_path):
-    from areal.runtime.evaluate import load_for_eval
+    from areal.cli.evaluate import load_for_eval
 
     model = make_checkpoint(tmp_path / "model")
     weights = model / "model.safetensors"
@@ -170,7 +170,7 @@ def test_a_checkpoint_with_a_cut_short_or_missing_weights_file_is_refused_naming
 
 
 def test_an_output_path_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path):
-    from areal.runtime.evaluate import evaluate
+    from areal.cli.evaluate import evaluate
 
     (tmp_path / "file").write_text("")
     settings = EvalSettings(benchmark="reasoning-gym", task="chain_sum")
@@ -183,10 +183,10 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_the_model_loads
 def test_a_run_that_trained_two_models_is_scored_with_the_one_named(tmp_path):
     from safetensors.torch import save_file
 
+    from areal.cli.evaluate import load_for_eval
     from areal.config import RunConfig
     from areal.models.loading import load_policy
-    from areal.runtime.checkpoint import seal, staging_dir
-    from areal.runtime.evaluate import load_for_eval
+    from areal.runtime.storage.checkpoint import seal, staging_dir
 
     base = make_checkpoint(tmp_path / "base")
     run = tmp_path / "run"
@@ -210,12 +210,12 @@ def test_a_run_that_trained_two_models_is_scored_with_the_one_named(tmp_path):
 def test_sigterm_during_an_eval_is_said_and_exits_143(tmp_path):
     """The work is replaced by a stand-in that is signalled while it runs (the benchmarks' packages are extras)."""
     script = ("import os, signal, sys\n"
-              "import areal.runtime.evaluate as evaluate\n"
+              "import areal.cli.evaluate as evaluate\n"
               "def working(*args, **kwargs):\n"
               "    os.kill(os.getpid(), signal.SIGTERM)\n"
               "    raise AssertionError('the signal did not stop the work')\n"
               "evaluate.evaluate = working\n"
-              "from areal.cli import main\n"
+              "from areal.cli.app import main\n"
               "sys.argv = ['areal', 'eval', 'builtin:tiny-coder', '-q', '-o', 'out.json']\n"
               "main()\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)

@@ -5,11 +5,11 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
+from areal.cli.export import export_checkpoint
 from areal.config import RunConfig
 from areal.errors import ConfigError
 from areal.models.loading import load_policy
-from areal.runtime.checkpoint import seal, staging_dir
-from areal.runtime.export import export_checkpoint
+from areal.runtime.storage.checkpoint import seal, staging_dir
 from tests.local_model import make_checkpoint
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from areal.cli.run import build_controller, run_recipe
 from areal.errors import RunError
-from areal.runtime.launch import build_controller, run_recipe
 from tests.runtime.kills import KillOnce
 
 RECIPE = Path(__file__).with_name("fake_rl.py")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from areal.runtime.launch import build_controller, run_recipe
+from areal.cli.run import build_controller, run_recipe
 from tests.runtime.kills import KillOnce
 
 RECIPE = Path(__file__).with_name("branched_rl.py")

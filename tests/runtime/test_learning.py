@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from areal.runtime.evaluation import CHUNK_SAMPLES, HeldOut
-from areal.runtime.learning import pass_at_1_error, verdict
+from areal.runtime.records.evaluation import CHUNK_SAMPLES, HeldOut
+from areal.runtime.records.learning import pass_at_1_error, verdict
 
 
 def test_the_error_is_the_spread_of_pass_at_1_over_repeated_rounds():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from areal.graph.batch import Batch, Ragged
-from areal.runtime.loss_mask import with_truncated_masked
-from areal.runtime.policies.enforce import with_policy_mask
+from areal.runtime.staleness.policies.enforce import with_policy_mask
+from areal.runtime.staleness.policies.loss_mask import with_truncated_masked
 
 
 def view(versions: list[list[int]], truncated: list[int], loss_mask: list[list[int]] | None = None) -> Batch:

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from areal.errors import WireError
-from areal.runtime import messages as msg
-from areal.runtime.context import WorkerContext
-from areal.runtime.control import pack, unpack
-from areal.runtime.controller import HANDLERS
+from areal.runtime.controller.controller import HANDLERS
 from areal.runtime.weights import Via
+from areal.runtime.wire import messages as msg
+from areal.runtime.wire.control import pack, unpack
+from areal.runtime.worker.context import WorkerContext
 
 EVERY_KIND = [  # every field away from its default
     msg.Alive(),

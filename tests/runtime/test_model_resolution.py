@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from areal.cli.run import build_controller
 from areal.errors import ConfigError
-from areal.runtime.launch import build_controller
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "code_rl.py"
@@ -27,7 +27,7 @@ def test_the_controller_resolves_the_built_in_model_without_importing_the_modell
     # a fresh interpreter: this process's imports would hide the controller's own
     script = (
         "import sys\n"
-        "from areal.runtime.launch import build_controller\n"
+        "from areal.cli.run import build_controller\n"
         f"controller = build_controller({str(RECIPE)!r}, [], {str(tmp_path / 'run')!r})\n"
         "controller.lock.release()\n"
         "print('transformers.modeling_utils' in sys.modules)\n"

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from areal.cli.run import build_controller
 from areal.errors import RunError
 from areal.graph import Float, Graph, Int, Json, node
 from areal.graph.batch import Batch, Ragged
-from areal.runtime.launch import build_controller
-from areal.runtime.outputs import NodeContractError, checked_outputs
+from areal.runtime.worker.outputs import NodeContractError, checked_outputs
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 
@@ -97,7 +97,7 @@ def test_a_node_that_breaks_its_contract_stops_the_run_at_once_without_restarts(
 
 
 def test_a_batch_that_lost_every_row_carries_empty_columns_of_each_declared_type():
-    from areal.runtime.outputs import empty_outputs
+    from areal.runtime.worker.outputs import empty_outputs
 
     @node(inputs={"reward": Float["S"]}, outputs={"a": Float["S"], "b": Int["S", "T"], "c": Json["S"],
                                                   "d": Float["S", "4"]})

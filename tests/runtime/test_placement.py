@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from areal.cli.progress import live_table
+from areal.cli.run import build_controller
 from areal.config import ClusterConfig, RunConfig
 from areal.errors import ConfigError
 from areal.graph.recipe import load_recipe
 from areal.overrides import apply_overrides
-from areal.runtime.channels import bind_address
-from areal.runtime.compile import compile_plan
-from areal.runtime.launch import build_controller
-from areal.runtime.placement import (
+from areal.runtime.compiler.compile import compile_plan
+from areal.runtime.controller.placement import (
     MISSING_RAY,
     LocalHandle,
     RayHandle,
@@ -31,7 +31,7 @@ from areal.runtime.placement import (
     launcher_for,
     worker_spec,
 )
-from areal.runtime.progress import live_table
+from areal.runtime.wire.channels import bind_address
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 

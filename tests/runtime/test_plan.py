@@ -9,8 +9,8 @@ import pytest
 from rich.console import Console
 
 from areal.graph.recipe import load_recipe
-from areal.runtime.compile import compile_plan
-from areal.runtime.plan import Plan
+from areal.runtime.compiler.compile import compile_plan
+from areal.runtime.compiler.plan import Plan
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 

@@ -12,9 +12,9 @@ from areal.config import RunConfig
 from areal.errors import RunError
 from areal.graph.batch import Batch, Ragged
 from areal.graph.meta import GroupMeta
-from areal.runtime.policies import POLICIES, policy_named
-from areal.runtime.policies.enforce import checked_step, expired, with_policy_mask
-from areal.runtime.policies.policy import in_admission_order, oldest_finished
+from areal.runtime.staleness.policies import POLICIES, policy_named
+from areal.runtime.staleness.policies.enforce import checked_step, expired, with_policy_mask
+from areal.runtime.staleness.policies.policy import in_admission_order, oldest_finished
 
 
 def view(versions: list[list[int]], groups: list[int], loss_mask: list[list[int]] | None = None) -> Batch:
@@ -88,7 +88,7 @@ def test_a_group_expires_when_one_token_is_older_than_eta_at_the_coming_step():
 
 
 def test_the_gate_label_names_the_policy_and_what_it_bounds():
-    from areal.runtime.plan import Plan
+    from areal.runtime.compiler.plan import Plan
 
     plan = Plan("g", "r.py", (), "run", (), (), (), "ipc://c", (), "w", 10, 1, 1, staleness=2,
                 staleness_policy="token")
@@ -140,8 +140,8 @@ def test_a_sample_with_no_tokens_has_lag_zero_beside_others_read_from_the_packed
 
 
 def test_drop_slack_admits_that_many_groups_past_the_gate_and_is_refused_under_any_other_policy():
-    from areal.runtime.plan import Plan
-    from areal.runtime.staleness import StalenessGate
+    from areal.runtime.compiler.plan import Plan
+    from areal.runtime.staleness.gate import StalenessGate
 
     def started_at_version_0(slack: int) -> int:
         gate = StalenessGate(batch_size=4, staleness=2, slack=slack)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from areal.cli.run import build_controller
 from areal.errors import RunError
 from areal.rewards import code_reward, detect_layers
-from areal.runtime.launch import build_controller
 
 CODE_RL = Path(__file__).resolve().parents[2] / "recipes" / "code_rl.py"
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from areal.graph.batch import Batch, Ragged
-from areal.runtime.ranks import RankOrders, rank_environment
+from areal.runtime.worker.ranks import RankOrders, rank_environment
 from tests.spawned import free_port, run_spawned
 
 TIMEOUT_S = 60

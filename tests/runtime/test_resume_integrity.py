@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from areal.cli.run import build_controller, run_recipe
 from areal.errors import ConfigError, RecipeError
 from areal.graph.recipe import load_recipe
-from areal.runtime.launch import build_controller, run_recipe
-from areal.runtime.resume import RECIPE_COPY, check_changes, recipe_hash, resume_point
+from areal.runtime.storage.resume import RECIPE_COPY, check_changes, recipe_hash, resume_point
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 B, G = 2, 3  # fake_rl's config

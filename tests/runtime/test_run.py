@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from areal.cli.run import build_controller, run_recipe
 from areal.errors import ConfigError, RunError
-from areal.runtime.launch import build_controller, run_recipe
 from tests.local_model import make_checkpoint
 
 RECIPE = Path(__file__).with_name("fake_rl.py")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from areal.cli.run import build_controller
 from areal.config import RecordsConfig
 from areal.errors import ConfigError
-from areal.runtime.launch import build_controller
-from areal.runtime.sample_log import SampleLog
-from areal.runtime.sample_records import read_samples, select
+from areal.runtime.records.sample_log import SampleLog
+from areal.runtime.records.sample_records import read_samples, select
 
 RECIPE = Path(__file__).with_name("branched_rl.py")
 

@@ -13,12 +13,12 @@ import msgpack
 import torch
 import zmq
 
+from areal.cli.run import build_controller
 from areal.graph.batch import Batch
-from areal.runtime.channels import BatchReceiver, BatchSender, tcp_endpoint
-from areal.runtime.control import ControlClient, ControlServer, pack
-from areal.runtime.launch import build_controller
-from areal.runtime.messages import Heartbeat
-from areal.runtime.security import RunKey
+from areal.runtime.wire.channels import BatchReceiver, BatchSender, tcp_endpoint
+from areal.runtime.wire.control import ControlClient, ControlServer, pack
+from areal.runtime.wire.messages import Heartbeat
+from areal.runtime.wire.security import RunKey
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 

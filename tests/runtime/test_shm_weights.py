@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from areal.cli.run import build_controller
 from areal.errors import RunError
-from areal.runtime.launch import build_controller
 from areal.runtime.weights import TRANSPORTS
 from areal.runtime.weights.shm import KIND, ShmPublisher, receive, segment_prefix
 from areal.runtime.weights.transport import Source

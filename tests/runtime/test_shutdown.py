@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from areal.runtime import messages as msg
-from areal.runtime.controller import Controller, WorkerProcess
+from areal.runtime.controller.controller import Controller, WorkerProcess
+from areal.runtime.wire import messages as msg
 
 
 class Exited:

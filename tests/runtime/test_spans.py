@@ -6,8 +6,8 @@ import time
 
 from areal.config import RecordsConfig
 from areal.graph.meta import GroupMeta
-from areal.runtime.spans import Spans, StepWait, span_files
-from areal.runtime.tail import JsonlTail
+from areal.runtime.records.spans import Spans, StepWait, span_files
+from areal.runtime.records.tail import JsonlTail
 
 
 def _read(run_dir, worker="actor[0]"):

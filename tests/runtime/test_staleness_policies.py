@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from areal.runtime import controller as controller_module
-from areal.runtime import messages as msg
-from areal.runtime.admission import Admission
-from areal.runtime.launch import build_controller
-from areal.runtime.progress import generator_time_line, staleness_line, summary_table
-from areal.runtime.resume import resume_point
+from areal.cli.progress import generator_time_line, staleness_line, summary_table
+from areal.cli.run import build_controller
+from areal.runtime.controller import controller as controller_module
+from areal.runtime.staleness.admission import Admission
+from areal.runtime.storage.resume import resume_point
+from areal.runtime.wire import messages as msg
 from tests.runtime.kills import KillOnce
 
 RECIPE = Path(__file__).with_name("policy_rl.py")

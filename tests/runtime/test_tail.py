@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from areal.runtime.tail import JsonlTail
+from areal.runtime.records.tail import JsonlTail
 
 
 def _append(path, *objects, end="\n"):

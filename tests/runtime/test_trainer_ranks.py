@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from areal.cli.run import run_recipe
 from areal.config import RunConfig
 from areal.errors import ConfigError
 from areal.overrides import apply_overrides
-from areal.runtime.launch import run_recipe
-from areal.runtime.plan import Plan
+from areal.runtime.compiler.plan import Plan
 from tests.local_model import make_checkpoint
 
 TINY_RL = Path(__file__).with_name("tiny_rl.py")  # a real model in sync mode, a checkpoint every 2 steps

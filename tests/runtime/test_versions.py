@@ -10,9 +10,9 @@ import pytest
 
 from areal.errors import RunError
 from areal.graph.recipe import load_recipe
-from areal.runtime.checkpoint import policy_name
-from areal.runtime.compile import compile_plan
-from areal.runtime.versions import Versions
+from areal.runtime.compiler.compile import compile_plan
+from areal.runtime.storage.checkpoint import policy_name
+from areal.runtime.weights.versions import Versions
 
 ACTOR_CRITIC = Path(__file__).resolve().parents[2] / "recipes" / "actor_critic.py"
 

@@ -11,14 +11,15 @@ import torch
 from safetensors.torch import save_file
 
 from areal.graph.recipe import load_recipe
-from areal.runtime import weight_files, weights
-from areal.runtime.checkpoint import Sealing, final_dir, policy_name, staging_dir
-from areal.runtime.compile import compile_plan
-from areal.runtime.context import WorkerContext
-from areal.runtime.versions import Versions
+from areal.runtime import weights
+from areal.runtime.compiler.compile import compile_plan
+from areal.runtime.storage import weight_files
+from areal.runtime.storage.checkpoint import Sealing, final_dir, policy_name, staging_dir
 from areal.runtime.weights import Via, WeightUpdate
 from areal.runtime.weights.files import FilesPublisher
 from areal.runtime.weights.transport import Source
+from areal.runtime.weights.versions import Versions
+from areal.runtime.worker.context import WorkerContext
 
 ACTOR_CRITIC = Path(__file__).resolve().parents[2] / "recipes" / "actor_critic.py"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from areal.cli.run import build_controller
 from areal.errors import ConfigError
 from areal.graph.recipe import load_recipe
-from areal.runtime.compile import compile_plan
-from areal.runtime.launch import build_controller
+from areal.runtime.compiler.compile import compile_plan
 from areal.runtime.weights.hosts import misplaced
 
 RECIPE = Path(__file__).with_name("fake_rl.py")  # pools: rollout (nodes rollout, advantage) ⇢ actor
@@ -61,7 +61,7 @@ class _TwoHosts:
 
 
 def test_a_run_whose_launcher_puts_the_shm_trainer_apart_from_its_generators_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr("areal.runtime.controller.launcher_for", lambda cluster: _TwoHosts())
+    monkeypatch.setattr("areal.runtime.controller.controller.launcher_for", lambda cluster: _TwoHosts())
     controller = build_controller(RECIPE, ["transport.weights=shm", "steps=1"], tmp_path / "run")
     with pytest.raises(ConfigError, match=r"(?s)transport\.weights=shm: model 'actor' is trained on host 10\.0\.0\.1 "
                                           r"\(actor\[0\]\), but rollout\[0\] .* runs on host 10\.0\.0\.2.*"

@@ -10,8 +10,8 @@ import msgpack
 import pytest
 import zmq
 
+from areal.cli.run import build_controller
 from areal.errors import ConfigError, RunError
-from areal.runtime.launch import build_controller
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 

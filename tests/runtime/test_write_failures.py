@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from areal.cli.run import build_controller, run_recipe
 from areal.errors import RunError
-from areal.runtime import checkpoint
-from areal.runtime.launch import build_controller, run_recipe
+from areal.runtime.storage import checkpoint
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 NO_SPACE = os.strerror(errno.ENOSPC)

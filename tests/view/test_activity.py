@@ -6,8 +6,8 @@ import json
 
 from pytest import approx
 
-from areal.runtime.plan import Channel, Plan, PoolSpec
-from areal.runtime.spans import span_files
+from areal.runtime.compiler.plan import Channel, Plan, PoolSpec
+from areal.runtime.records.spans import span_files
 from areal.view.activity import WINDOW_S, Activity
 
 S = 1_000_000  # µs

@@ -10,7 +10,7 @@ from typing import Any
 
 from areal.runtime.weights import broadcast, files, shm
 from areal.runtime.weights.transport import Publisher, Source, Transport
-from areal.runtime.weights.update import Via, WeightUpdate
+from areal.runtime.wire.weight_update import Via, WeightUpdate
 
 TRANSPORTS: dict[str, Transport] = {
     files.KIND: files.TRANSPORT,

@@ -12,9 +12,9 @@ from pathlib import Path
 from torch import Tensor
 
 from areal.graph.roles import GroupMember
-from areal.runtime.checkpoint import policy_name
+from areal.runtime.storage.checkpoint import policy_name
 from areal.runtime.weights.transport import Source, Transport
-from areal.runtime.weights.update import Via
+from areal.runtime.wire.weight_update import Via
 
 KIND = "broadcast"
 

@@ -1,4 +1,4 @@
-"""transport.weights=files: each version is a safetensors file in `weights/MODEL/` (runtime/weight_files.py
+"""transport.weights=files: each version is a safetensors file in `weights/MODEL/` (runtime/storage/weight_files.py
 names it). The trainer writes it through a hidden temporary name renamed into place, so a reader never
 sees half of it, and keeps the newest `keep`; a follower reads the whole file. The checkpoint copies the
 published file (checkpoint.Sealing), so the trainer writes nothing more for it.
@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 
 from areal.graph.roles import Follower
-from areal.nodes.policy import load_weights
-from areal.runtime import weight_files
+from areal.nodes.workers.policy import load_weights
+from areal.runtime.storage import weight_files
 from areal.runtime.weights.transport import Source, Transport
-from areal.runtime.weights.update import Via
+from areal.runtime.wire.weight_update import Via
 
 KIND = "files"
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from areal.errors import ConfigError
-from areal.runtime.plan import Plan
+from areal.runtime.compiler.plan import Plan
 from areal.runtime.weights import TRANSPORTS
 
 Landing = tuple[str, int, str]  # (pool, replica, host) of one started worker

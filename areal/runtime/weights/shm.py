@@ -34,9 +34,9 @@ from torch import Tensor
 
 from areal.errors import RunError
 from areal.graph.roles import Follower
-from areal.runtime.checkpoint import policy_name
+from areal.runtime.storage.checkpoint import policy_name
 from areal.runtime.weights.transport import Source, Transport
-from areal.runtime.weights.update import Via
+from areal.runtime.wire.weight_update import Via
 
 KIND = "shm"
 ALIGN = 64  # each tensor starts at a multiple of this, so every dtype can be read in place

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from areal.config import RunConfig
-from areal.runtime.plan import Plan
-from areal.runtime.weights.update import Via
+from areal.runtime.compiler.plan import Plan
+from areal.runtime.wire.weight_update import Via
 
 
 @dataclass(frozen=True)

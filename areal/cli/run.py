@@ -1,0 +1,201 @@
+"""`areal run`: load a recipe, compile it, run the controller with a live view, print a summary.
+
+A fresh run gets a new directory (runs/<graph>-<timestamp> unless told); `--resume RUN_DIR`
+continues from that directory's newest complete checkpoint with the recipe and overrides
+recorded in its plan.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from areal.cli.progress import live_table, summary_table
+from areal.engines import needs_model, require_engines
+from areal.errors import ArealError, RunError
+from areal.graph.node import Node
+from areal.graph.recipe import Recipe, load_recipe
+from areal.runtime.compiler.compile import compile_plan
+from areal.runtime.controller.controller import Controller
+from areal.runtime.controller.run_status import StatusWriter
+from areal.runtime.controller.signals import Stopped
+from areal.runtime.storage.resume import ResumePoint, check_changes, recipe_hash, resume_point
+from areal.runtime.storage.rundir import RunDirLock, claim_run_dir, writing
+
+log = logging.getLogger("areal")
+
+
+def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = None, run_dir: Path | None = None,
+               resume: Path | None = None, live: bool = True, console: Console | None = None,
+               allow_recipe_change: bool = False, start_over: bool = False,
+               beside: Callable[[Path], AbstractContextManager[Any]] | None = None) -> int:
+    """`recipe_path` None with `resume`: the recipe the run recorded. `allow_recipe_change`: resume under an edited
+    recipe; `start_over`: resume a run whose every checkpoint is unreadable from version 0 (resume.py). `beside`:
+    what runs beside the run, given its directory (`areal run --view`: the view's process)."""
+    console = console or Console(stderr=True)
+    overrides = list(overrides or [])
+    point = lock = None
+    if resume is not None:
+        lock = claim_run_dir(resume, resuming=True)  # before anything reads or clears the run's files
+        point = resume_point(resume, recipe_path, allow_recipe_change=allow_recipe_change, start_over=start_over)
+        for line in point.skipped:
+            console.print(f"[yellow]skipped checkpoint[/] {line}", highlight=False, soft_wrap=True)
+        if point.recipe_edit:
+            _report(console, f"resuming under the edited recipe {point.recipe}:", point.recipe_edit)
+        recipe_path, overrides, run_dir = point.recipe, point.overrides + overrides, resume
+        console.print(f"resuming {run_dir} from {point.checkpoint.name if point.checkpoint else 'the start'}",
+                      soft_wrap=True)
+    view: Live | None = None
+
+    def refresh(controller: Controller) -> None:
+        if view is not None:
+            view.update(live_table(controller))
+
+    assert recipe_path is not None
+    controller = build_controller(recipe_path, overrides, run_dir, point, console, _throttled(refresh), lock)
+    stack = ExitStack()
+    code = 0
+    try:
+        if beside is not None:
+            stack.enter_context(beside(controller.run_dir))
+        if live:
+            with Live(live_table(controller), console=console, refresh_per_second=4) as view:
+                controller.run()
+        else:
+            controller.run()
+    except RunError as err:
+        console.print(f"[red]run failed:[/] {err}", highlight=False, soft_wrap=True)  # a command in it stays whole
+        code = 1
+    except Stopped as stop:
+        console.print(f"[yellow]{stop.said}[/]: workers stopped, checkpoint kept", highlight=False)
+        code = stop.exit_code
+    except KeyboardInterrupt:  # raised before the controller's own handlers were in place
+        console.print("[yellow]interrupted[/]: workers stopped, last checkpoint kept")
+        code = 130
+    finally:
+        stack.close()
+    console.print(summary_table(controller))
+    return code
+
+
+def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Path | None,
+                     resume: ResumePoint | None = None, console: Console | None = None,
+                     on_event: Any = None, lock: RunDirLock | None = None) -> Controller:
+    """Load, compile and wire a run without starting it (tests drive the controller directly). The run directory
+    is locked here (unless `lock` holds it already) until the controller's run ends."""
+    recipe = load_recipe(recipe_path, overrides)
+    if resume is not None and (changed := check_changes(resume.run_dir, recipe.config)):
+        _report(console, "resuming with changed settings:", changed)
+    _check_engines(recipe)
+    for report in _preflight(recipe):
+        log.info("%s", report)
+        if console is not None:
+            console.print(report, highlight=False, soft_wrap=True)
+    checkpoint, saved = (resume.checkpoint, resume.saved) if resume is not None else (None, None)
+    folder = Path(run_dir or recipe.config.run_dir or _default_run_dir(recipe))
+    lock = lock or claim_run_dir(folder, resuming=resume is not None)
+    if resume is not None and resume.checkpoint is None:  # it starts over from version 0: so do its metrics
+        with writing(folder / "metrics.jsonl", folder):
+            (folder / "metrics.jsonl").unlink(missing_ok=True)
+    _log_to(folder / "logs" / "controller.log")
+    plan = compile_plan(recipe.graph, recipe.config, recipe=str(recipe.path), overrides=tuple(overrides),
+                        run_dir=folder.resolve())
+    plan = dataclasses.replace(plan, recipe_sha256=recipe_hash(recipe.path))
+    # the controller resolves the task sources: a bad data.path fails here, before a model warm-start
+    controller = Controller(plan, recipe.graph, recipe.config, saved=saved, resume_dir=checkpoint,
+                            on_event=StatusWriter(folder, then=on_event), lock=lock)  # status.json: `areal view`
+    _prepare_models(recipe)
+    return controller
+
+
+def _report(console: Console | None, title: str, lines: list[str]) -> None:
+    """Said on the console and in the controller's log: a resumed run says what is not as it was."""
+    log.warning("%s %s", title, "; ".join(lines))
+    if console is not None:
+        console.print(f"[yellow]{title}[/]", highlight=False)
+        for line in lines:
+            console.print(f"  {line}", highlight=False, soft_wrap=True, markup=False)
+
+
+def _default_run_dir(recipe: Recipe) -> Path:
+    """runs/GRAPH-TIME, with a suffix when a run started in the same second has that name."""
+    base = Path("runs") / f"{recipe.graph.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder, n = base, 1
+    while folder.exists():
+        n += 1
+        folder = base.with_name(f"{base.name}-{n}")
+    return folder
+
+
+def _check_engines(recipe: Recipe) -> None:
+    """Fail in seconds, before the run directory or any worker exists, when this machine lacks what the
+    configured engines need (vLLM and a GPU). Ray workers run on other hosts: each checks its own at setup."""
+    if recipe.config.cluster.backend != "local":
+        return
+    for n in _builtin_policy_nodes(recipe):
+        require_engines(recipe.node_config(n.name), generation=n.kind in ("generate", "episode"),
+                        training=n.kind == "ppo-update")
+
+
+def _preflight(recipe: Recipe) -> list[str]:
+    """Each node's own check that this machine can run it (the code reward's sandbox), before any worker;
+    what the checks report, each once (the sandbox's layers)."""
+    reports: list[str] = []
+    for n in recipe.graph.nodes.values():
+        if n.spec.preflight is not None:
+            try:
+                report = n.spec.preflight()
+            except ArealError as err:
+                raise RunError(f"{n.describe()}: {err}") from None
+            if report and report not in reports:
+                reports.append(report)
+    return reports
+
+
+def _builtin_policy_nodes(recipe: Recipe) -> list[Node]:
+    """The generate, episode and ppo-update nodes built from areal's own node kinds (custom ones bring their
+    models)."""
+    return [n for n in recipe.graph.nodes.values()
+            if n.kind in ("generate", "episode", "ppo-update") and n.spec.factory.__module__.startswith("areal.nodes")]
+
+
+def _prepare_models(recipe: Recipe) -> None:
+    """Resolve the policy's checkpoint once, here, before workers race to (a GGUF file is converted the first
+    time; a bad path is refused before any worker starts). Each worker loads the model itself: loading it here
+    too cost the start of every run seconds of imports on the controller."""
+    builtin = [n for n in _builtin_policy_nodes(recipe)
+               if needs_model(recipe.node_config(n.name), generation=n.kind == "generate")]
+    if not builtin:
+        return  # custom policy nodes bring their own models; emulated engines need none
+    from areal.models.loading import checkpoint_dir
+
+    checkpoint_dir(recipe.config.model)
+
+
+def _throttled(fn: Any, every_s: float = 0.25) -> Any:
+    last = [0.0]
+
+    def call(controller: Controller) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every_s:
+            last[0] = now
+            fn(controller)
+
+    return call
+
+
+def _log_to(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)

@@ -1,0 +1,188 @@
+"""The `llm` an episode awaits: one session, one trajectory, every turn sampled by the run's policy.
+
+Three ways to ask for a turn, all ending in the same place (`_turn`): work out the ids the
+environment adds (nodes/episodes/conversation.py), sample a completion of the whole context so far, and only
+then append both to the trajectory, so a turn cancelled half-way (an HTTP client that hung up, an
+episode past its time) leaves the trajectory as it was.
+
+- `generate(text)`: append `text` (tokenised on its own; the first one gets the tokenizer's <bos>)
+  and sample. The Python way: `await llm.generate(task["prompt"])`, then `await llm.generate(feedback)`.
+- `chat(messages)`: the whole conversation, as the OpenAI chat API sends it; the chat template is
+  applied server-side, once, to find what is new.
+- `complete(prompt)`: the whole text (or ids) so far, as the OpenAI completions API sends it.
+
+Turns are one at a time (a trajectory is a sequence): a second request while one is in flight is
+refused. Each turn's request id is `sample_id * MAX_TURNS + turn`, so a re-run episode draws the
+same random numbers turn by turn. The episode's reward is what `run` returns, or else what the agent
+posted (`post_reward`, the endpoint's POST /v1/reward).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from areal.nodes.episodes.conversation import (
+    Added,
+    ChatFormat,
+    ChatState,
+    ConversationError,
+    Message,
+    TextState,
+    messages_from,
+)
+from areal.nodes.episodes.trajectory import Trajectory
+
+MAX_TURNS = 1024  # completions one episode may sample (request ids are sample_id * MAX_TURNS + turn)
+
+
+class EpisodeError(ValueError):
+    """A turn the session cannot take (its context is full, too many turns, another turn in flight)."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One turn's reply. `text` is what an agent reads: decoded, cut before the first stop string. `ids` are
+    every id sampled (the stop string and <eos> included): they are what the trajectory holds."""
+
+    text: str
+    ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str  # "stop" (an end-of-sequence token or a stop string) or "length"
+    prompt_tokens: int  # the context the policy read for this turn
+    turn: int
+
+
+Sample = Callable[[int, list[int], int, "list[str] | None"], Awaitable[Any]]  # (request id, ids, max new, stop)
+
+
+class EpisodeLLM:
+    def __init__(self, sample_id: int, sample: Sample, version: Callable[[], int], tokenizer: Any, *,
+                 max_new_tokens: int, stops: Sequence[str], context_tokens: int | None,
+                 base_url: str | None = None, api_key: str | None = None) -> None:
+        self.sample_id = sample_id
+        self.base_url, self.api_key = base_url, api_key
+        self.trajectory = Trajectory()
+        self.posted_reward: float | None = None
+        self._sample, self._version = sample, version
+        self.tokenizer = tokenizer
+        self.max_new_tokens, self.stops, self.context_tokens = max_new_tokens, list(stops), context_tokens
+        self.chat_format = ChatFormat(tokenizer)
+        self._chat = ChatState(self.chat_format)
+        self._text = TextState()
+        self._mode: str | None = None  # "text", "ids" or "chat": one session speaks one of them
+        self._last: Completion | None = None  # the last turn: what a retraction takes back
+        self._busy = False
+
+    # -- the three ways to ask for a turn ---------------------------------------------------------
+
+    async def generate(self, text: str = "", *, max_new_tokens: int | None = None,
+                       stop: list[str] | None = None) -> Completion:
+        """Append `text` (the environment's) to the context, then sample the policy's continuation."""
+        self._speaks("text")
+        known = self._text.known or ""
+        return await self.complete(known + text, max_new_tokens=max_new_tokens, stop=stop)
+
+    async def complete(self, prompt: str | list[int], *, max_new_tokens: int | None = None,
+                       stop: list[str] | None = None) -> Completion:
+        """Sample a continuation of `prompt`, which must extend this session's text (or ids) so far."""
+        if isinstance(prompt, str):
+            self._speaks("text")
+            added, retract = self._environment(self._text.added_text(prompt))
+        else:
+            self._speaks("ids")
+            added, retract = self._text.added_ids([int(i) for i in prompt], self.trajectory.ids), 0
+        done = await self._turn(added, max_new_tokens, stop, retract)
+        if isinstance(prompt, str):
+            self._text.record(prompt, done.text, self._sampled_after(done, skip_special=True))
+        return done
+
+    async def chat(self, messages: list[dict[str, Any]] | list[Message], *, max_new_tokens: int | None = None,
+                   stop: list[str] | None = None) -> Completion:
+        """Sample the assistant's reply to `messages`, which must extend the conversation recorded so far."""
+        self._speaks("chat")
+        checked = messages_from([m.as_dict() if isinstance(m, Message) else m for m in messages]
+                                if isinstance(messages, list) else messages)
+        added, retract = self._environment(self._chat.added_text(checked))
+        done = await self._turn(added, max_new_tokens, stop, retract)
+        self._chat.record(checked, done.text, self._sampled_after(done, skip_special=False),
+                          self._sampled_after(done, skip_special=True))
+        return done
+
+    def post_reward(self, value: float) -> None:
+        """The episode's reward, posted by the agent (when `run` returns none itself)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise EpisodeError(f"a reward must be a finite number, got {value!r:.40}")
+        self.posted_reward = float(value)
+
+    # -- one turn ----------------------------------------------------------------------------------
+
+    def _environment(self, added: Added) -> tuple[list[int], int]:
+        """The ids a request adds, and how many sampled ids at the trajectory's end it takes back first: the
+        ones that carry the last reply's stop string, when the agent sent the reply back without it. What of
+        the reply those ids also carried is re-added as text, so the context reads the reply, then `added`."""
+        retract, text = 0, added.text
+        if added.retract:
+            ids, reply = self._last.ids, self._last.text
+            keep = next(k for k in range(len(ids), -1, -1)
+                        if reply.startswith(self.tokenizer.decode(ids[:k], skip_special_tokens=True)))
+            retract = len(ids) - keep
+            text = reply[len(self.tokenizer.decode(ids[:keep], skip_special_tokens=True)):] + text
+        return self.chat_format.encode(text, first=not self.trajectory.ids), retract
+
+    def _sampled_after(self, done: Completion, *, skip_special: bool) -> str:
+        """The text the policy sampled after the reply the agent reads: the stop string (and, unless skipped,
+        an end-of-turn token)."""
+        full = str(self.tokenizer.decode(done.ids, skip_special_tokens=skip_special))
+        return full[len(done.text):] if full.startswith(done.text) else ""
+
+    async def _turn(self, added: list[int], max_new_tokens: int | None, stop: list[str] | None,
+                    retract: int = 0) -> Completion:
+        if self._busy:
+            raise EpisodeError("another turn of this session is in flight; a trajectory takes one turn at a time")
+        turn = self.trajectory.turns
+        if turn >= MAX_TURNS:
+            raise EpisodeError(f"an episode samples at most {MAX_TURNS} completions")
+        context = self.trajectory.ids[: len(self.trajectory) - retract] + added
+        if not context:
+            raise EpisodeError("nothing to complete: the first turn needs a prompt")
+        limit = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        if limit < 1:
+            raise EpisodeError(f"max_new_tokens must be >= 1, got {limit}")
+        if self.context_tokens is not None:
+            room = self.context_tokens - len(context)
+            if room < 1:
+                raise EpisodeError(f"the episode's context is full: {len(context)} tokens of the model's "
+                                   f"{self.context_tokens}")
+            limit = min(limit, room)
+        version = self._version()
+        self._busy = True
+        try:
+            result = await self._sample(self.sample_id * MAX_TURNS + turn, context, limit, stop)
+        finally:
+            self._busy = False
+        # only now, with the turn complete, does anything enter (or leave) the trajectory
+        self.trajectory.retract(retract)
+        self.trajectory.add_environment(added, version)
+        ids = result.output_ids.tolist()
+        self.trajectory.add_sampled(ids, result.logprobs.tolist(), result.versions.tolist())
+        reason = "length" if result.finish_reason == "length" else "stop"
+        self._last = Completion(self._reply(ids, stop), ids, result.logprobs.tolist(), result.versions.tolist(),
+                                reason, len(context), turn)
+        return self._last
+
+    def _reply(self, ids: list[int], stop: list[str] | None) -> str:
+        """What the agent reads: the decoded ids, cut before the first stop string."""
+        text = str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        stops = self.stops if stop is None else stop
+        cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=len(text))
+        return text[:cut]
+
+    def _speaks(self, mode: str) -> None:
+        if self._mode not in (None, mode):
+            raise ConversationError(f"this session speaks {self._mode}; a session's turns are all chat messages, "
+                                    "all text prompts or all token-id prompts")
+        self._mode = mode

@@ -1,0 +1,336 @@
+"""Compile a validated graph and its config into a `Plan`: pools, the channels between them, bindings.
+
+Pools, in data order:
+- the source runs inside the controller, behind the staleness gate;
+- a generate (stream) node, an episode node, a reward node, a trainer, a frozen compute-logprob and
+  any node given `pool=` start a pool of their own; a generate or episode node's pool is a stream
+  pool (the worker steps it and hands it weights between steps);
+- a compute-logprob node of a trained model joins that trainer's pool, just before the update
+  (π_prox must come from the trainer's current weights, in the same process);
+- any other node joins the pool of its producers when they all live in one pool whose last node
+  feeds it (a linear chain runs in one process); a node that joins branches, or that branches
+  off the middle of a chain, starts its own, so independent branches run side by side.
+
+Each node's input port is bound to one qualified field (`producer.port`, as the graph resolves
+it, `take=` included); a channel from pool P to pool C carries every field C's nodes read from
+P. A pool with several input channels joins them per group (runtime/worker/join.py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from areal.config import RunConfig
+from areal.errors import ConfigError, GraphError
+from areal.graph.graph import Graph
+from areal.graph.node import IMPLICIT_INPUTS, Node
+from areal.graph.roles import SAMPLING_ROLES
+from areal.graph.settings import node_config
+from areal.runtime.compiler.plan import Channel, Plan, PoolSpec
+from areal.runtime.wire.channels import ipc_endpoint
+
+OWN_POOL_KINDS = ("generate", "reward")
+
+
+def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides: tuple[str, ...] = (),
+                 run_dir: str | os.PathLike[str] = "RUN_DIR") -> Plan:
+    run = Path(run_dir)
+    order = graph.topological()
+    bindings = _bindings(graph, order)
+    members = _pools(graph, order, bindings)
+    pool_of = {n: name for name, nodes in members.items() for n in nodes}
+    reward_field = _reward_field(graph, config)
+    solved_field = _named_output(graph, "eval.solved", config.eval.solved) if config.eval.solved else reward_field
+    fields_in: dict[tuple[str, str], list[str]] = {}  # (src pool, dst pool) -> qualified fields
+    for node_name, _, field in bindings:
+        _route(fields_in, pool_of, field, pool_of[node_name])
+    for name, nodes in members.items():
+        if any(graph.nodes[n].role == "trainer" for n in nodes):
+            # a trainer reports the reward of what it trained, and whether each sample was solved
+            for reported in dict.fromkeys(f for f in (reward_field, solved_field) if f):
+                _route(fields_in, pool_of, reported, name)
+    _check_inputs(graph, members, fields_in)
+    downstream = _downstream(members, fields_in)
+    trainers = {name for name, nodes in members.items() if graph.nodes[nodes[-1]].role == "trainer"}
+    _check_filters(graph, members, downstream, trainers)
+    levels = _levels(graph, members, fields_in)
+    pools = [_pool(name, [graph.nodes[n] for n in nodes], graph, config, levels[name],
+                   reaches_trainer=name in trainers or bool(downstream[name] & trainers))
+             for name, nodes in members.items()]
+    by_name = {p.name: p for p in pools}
+    inputs_count = {dst: sum(1 for _, d in fields_in if d == dst) for dst in members}
+    channels = tuple(
+        Channel(src, dst, tuple(sorted(set(fields))), _endpoints(run, src, by_name[dst], config),
+                "by_group" if inputs_count[dst] > 1 and by_name[dst].role != "train" and by_name[dst].replicas > 1
+                else "balance")
+        for (src, dst), fields in fields_in.items()
+    )
+    _check_names(config, pools)
+    _check_truncated(graph, config)
+    routes = tuple((pool_of[trainer], pool_of[n.name]) for n in order for trainer in [graph.model_of(n)]
+                   if trainer is not None and pool_of[n.name] != pool_of[trainer])
+    generators = [n for n in order if n.role in SAMPLING_ROLES]
+    episodes = [n for n in generators if n.role == "episode"]
+    if config.staleness_policy == "recycle" and episodes:
+        raise ConfigError(f"staleness_policy=recycle: {episodes[0].describe()} is an episode, which is not "
+                          "interrupted mid-way, so it cannot be re-queued; staleness_policy=token masks the same "
+                          "tokens without re-queueing")
+    policy = graph.model_of(generators[0]) or "" if generators else ""
+    return Plan(
+        graph=graph.name,
+        recipe=recipe,
+        overrides=tuple(overrides),
+        run_dir=str(run),
+        pools=tuple(pools),
+        channels=channels,
+        bindings=tuple(bindings),
+        control_endpoint=_control_endpoint(run, config),
+        weights_routes=tuple(dict.fromkeys(routes)),
+        weights_dir=str(run / "weights"),
+        high_water_mark=config.transport.high_water_mark,
+        max_frame_bytes=config.transport.max_frame_bytes,
+        max_header_bytes=config.transport.max_header_bytes,
+        policy=policy,
+        reward_field=reward_field,
+        solved_field=solved_field,
+        solved_at=config.eval.solved_at,
+        weights_rendezvous=f"127.0.0.1:{_free_port()}" if policy and config.transport.weights == "broadcast" else "",
+        weights_transport=config.transport.weights,
+        secured=config.transport.kind == "tcp" or config.cluster.backend == "ray",
+        colocated=tuple(p.nodes for p in pools if len(p.nodes) > 1),
+        staleness=config.staleness,
+        mode=config.mode,
+        staleness_policy=config.staleness_policy,
+        recycle_keep_prefix=config.recycle_keep_prefix,
+        drop_slack=config.drop_slack,
+    )
+
+
+# -- bindings and pools ---------------------------------------------------------------------------
+
+
+def _bindings(graph: Graph, order: list[Node]) -> list[tuple[str, str, str]]:
+    """(node, input port, qualified field): the runtime names every field by its producer."""
+    found = []
+    for n in order:
+        for port in n.inputs:
+            resolved = graph.resolve(n, port)
+            if port in IMPLICIT_INPUTS and (resolved is None or resolved[0].kind == "source"):
+                found.append((n.name, port, port))  # the runtime's own: on every batch, at every level
+            elif resolved is not None:
+                found.append((n.name, port, f"{resolved[0].name}.{resolved[1]}"))
+    return found
+
+
+def _pools(graph: Graph, order: list[Node], bindings: list[tuple[str, str, str]]) -> dict[str, list[str]]:
+    """Pool name -> its nodes in run order (see the module docstring for the rules)."""
+    members: dict[str, list[str]] = {}
+    pool_of: dict[str, str] = {}
+    for n in order:
+        trainer = graph.model_of(n) if n.kind == "compute-logprob" else None
+        producers = {f.partition(".")[0] for node, _, f in bindings if node == n.name and "." in f}
+        producer_pools = {pool_of[p] for p in producers if graph.nodes[p].kind != "source"}
+        if trainer is not None:
+            _only_read_by(graph, n, trainer)
+            name = trainer  # π_prox runs in its trainer's process (the pool is named after the trainer)
+        elif n.kind == "source" or n.role in (*SAMPLING_ROLES, "trainer") or n.kind in OWN_POOL_KINDS \
+                or n.pool is not None or n.spec.params.get("frozen") or len(producer_pools) != 1:
+            name = n.name
+        else:
+            (name,) = producer_pools
+            tip = members[name][-1]
+            head = graph.nodes[members[name][0]]
+            if tip not in producers or head.role == "trainer" or graph.nodes[tip].role == "trainer":
+                name = n.name  # it branches off the middle of a chain, or would follow an update: its own pool
+        members.setdefault(name, []).append(n.name)
+        pool_of[n.name] = name
+    return members
+
+
+def _only_read_by(graph: Graph, n: Node, trainer: str) -> None:
+    consumers = {e.dst for e in graph.edges() if e.src == n.name}
+    if consumers - {trainer}:
+        raise GraphError([
+            f"{n.describe()}: it runs inside trainer '{trainer}' (colocated, to see its current weights), "
+            f"so only '{trainer}' may read its outputs; read by: {', '.join(sorted(consumers))}"
+        ])
+
+
+def _route(fields_in: dict[tuple[str, str], list[str]], pool_of: dict[str, str], field: str, dst: str) -> None:
+    if "." not in field:
+        return  # sample_id and group_id travel on every channel
+    src = pool_of[field.partition(".")[0]]
+    if src != dst:
+        fields_in.setdefault((src, dst), []).append(field)
+
+
+def _reward_field(graph: Graph, config: RunConfig) -> str:
+    """The field reported as the run's reward: eval.reward, else the only port named 'reward'."""
+    if config.eval.reward:
+        return _named_output(graph, "eval.reward", config.eval.reward)
+    producers = [n for n in graph.nodes.values() if "reward" in n.outputs]
+    if len(producers) > 1:
+        raise ConfigError(f"{len(producers)} nodes output 'reward' ({', '.join(n.name for n in producers)}): say "
+                          f"which the run reports with --set eval.reward={producers[0].name}.reward")
+    return f"{producers[0].name}.reward" if producers else ""
+
+
+def _named_output(graph: Graph, setting: str, value: str) -> str:
+    node_name, _, port = value.partition(".")
+    n = graph.nodes.get(node_name)
+    if n is None or port not in n.outputs:
+        raise ConfigError(f"{setting}={value!r}: no node '{node_name}' with an output '{port}'")
+    return value
+
+
+def _check_inputs(graph: Graph, members: dict[str, list[str]], fields_in: dict[tuple[str, str], list[str]]) -> None:
+    fed = {dst for _, dst in fields_in}
+    for name, nodes in members.items():
+        head = graph.nodes[nodes[0]]
+        if head.kind != "source" and name not in fed:
+            raise GraphError([f"{head.describe()}: it reads no field another node produces, so nothing tells the "
+                              "runtime which samples to give it; give it an input port (a field it uses)"])
+
+
+def _downstream(members: dict[str, list[str]], fields_in: dict[tuple[str, str], list[str]]) -> dict[str, set[str]]:
+    """Pool -> every pool its data reaches."""
+    downstream: dict[str, set[str]] = {name: set() for name in members}
+    order = list(members)
+    for src, dst in sorted(fields_in, key=lambda e: order.index(e[0]), reverse=True):
+        downstream[src] |= {dst} | downstream[dst]
+    return downstream
+
+
+def _check_filters(graph: Graph, members: dict[str, list[str]], downstream: dict[str, set[str]],
+                   trainers: set[str]) -> None:
+    """A filter's drops must reach every trainer: a batch is B groups for all of them, or the gate cannot refill."""
+    for name, nodes in members.items():
+        for n in (graph.nodes[x] for x in nodes if graph.nodes[x].role == "filter"):
+            missed = trainers - downstream[name] - {name}
+            if missed:
+                raise GraphError([f"{n.describe()}: a filter must come before every trainer, and "
+                                  f"{', '.join(sorted(missed))} does not read what it passes"])
+
+
+def _levels(graph: Graph, members: dict[str, list[str]], fields_in: dict[tuple[str, str], list[str]]) -> dict[str, str]:
+    """'group' for the source and the pools fed only at group level (before generation), else 'sample'."""
+    levels: dict[str, str] = {}
+    for name, nodes in members.items():
+        head = graph.nodes[nodes[0]]
+        if head.kind == "source":
+            levels[name] = "group"
+        elif head.role in SAMPLING_ROLES:
+            levels[name] = "sample"
+        else:
+            sources = [src for src, dst in fields_in if dst == name]
+            levels[name] = "sample" if any(levels[s] == "sample" for s in sources) else "group"
+    return levels
+
+
+def _pool(name: str, members: list[Node], graph: Graph, config: RunConfig, level: str,
+          reaches_trainer: bool) -> PoolSpec:
+    head = members[0]
+    kinds = tuple(n.kind for n in members)
+    trainer_node = next((n for n in members if n.role == "trainer"), None)
+    if head.kind == "source":
+        role = "source"
+    elif trainer_node is not None:
+        role = "train"
+    elif head.role in SAMPLING_ROLES:
+        role = "stream"
+    else:
+        role = "map"
+    trainer = node_config(config, trainer_node).trainer if trainer_node is not None else config.trainer
+    if role == "source":
+        replicas = 1  # one source cursor
+    elif role == "train":
+        replicas = trainer.ranks  # the ranks of one data-parallel trainer (FSDP)
+    else:
+        replicas = config.placement.get(head.name) or head.pool or 1
+    threads = {"train": trainer.threads, "stream": config.generation.threads}.get(role, 1)
+    followed = next((m for n in members if (m := graph.model_of(n)) is not None), "")
+    return PoolSpec(
+        name=name,
+        nodes=tuple(n.name for n in members),
+        kinds=kinds,
+        role=role,
+        replicas=replicas,
+        threads=threads,
+        level=level,
+        gather_groups=config.batch_size if role == "train" else 1,
+        rendezvous=f"127.0.0.1:{_free_port()}" if role == "train" and replicas > 1 else "",
+        gpus=config.gpus.get(name, _default_gpus(role, config)),
+        model=trainer_node.name if trainer_node is not None else followed,
+        reaches_trainer=reaches_trainer,
+    )
+
+
+def _check_names(config: RunConfig, pools: list[PoolSpec]) -> None:
+    unknown = sorted(set(config.gpus) - {p.name for p in pools})
+    if unknown:
+        raise ConfigError(f"gpus: no pool named {', '.join(map(repr, unknown))}; "
+                          f"the pools are {', '.join(p.name for p in pools[1:])}")
+    placed = {p.name for p in pools if p.role not in ("source", "train")}
+    unplaced = sorted(set(config.placement) - placed)
+    if unplaced:
+        raise ConfigError(f"placement: {', '.join(map(repr, unplaced))} starts no pool of its own, so its "
+                          f"replicas cannot be set; placement takes: {', '.join(sorted(placed))} "
+                          "(a trainer's are trainer.ranks)")
+
+
+def _check_truncated(graph: Graph, config: RunConfig) -> None:
+    """trainer.truncated=mask reads which outputs were cut: the trainer must take `truncated` from a node."""
+    for n in graph.nodes.values():
+        if n.role != "trainer" or node_config(config, n).trainer.truncated != "mask":
+            continue
+        if "truncated" not in n.inputs or "versions" not in n.inputs:
+            raise ConfigError(f"trainer.truncated=mask: {n.describe()} takes no `truncated` and `versions` inputs, "
+                              "so it cannot tell which outputs were cut")
+        if graph.resolve(n, "truncated") is None:
+            raise ConfigError(f"trainer.truncated=mask: no node outputs `truncated` for {n.describe()} (generate "
+                              "nodes do; an episode does not cut its turns that way)")
+
+
+def _default_gpus(role: str, config: RunConfig) -> int:
+    """A vLLM generator needs a GPU; so does each trainer rank of a run that generates on GPUs."""
+    on_gpus = config.generation.engine == "vllm"
+    return int(on_gpus and role in ("stream", "train"))
+
+
+# -- endpoints ----------------------------------------------------------------------------------------
+
+
+def _endpoints(run: Path, src: str, dst: PoolSpec, config: RunConfig) -> tuple[str, ...]:
+    """One endpoint per receiving replica (a trainer's rank 0 receives for all its ranks)."""
+    count = 1 if dst.role == "train" else dst.replicas
+    return tuple(_endpoint(run, f"{src}-{dst.name}-{r}", config) for r in range(count))
+
+
+def _endpoint(run: Path, name: str, config: RunConfig) -> str:
+    """A data endpoint. Under Ray a worker may land on any node and start in any order, so it binds a
+    free port there and tells the controller, which wires its neighbours to it (`tcp://HOST:*`)."""
+    if config.cluster.backend == "ray":
+        return f"tcp://{config.transport.host}:*"
+    if config.transport.kind == "tcp":
+        return f"tcp://{config.transport.host}:{_free_port()}"
+    return ipc_endpoint(run / "sockets", name)
+
+
+def _control_endpoint(run: Path, config: RunConfig) -> str:
+    """The controller's endpoint: on this machine, reachable from the nodes. A TCP port is left to the
+    controller's bind (`:*`), which writes the concrete one into plan.json before any worker starts."""
+    if config.transport.host == "node":
+        from areal.runtime.controller.placement import import_ray
+
+        return f"tcp://{import_ray().util.get_node_ip_address()}:*"
+    if config.transport.kind == "tcp" or config.cluster.backend == "ray":
+        return f"tcp://{config.transport.host}:*"
+    return ipc_endpoint(run / "sockets", "control")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

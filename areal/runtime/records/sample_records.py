@@ -1,0 +1,118 @@
+"""Reading a run's per-sample records (runtime/records/sample_log.py) back: one record per sample, joined by id
+across the workers that wrote about it, and filtered the way `areal samples` is asked to."""
+
+from __future__ import annotations
+
+import json
+import operator
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from areal.errors import ConfigError
+from areal.runtime.records.sample_log import FOLDER
+from areal.runtime.records.tail import JsonlTail
+
+STATUSES = ("trained", "failed", "filtered", "pending")
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "<=": operator.le, ">=": operator.ge, "!=": operator.ne, "==": operator.eq, "<": operator.lt, ">": operator.gt,
+    "~": lambda value, text: text in str(value),
+}
+_WHERE = re.compile(r"^\s*([\w.\-\[\]]+)\s*(<=|>=|!=|==|<|>|~)\s*(.*?)\s*$")
+
+
+@dataclass
+class SampleRecord:
+    sample_id: int
+    group_id: int | None = None
+    status: str = "pending"  # no trained, failed or filtered line yet: in flight, or the run stopped first
+    step: int | None = None  # the version the update that trained it published
+    lag: int | None = None
+    reason: str | None = None  # why it failed or was filtered, and by which node (`node`)
+    node: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)  # "node.port" -> value, inputs and outputs alike
+
+    def value(self, name: str) -> Any:
+        """A column by name: sample_id, group_id, status, step, lag, reason, node, or a field ("score.reward",
+        or a port name when one node alone has it)."""
+        if name in ("sample_id", "group_id", "status", "step", "lag", "reason", "node"):
+            return getattr(self, name)
+        if name in self.fields:
+            return self.fields[name]
+        matches = [v for k, v in self.fields.items() if k.rpartition(".")[2] == name]
+        return matches[0] if len(matches) == 1 else None
+
+
+def read_samples(run_dir: str | Path) -> dict[int, SampleRecord]:
+    """Every sample the run's workers wrote about, by id; a later line about the same thing wins."""
+    folder = Path(run_dir) / FOLDER
+    if not folder.is_dir():
+        raise ConfigError(f"{run_dir}: no {FOLDER}/ folder, so no per-sample records (written by runs with "
+                          "records.samples=true, the default, since this areal)")
+    records: dict[int, SampleRecord] = {}
+    for path in sorted(folder.glob("*.jsonl")):
+        fold(records, JsonlTail(path).read())
+    return records
+
+
+def fold(records: dict[int, SampleRecord], lines: Iterable[dict[str, Any]]) -> None:
+    """Apply a worker's lines to the records of the samples they are about (`areal view` folds them as they come)."""
+    for line in lines:
+        if "sample_id" not in line:
+            continue  # the line that says a worker's file was cut at records.max_mb
+        record = records.setdefault(int(line["sample_id"]), SampleRecord(int(line["sample_id"])))
+        _apply(record, line)
+
+
+def select(records: Iterable[SampleRecord], *, status: str | None = None, step: int | None = None,
+           where: Iterable[str] = ()) -> list[SampleRecord]:
+    """The records that match every condition, by sample id. `where` holds 'FIELD OP VALUE' conditions
+    (OP one of == != < <= > >= and ~, which means 'contains')."""
+    if status is not None and status not in STATUSES:
+        raise ConfigError(f"--status {status!r}: use one of {', '.join(STATUSES)}")
+    tests = [_condition(text) for text in where]
+    chosen = [r for r in records if (status is None or r.status == status) and (step is None or r.step == step)
+              and all(test(r) for test in tests)]
+    return sorted(chosen, key=lambda r: r.sample_id)
+
+
+def _apply(record: SampleRecord, line: dict[str, Any]) -> None:
+    if line.get("group_id") is not None:
+        record.group_id = int(line["group_id"])
+    node = line.get("node", "?")
+    for key in ("inputs", "outputs"):
+        for port, value in (line.get(key) or {}).items():
+            record.fields[f"{node}.{port}"] = value
+    status = line.get("status")
+    if status == "trained":
+        record.status, record.node, record.reason = "trained", node, None
+        record.step, record.lag = line.get("step"), line.get("lag")
+    elif status in ("failed", "filtered") and record.status != "trained":
+        record.status, record.node, record.reason = status, node, line.get("reason")
+
+
+def _condition(text: str) -> Callable[[SampleRecord], bool]:
+    match = _WHERE.match(text)
+    if match is None:
+        raise ConfigError(f"--where {text!r}: expected FIELD OP VALUE, e.g. 'score.reward<1' or "
+                          "'rollout.completion~return' (OP: == != < <= > >= ~)")
+    name, op, raw = match.groups()
+    try:
+        wanted: Any = json.loads(raw)
+    except json.JSONDecodeError:
+        wanted = raw  # a bare word compares as text
+
+    def test(record: SampleRecord) -> bool:
+        value = record.value(name)
+        if value is None:
+            return False
+        if isinstance(value, dict):  # a per-token summary compares by its mean, else its length
+            value = value.get("mean", value.get("tokens"))
+        try:
+            return bool(_OPS[op](value, wanted))
+        except TypeError:
+            return bool(_OPS[op](str(value), str(wanted)))
+
+    return test

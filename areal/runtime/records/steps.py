@@ -1,0 +1,62 @@
+"""The step record: one metrics line per version of the counted trainer, and the warnings a step can raise.
+
+It gathers what the trainer reported (rewards, stats, staleness), what the accounting knows, the
+throughput since start (a resumed run counts only its own work), each worker's busy fraction,
+and the METRICS numbers nodes returned since the last step (averaged).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from areal.runtime.wire import messages as msg
+
+log = logging.getLogger("areal.controller")
+
+
+class StepRecorder:
+    def __init__(self, trained_before: int, group_size: int, several_trainers: bool) -> None:
+        self.trained_before = trained_before
+        self.group_size = group_size
+        self.several_trainers = several_trainers
+        self.node_metrics: dict[str, list[float]] = {}
+        self.warned_zero_advantage = False
+
+    def on_metrics(self, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            self.node_metrics.setdefault(name, []).append(value)
+
+    def record(self, m: msg.VersionPublished, *, elapsed: float, versions: dict[str, int], trained: int,
+               accounting: dict[str, int], generated_tokens: int, trained_tokens: int,
+               busy: dict[str, float]) -> dict[str, Any]:
+        node_metrics = {k: sum(v) / len(v) for k, v in self.node_metrics.items() if v}
+        self.node_metrics.clear()
+        rewards = m.rewards
+        return {
+            "kind": "step", "version": m.version, "wall_s": elapsed,
+            **({"model": m.model, **{f"{t}_version": v for t, v in versions.items()}} if self.several_trainers
+               else {}),
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "solved": sum(m.solved) / len(m.solved) if m.solved else None,
+            "samples": len(m.sample_ids), "trained_samples": trained, "tokens": m.tokens,
+            "samples_per_s": (trained - self.trained_before) / elapsed,
+            "generated_tokens_per_s": generated_tokens / elapsed,
+            "trained_tokens_per_s": trained_tokens / elapsed,
+            "staleness": {str(k): v for k, v in sorted((int(k), v) for k, v in m.staleness.items())},
+            "busy": {worker: round(value, 3) for worker, value in busy.items()},
+            **accounting,
+            **node_metrics,
+            **{k: v for k, v in m.stats.items() if isinstance(v, (int, float))},
+        }
+
+    def warnings(self, record: dict[str, Any]) -> list[dict[str, Any]]:
+        """Metrics lines for what a step says is wrong, each said once a run (logged too)."""
+        if record.get("zero_advantage") != 1.0 or self.warned_zero_advantage:
+            return []
+        self.warned_zero_advantage = True
+        warning = (f"every advantage of step {record['version']} is 0: the update cannot move the policy "
+                   f"(group_size={self.group_size} with a group-normalised advantage, or every group's rewards "
+                   "equal?)")
+        log.warning("%s", warning)
+        return [{"kind": "warning", "version": record["version"], "warning": warning, "wall_s": record["wall_s"]}]
