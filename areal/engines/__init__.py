@@ -2,7 +2,7 @@
 
 A node talks to an engine through the two Protocols below; the torch engines satisfy them on
 CPU or one GPU, vLLM generation and FSDP training satisfy the same Protocols, and so do the
-emulated engines (modelled time on an emulated device, no model: `emulated_*.py`). A node asks
+emulated engines (modelled time on an emulated device, no model: `emulated/`). A node asks
 `generation_engine` or `train_engine` for the one `RunConfig` names (`generation.engine`,
 `trainer.engine`, looked up in `_GENERATION` / `_TRAINING`); the backend's module is imported only
 then. `engine_problems` says, one sentence each, what this process lacks to run them: the
@@ -11,6 +11,8 @@ cluster only the worker's host counts).
 
 Not here: starting the FSDP ranks of a data-parallel trainer (a trainer process joins the group
 torchrun or Ray made, or starts a one-rank group), and the NCCL weights route.
+
+May import: areal.kernels, areal.models (and the leaves areal.config, areal.overrides, areal.errors).
 """
 
 from __future__ import annotations

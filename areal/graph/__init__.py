@@ -1,4 +1,7 @@
-"""Declaring: nodes, typed ports, the graph and its validation, recipe loading."""
+"""Declaring: nodes, typed ports, the graph and its validation, recipe loading.
+
+May import: no other part of areal but the leaves areal.config, areal.overrides, areal.errors.
+"""
 
 from areal.graph.batch import Batch, Ragged
 from areal.graph.graph import ControlEdge, Edge, Graph

@@ -2,6 +2,8 @@
 
 Pure torch, device-agnostic, no Python loops over tokens. Checked against float64 references
 (tests/kernels).
+
+May import: no other part of areal but the leaves areal.config, areal.overrides, areal.errors.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Benchmarks' own judges: `humaneval_tests` (HumanEval's `check` in the sandbox), `reasoning_gym_score`
 (reasoning-gym's verifiers), and the unbiased `pass_at_k` estimator.
+
+May import: areal.rewards.sandbox, areal.rewards.math (and the leaves areal.config, areal.overrides,
+areal.errors).
 """
 
 from areal.rewards.code_reward import CodeResult, CodeTests, code_tests, extract_code

@@ -34,7 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from areal.rewards.sandbox.layers import Limits, SandboxLayers, SandboxRun, detect_layers
+from areal.rewards.sandbox.layers import SandboxLayers, SandboxRun, detect_layers
+from areal.rewards.sandbox.limits import Limits
 from areal.rewards.sandbox.pool import SandboxPool
 from areal.rewards.sandbox.process import run_plain
 

@@ -5,4 +5,6 @@ staleness gate and each weights route are doing, beside curves of the step recor
 samples. The server (server.py, the standard library's) only reads files (run_files.py), so a view can neither
 slow nor break the run it watches, and a finished run reopens from its directory. `areal run --view` starts it
 as a process of its own beside the run (beside.py).
+
+May import: areal.graph, areal.runtime (and the leaves areal.config, areal.overrides, areal.errors).
 """

@@ -17,7 +17,8 @@ import pytest
 
 from areal.rewards import CodeTests, detect_layers
 from areal.rewards.sandbox.launch import as_uid
-from areal.rewards.sandbox.layers import Limits, pipe_bytes_bound
+from areal.rewards.sandbox.layers import pipe_bytes_bound
+from areal.rewards.sandbox.limits import Limits
 from areal.rewards.sandbox.process import threads_of_uid
 from tests.rewards.conftest import TRY_ROUTES, job_pids, path_scorer, run_one
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from areal.rewards.sandbox.layers import Limits
+from areal.rewards.sandbox.limits import Limits
 from tests.rewards.conftest import PATHS, TRY_ROUTES, job_pids, path_scorer, pids_with_marker, run_one
 
 DONE = {"kind": "stdio", "inputs": [""], "outputs": ["done"]}

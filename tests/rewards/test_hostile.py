@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from areal.rewards.sandbox.layers import SANDBOX_UID, Limits
+from areal.rewards.sandbox.layers import SANDBOX_UID
+from areal.rewards.sandbox.limits import Limits
 from tests.rewards.conftest import (
     ProcessWatch,
     _nspids,

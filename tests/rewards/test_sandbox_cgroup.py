@@ -20,7 +20,8 @@ from areal.rewards import CodeTests, detect_layers
 from areal.rewards.code_reward import _verdicts
 from areal.rewards.sandbox import cgroup as sandbox_cgroup
 from areal.rewards.sandbox.cgroup import WORKER_OVERHEAD_MB, WORKER_PROCESSES, CgroupPlace, WorkerCgroup
-from areal.rewards.sandbox.layers import Limits, SandboxRun
+from areal.rewards.sandbox.layers import SandboxRun
+from areal.rewards.sandbox.limits import Limits
 from tests.rewards.conftest import run_one, worker_pids
 
 ONE = {"kind": "stdio", "inputs": [""], "outputs": ["1"]}

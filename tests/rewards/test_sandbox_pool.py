@@ -17,7 +17,7 @@ import pytest
 
 from areal.rewards import CodeTests, detect_layers
 from areal.rewards.sandbox import pool as sandbox_pool
-from areal.rewards.sandbox.layers import Limits
+from areal.rewards.sandbox.limits import Limits
 from tests.rewards.conftest import host_pid_alive, job_pids, pids_with_marker, run_one, worker_pids
 
 MARKER = f"areal-pool-{uuid.uuid4().hex[:12]}"

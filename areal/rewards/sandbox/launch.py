@@ -12,10 +12,8 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from areal.rewards.sandbox.layers import Limits
+from areal.rewards.sandbox.limits import Limits
 
 JAIL_MODULES = ("seccomp_filter", "job_meter", "harness_child", "harness")
 CGROUP_CPU_IN_JAIL = "/run/areal/cgroup-cpu"  # where a worker's cgroup CPU counter is bound, read-only

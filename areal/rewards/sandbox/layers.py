@@ -28,6 +28,7 @@ from areal.errors import ArealError
 from areal.rewards.sandbox import seccomp_filter
 from areal.rewards.sandbox.cgroup import WORKER_OVERHEAD_MB, CgroupPlace, find_place
 from areal.rewards.sandbox.launch import as_uid, boot_source, bwrap_argv
+from areal.rewards.sandbox.limits import Limits
 
 SANDBOX_UID = 913_713  # a uid no account uses: every process running as it belongs to a sandbox
 # the modules that run inside the jail, from source, in import order
@@ -36,25 +37,6 @@ AUTOGROUP_SETTING = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 class SandboxError(ArealError):
     """The sandbox cannot give the isolation asked for; the message says how to get it."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Per-test resource limits, applied by the harness to each forked test and its processes."""
-
-    timeout_s: float = 2.0  # CPU seconds of all its processes, and wall time not spent queued for a CPU
-    memory_mb: int = 512  # its processes together, with the files on its tmpfs; each process too
-    max_output_bytes: int = 1 << 20
-    max_file_bytes: int = 16 << 20
-    max_processes: int = 16  # threads count too; the runner is one of them
-    max_open_files: int = 256  # per process
-    tmpfs_bytes: int = 64 << 20  # each of /tmp and /dev/shm
-    tmpfs_files: int = 4096  # each of /tmp and /dev/shm
-
-    @property
-    def backstop_s(self) -> float:
-        """Wall clock after which a test ends however starved it was: a machine this loaded is broken."""
-        return 3 * self.timeout_s + 1.0
 
 
 @dataclass

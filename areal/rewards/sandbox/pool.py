@@ -26,7 +26,8 @@ import weakref
 
 from areal.rewards.sandbox.cgroup import WorkerCgroup
 from areal.rewards.sandbox.launch import CGROUP_CPU_IN_JAIL, JAIL_MODULES, boot_source
-from areal.rewards.sandbox.layers import Limits, SandboxLayers, SandboxRun
+from areal.rewards.sandbox.layers import SandboxLayers, SandboxRun
+from areal.rewards.sandbox.limits import Limits
 from areal.rewards.sandbox.process import (
     STARTUP_SLACK_S,
     SandboxProcess,

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from areal.rewards.sandbox.launch import JAIL_MODULES, as_uid, boot_source, bwrap_argv
-from areal.rewards.sandbox.layers import Limits, SandboxLayers, SandboxRun
+from areal.rewards.sandbox.layers import SandboxLayers, SandboxRun
+from areal.rewards.sandbox.limits import Limits
 
 STARTUP_SLACK_S = 5.0  # bwrap + interpreter start on a loaded 2-core machine
 RECORD_OVERHEAD_BYTES = 4096

@@ -2,6 +2,9 @@
 from the one table below (`transport.weights` names the policy's; another trained model, a critic,
 publishes files). A `WeightUpdate` names its transport, so a follower loads any version, a resumed
 checkpoint's file included, the way it was published.
+
+May import: areal.graph, areal.engines, areal.nodes, areal.runtime.wire, areal.runtime.storage,
+areal.runtime.compiler (and the leaves areal.config, areal.overrides, areal.errors).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ groups hold a slot. They differ in what the trainer and the generators do with a
 finishes late; each is one module, its guarantee in its docstring, and one row of `POLICIES`,
 named by `RunConfig.staleness_policy` (recycle's flag, `recycle_keep_prefix`, picks its other row:
 `policy_named`). docs/design-notes.md compares them, with their measured price.
+
+May import: areal.graph (and the leaves areal.config, areal.overrides, areal.errors).
 """
 
 from __future__ import annotations
