@@ -34,7 +34,7 @@ def run_dir_of(out: Path, mode: str, eta: int, seed: int, tag: str = "") -> Path
 def run_once(recipe: Path, mode: str, eta: int, seed: int, steps: int, extra: list[str], out: Path,
              tag: str = "") -> dict:
     run_dir = run_dir_of(out, mode, eta, seed, tag)
-    cmd = [sys.executable, "-m", "areal.cli.app", "run", str(recipe), "--run-dir", str(run_dir), "-q",
+    cmd = [sys.executable, "-m", "areal.cli", "run", str(recipe), "--run-dir", str(run_dir), "-q",
            "--set", f"mode={mode}", "--set", f"staleness={eta}", "--set", f"seed={seed}",
            "--set", f"data.seed={seed}", "--set", f"steps={steps}"]
     for item in extra:

@@ -29,7 +29,7 @@ BRANCHES = ("left", "right")
 
 def run_layout(layout: str, work: int, steps: int, run_dir: Path) -> dict:
     env = {**os.environ, "BRANCHES_LAYOUT": layout, "BRANCHES_WORK": str(work)}
-    cmd = [sys.executable, "-m", "areal.cli.app", "run", str(RECIPE), "--run-dir", str(run_dir), "-q",
+    cmd = [sys.executable, "-m", "areal.cli", "run", str(RECIPE), "--run-dir", str(run_dir), "-q",
            "--set", f"steps={steps}", "--set", "checkpoint.interval_steps=0"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if done.returncode != 0:

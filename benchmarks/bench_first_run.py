@@ -58,7 +58,7 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 
 def command(recipe: Path, run: Run, common: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "areal.cli.app", "run", str(recipe), "--run-dir", str(run.run_dir), "-q",
+    cmd = [sys.executable, "-m", "areal.cli", "run", str(recipe), "--run-dir", str(run.run_dir), "-q",
            "--set", f"seed={run.seed}", "--set", f"data.seed={run.seed}"]
     for item in common + run.settings:
         cmd += ["--set", item]

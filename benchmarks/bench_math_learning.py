@@ -168,7 +168,7 @@ def train(judge: str, seed: int, steps: int, model: Path, files: tuple[Path, Pat
     settings = [f"model={model}", f"data.path={files[0]}", f"data.heldout_path={files[1]}", f"steps={steps}",
                 f"seed={seed}", f"data.seed={seed}", "mode=sync", "staleness=0", "generation.max_new_tokens=16",
                 "checkpoint.interval_steps=0", "eval.interval_steps=0", "eval.tasks=1", "eval.samples=1"]
-    cmd = [sys.executable, "-m", "areal.cli.app", "run", str(RECIPE), "-q", "--run-dir", str(run_dir),
+    cmd = [sys.executable, "-m", "areal.cli", "run", str(RECIPE), "-q", "--run-dir", str(run_dir),
            *(arg for s in settings for arg in ("--set", s))]
     env = {**os.environ, "MATH_JUDGE": judge, "OLD_JUDGE_DIR": str(old_judge_dir)}
     started = time.perf_counter()

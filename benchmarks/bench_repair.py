@@ -103,7 +103,7 @@ def main() -> None:
     run, train_s = args.run, None
     if run is None:
         run = Path(tempfile.mkdtemp(prefix="areal-repair-"))
-        cmd = [sys.executable, "-m", "areal.cli.app", "run", str(args.recipe), "--run-dir", str(run), "-q",
+        cmd = [sys.executable, "-m", "areal.cli", "run", str(args.recipe), "--run-dir", str(run), "-q",
                "--set", f"steps={args.steps}", *[x for item in args.extra for x in ("--set", item)]]
         print(f"training: {' '.join(cmd)}", file=sys.stderr, flush=True)
         started = time.perf_counter()

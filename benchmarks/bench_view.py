@@ -77,7 +77,7 @@ def _cpu_s(pid: int) -> float:
 
 def run_once(recipe: Path, arm: str, out: Path, index: int, settings: list[str]) -> dict:
     run_dir = out / f"{index:02d}-{arm}"
-    cmd = [sys.executable, "-m", "areal.cli.app", "run", str(recipe), "-q", "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "areal.cli", "run", str(recipe), "-q", "--run-dir", str(run_dir)]
     cmd += [x for s in settings + (["records.spans=false"] if arm == "no spans" else []) for x in ("--set", s)]
     cmd += ["--view", "--view-port", "0"] if arm == "open" else []
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)

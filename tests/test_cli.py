@@ -13,7 +13,7 @@ from tests.graph import recipes
 
 def areal(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "areal.cli.app", *args], capture_output=True, text=True, timeout=120, cwd=cwd
+        [sys.executable, "-m", "areal.cli", *args], capture_output=True, text=True, timeout=120, cwd=cwd
     )
 
 
@@ -67,7 +67,7 @@ def test_bad_set_override_is_reported_with_its_field(write_recipe, tmp_path):
 
 def test_viz_plan_fits_an_80_column_terminal_without_cutting_anything():
     recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "code_rl.py")
-    done = subprocess.run([sys.executable, "-m", "areal.cli.app", "viz", recipe, "--plan"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "areal.cli", "viz", recipe, "--plan"], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -101,7 +101,7 @@ def test_samples_pages_and_filters_a_runs_records(tmp_path):
     log.trained("actor", 3, [0, 1], [1, 2])
     log.removed("score", "failed", [3], ["wrong_answer: expected 5, got 6"])
     log.close()
-    table = subprocess.run([sys.executable, "-m", "areal.cli.app", "samples", str(tmp_path), "--where",
+    table = subprocess.run([sys.executable, "-m", "areal.cli", "samples", str(tmp_path), "--where",
                             "score.reward<1"], capture_output=True, text=True, timeout=120,
                            env={**os.environ, "COLUMNS": "200"})
     assert table.returncode == 0, table.stderr

@@ -19,7 +19,7 @@ RECIPE = Path(__file__).parent / "runtime" / "fake_rl.py"
 def start(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     recipe = tmp_path / "fake_rl.py"
     shutil.copy(RECIPE, recipe)
-    argv = [sys.executable, "-m", "areal.cli.app", "run", str(recipe), "--run-dir", str(tmp_path / "run"), "-q"]
+    argv = [sys.executable, "-m", "areal.cli", "run", str(recipe), "--run-dir", str(tmp_path / "run"), "-q"]
     for override in overrides:
         argv += ["--set", override]
     return subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,

@@ -359,6 +359,3 @@ def main() -> None:
         raise
     sys.exit(code if isinstance(code, int) else 0)
 
-
-if __name__ == "__main__":
-    main()

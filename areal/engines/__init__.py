@@ -31,6 +31,7 @@ from areal.engines.device import device_problem, torch_device
 from areal.engines.generation import GenRequest, GenResult
 from areal.engines.torch_generate import TorchGenerationEngine
 from areal.engines.torch_train import LossFn, MicroBatch, TorchTrainEngine
+from areal.engines.trainer_settings import TrainSettings
 from areal.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -179,14 +180,14 @@ def _sampling(config: RunConfig, tokenizer: Any, version: int, decode: Callable[
 
 
 def _torch_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> TrainEngine:
-    return TorchTrainEngine(model(), **train_settings(config))
+    return TorchTrainEngine(model(), train_settings(config), device=torch_device(config.trainer.device))
 
 
 def _fsdp_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> TrainEngine:
     from areal.engines.fsdp_train import FSDPTrainEngine, join_process_group
 
     device_type = join_process_group(torch_device(config.trainer.device).type)
-    return FSDPTrainEngine(model(), **train_settings(config) | {"device": torch.device(device_type)})
+    return FSDPTrainEngine(model(), train_settings(config), device=torch.device(device_type))
 
 
 def _emulated_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> TrainEngine:
@@ -210,14 +211,13 @@ def needs_model(config: RunConfig, *, generation: bool) -> bool:
     return (config.generation.engine if generation else config.trainer.engine) != "emulated"
 
 
-def train_settings(config: RunConfig) -> dict[str, Any]:
-    """The optimizer, batching and device settings a training engine takes from the trainer's config."""
+def train_settings(config: RunConfig) -> TrainSettings:
+    """The optimizer, schedule and batching settings a training engine takes from the trainer's config."""
     t = config.trainer
-    return dict(
-        device=torch_device(t.device), lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
-        microbatch_tokens=t.microbatch_tokens, warmup_steps=t.warmup_steps, lr_schedule=t.lr_schedule,
-        total_steps=config.steps, temperature=config.generation.temperature,
-    )
+    return TrainSettings(lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
+                         microbatch_tokens=t.microbatch_tokens, warmup_steps=t.warmup_steps,
+                         lr_schedule=t.lr_schedule, total_steps=config.steps,
+                         temperature=config.generation.temperature)
 
 
 def _has_package(name: str) -> bool:

@@ -45,6 +45,7 @@ from areal.engines.torch_train import (
     read_trainer_state,
     refuse_non_finite,
 )
+from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.packing import balance_across_ranks, pack_microbatches
 
 if TYPE_CHECKING:
@@ -86,21 +87,8 @@ def rank_microbatches(lengths: Sequence[int], n_ranks: int, max_tokens: int) -> 
 class FSDPTrainEngine:
     """The TrainEngine interface, data-parallel over the current process group; see the module doc."""
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        *,
-        lr: float = 1e-5,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        grad_clip: float | None = 1.0,
-        microbatch_tokens: int = 8192,
-        warmup_steps: int = 0,
-        lr_schedule: Literal["constant", "cosine"] = "constant",
-        total_steps: int | None = None,
-        temperature: float = 1.0,
-        device: torch.device | None = None,
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, settings: TrainSettings | None = None, *,
+                 device: torch.device | None = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError(
                 "FSDPTrainEngine: torch.distributed is not initialised in this process; start the ranks with "
@@ -117,14 +105,9 @@ class FSDPTrainEngine:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         # the local engine over the sharded model: its optimizer, lr schedule and packed forward
-        self.local = TorchTrainEngine(
-            model, lr=lr, weight_decay=weight_decay, betas=betas, grad_clip=grad_clip,
-            microbatch_tokens=microbatch_tokens, warmup_steps=warmup_steps, lr_schedule=lr_schedule,
-            total_steps=total_steps, temperature=temperature,
-        )
+        self.local = TorchTrainEngine(model, settings)
+        self.settings = self.local.settings
         self.model = model
-        self.microbatch_tokens = microbatch_tokens
-        self.grad_clip = grad_clip
 
     @property
     def step(self) -> int:
@@ -136,7 +119,7 @@ class FSDPTrainEngine:
         """log π_θ of tokens 1..L-1 of every sequence, on every rank; each rank computes its share."""
         self.model.eval()
         lengths = [len(s) for s in sequences]
-        plan = rank_microbatches(lengths, self.world, self.microbatch_tokens)
+        plan = rank_microbatches(lengths, self.world, self.settings.microbatch_tokens)
         steps = max(len(p) for p in plan)
         mine = plan[self.rank]
         local: dict[int, Tensor] = {}
@@ -184,7 +167,7 @@ class FSDPTrainEngine:
         per_token, per_sample = self.local._check_batch(sequences, prompt_lens, extra or {})
         out_lens = [len(s) - p for s, p in zip(sequences, prompt_lens, strict=True)]
         total = sum(out_lens)
-        plan = rank_microbatches([len(s) for s in sequences], self.world, self.microbatch_tokens)
+        plan = rank_microbatches([len(s) for s in sequences], self.world, self.settings.microbatch_tokens)
         steps = max(len(p) for p in plan)
         mine = plan[self.rank]
         self.model.train()
@@ -209,11 +192,11 @@ class FSDPTrainEngine:
         names = sorted(sums)
         reduced = torch.tensor([sums[n] for n in names], dtype=torch.float64, device=self.device)
         dist.all_reduce(reduced)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or math.inf)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip or math.inf)
         # the reduced loss and the full norm are the same on every rank: all refuse together or none
         loss_sum = float(reduced[names.index("loss")])
         refuse_non_finite(loss_sum, float(_full(grad_norm)), self.local.step, self.local.optimizer)
-        lr = self.local.lr_at(self.local.step if lr_step is None else lr_step)
+        lr = self.settings.lr_at(self.local.step if lr_step is None else lr_step)
         for group in self.local.optimizer.param_groups:
             group["lr"] = lr
         self.local.optimizer.step()

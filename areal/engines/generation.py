@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 FinishReason = Literal["eos", "length", "stop"]
@@ -31,3 +32,27 @@ class GenResult:
     logprobs: Tensor  # [L] float32, log π_behav after temperature (no top-p renormalisation)
     versions: Tensor  # [L] int32, the policy version that sampled each token
     finish_reason: FinishReason
+
+
+@dataclass(kw_only=True)
+class InFlight:
+    """A request being sampled, in any engine: the tokens it has so far, each with its log π_behav and the version
+    that sampled it, and the limits that end it."""
+
+    request_id: int
+    prompt: Tensor  # [P] int64, on CPU
+    limit: int  # new tokens at most
+    stops: list[str] = field(default_factory=list)  # stop strings of this request (the engine's, or its own)
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def result(self, reason: FinishReason) -> GenResult:
+        return GenResult(
+            request_id=self.request_id,
+            prompt_ids=self.prompt,
+            output_ids=torch.tensor(self.output, dtype=torch.int64),
+            logprobs=torch.tensor(self.logprobs, dtype=torch.float32),
+            versions=torch.tensor(self.versions, dtype=torch.int32),
+            finish_reason=reason,
+        )

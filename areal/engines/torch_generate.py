@@ -10,12 +10,10 @@ and edits that cache between decode steps instead of restarting the batch:
   rows are left-padded and concatenated onto the running batch. No running row is ever
   recomputed, so a refill costs one prompt-length forward of the newcomers plus one copy of the
   cache. Refill happens once `refill_min_free` slots are free (the engine's default 1; a run's,
-  `generation.refill_min_free`, a quarter of the batch). Measured by benchmarks/bench_generation.py
-  (CPU time, 1 thread, 1.4 M params, batch 16, 64 Pareto-tailed lengths, two runs): refill at 1
-  free slot 1721-2017 tok/s, at 4 free 1584-2063 (the same within noise), static batches
-  1117-1574, transformers' `generate` 463-498. But with a queue that never empties and 128 rows,
-  a refill at 32 free gave 1.12-1.23x the tokens/s of one at every step, each copying the cache
-  ([5] there). Rebuilding the whole batch on every refill would instead re-read every running row;
+  `generation.refill_min_free`, a quarter of the batch: with a queue that never empties and 128
+  rows, a refill at 32 free gave 1.12-1.23x the tokens/s of one at every step, each copying the
+  cache; benchmarks/bench_generation.py). Rebuilding the whole batch on every refill would instead
+  re-read every running row;
 - a weight update (`update_weights`) marks the cache stale: at the next `step` the cache is
   dropped and every running row is re-read with the new weights: each distinct prompt once (a GRPO
   group's rows share theirs, and its newcomers copy it from the prompt cache), then every row's
@@ -50,14 +48,14 @@ import inspect
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from areal.engines.generation import FinishReason, GenRequest, GenResult
+from areal.engines.generation import FinishReason, GenRequest, GenResult, InFlight
 from areal.engines.kv_rows import append_rows, left_padded, select_rows, trim_padding
 from areal.engines.prompt_cache import PromptCache
 from areal.engines.sampling import (
@@ -73,18 +71,11 @@ from areal.engines.sampling import (
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-@dataclass
-class _Slot:
-    """A request in flight: its tokens so far and its own stream of uniforms."""
+@dataclass(kw_only=True)
+class _Slot(InFlight):
+    """A request in flight, with its own stream of uniforms."""
 
-    request_id: int
-    prompt: Tensor  # [P] int64, on CPU
-    limit: int
     uniforms: list[float]
-    stops: list[str]
-    output: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
 
     def tokens(self) -> Tensor:
         return torch.cat([self.prompt, torch.tensor(self.output, dtype=torch.int64)])
@@ -92,16 +83,6 @@ class _Slot:
     @cached_property
     def prompt_key(self) -> tuple[int, ...]:
         return tuple(self.prompt.tolist())
-
-    def result(self, reason: FinishReason) -> GenResult:
-        return GenResult(
-            request_id=self.request_id,
-            prompt_ids=self.prompt,
-            output_ids=torch.tensor(self.output, dtype=torch.int64),
-            logprobs=torch.tensor(self.logprobs, dtype=torch.float32),
-            versions=torch.tensor(self.versions, dtype=torch.int32),
-            finish_reason=reason,
-        )
 
 
 class TorchGenerationEngine:
@@ -171,7 +152,8 @@ class TorchGenerationEngine:
         for r in requests:
             prompt, limit = checked_request(r, in_flight, self.max_new_tokens)
             stops = request_stops(r, self.stop_strings, self.decode)
-            slots.append(_Slot(r.request_id, prompt, limit, request_uniforms(self.seed, r.request_id, limit), stops))
+            slots.append(_Slot(request_id=r.request_id, prompt=prompt, limit=limit, stops=stops,
+                               uniforms=request_uniforms(self.seed, r.request_id, limit)))
             in_flight.add(r.request_id)
         self._waiting.extend(slots)
 

@@ -20,7 +20,7 @@ micro-batch split.
 Checkpoints hold no pickle: weights via `save_pretrained` (safetensors, Hugging Face layout),
 optimizer moments via safetensors keyed by parameter name, the torch RNG state (a model with
 dropout draws from it, so a resumed run continues the same draws), and step, version and
-hyperparameters as JSON. The lr schedule is a pure function of the step, so the step is its whole state.
+hyperparameters as JSON. The lr schedule is the settings' (trainer_settings.py), a pure function of the step.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
+from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.logprob import token_logprobs
 from areal.kernels.packing import padded_microbatches
 
@@ -108,41 +109,15 @@ class _KeptForward:
 class TorchTrainEngine:
     """AdamW over an HF causal LM with token-budgeted micro-batches; see the module doc."""
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        *,
-        lr: float = 1e-5,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        grad_clip: float | None = 1.0,
-        microbatch_tokens: int = 8192,
-        warmup_steps: int = 0,
-        lr_schedule: Literal["constant", "cosine"] = "constant",
-        total_steps: int | None = None,
-        temperature: float = 1.0,
-        device: torch.device | None = None,
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, settings: TrainSettings | None = None, *,
+                 device: torch.device | None = None) -> None:
         """`device`: where the model trains (it is moved there); None keeps it where it is."""
-        if lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"TorchTrainEngine: lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
-        if lr_schedule == "cosine" and (total_steps is None or total_steps <= warmup_steps):
-            raise ValueError(
-                f"TorchTrainEngine: lr_schedule='cosine' needs total_steps > warmup_steps ({warmup_steps}), "
-                f"got total_steps={total_steps}"
-            )
-        if temperature <= 0:
-            raise ValueError(f"TorchTrainEngine: temperature must be > 0, got {temperature}")
+        self.settings = settings or TrainSettings()
         self.model = model if device is None else model.to(device)
-        self.lr, self.grad_clip = lr, grad_clip
-        self.microbatch_tokens = microbatch_tokens
-        self.warmup_steps, self.lr_schedule, self.total_steps = warmup_steps, lr_schedule, total_steps
-        self.temperature = temperature
         self.device = next(model.parameters()).device
         self._named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            [p for _, p in self._named_params], lr=lr, betas=betas, weight_decay=weight_decay
-        )
+        self.optimizer = torch.optim.AdamW([p for _, p in self._named_params], lr=self.settings.lr,
+                                           betas=self.settings.betas, weight_decay=self.settings.weight_decay)
         self.step = 0  # optimizer steps taken (the policy version is the trainer node's, not the engine's)
         self._kept: _KeptForward | None = None  # a forward sequence_logprobs kept for the next train_step
 
@@ -172,7 +147,7 @@ class TorchTrainEngine:
         return out
 
     def _microbatches(self, lengths: list[int]) -> list[list[int]]:
-        return padded_microbatches(lengths, self.microbatch_tokens, CALL_COST_TOKENS)
+        return padded_microbatches(lengths, self.settings.microbatch_tokens, CALL_COST_TOKENS)
 
     def _logprobs(self, sequences: Sequence[Tensor], starts: Sequence[int], index: list[int]) -> tuple[Tensor, Tensor]:
         """Packed log π_θ of tokens starts[i]..L_i-1 of each sequence in `index`, and their cu_seqlens."""
@@ -199,7 +174,7 @@ class TorchTrainEngine:
     def _score(self, flat: Tensor, targets: Tensor) -> Tensor:
         """What the engine trains per output token, from the model's outputs at the positions before it:
         log π_θ(token) here; a value model's engine (value_train.py) reads its value head instead."""
-        logp = token_logprobs(flat, targets, temperature=self.temperature)
+        logp = token_logprobs(flat, targets, temperature=self.settings.temperature)
         assert isinstance(logp, Tensor)
         return logp
 
@@ -250,9 +225,9 @@ class TorchTrainEngine:
             }.items():
                 sums[k] = sums.get(k, 0.0) + float(v) * mb.n_tokens
         params = [p for _, p in self._named_params]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip or math.inf)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.settings.grad_clip or math.inf)
         refuse_non_finite(sums["loss"], float(grad_norm), self.step, self.optimizer)
-        lr = self.lr_at(self.step if lr_step is None else lr_step)
+        lr = self.settings.lr_at(self.step if lr_step is None else lr_step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
@@ -268,16 +243,6 @@ class TorchTrainEngine:
             "time_s": time.perf_counter() - start,
         }
         return result
-
-    def lr_at(self, step: int) -> float:
-        """The lr at schedule position `step` (0-based): linear warmup, then constant or cosine to 0."""
-        if step < self.warmup_steps:
-            return self.lr * (step + 1) / self.warmup_steps
-        if self.lr_schedule == "constant":
-            return self.lr
-        assert self.total_steps is not None
-        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
-        return self.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     def _check_batch(
         self, sequences: Sequence[Tensor], prompt_lens: Sequence[int], extra: dict[str, ExtraField]

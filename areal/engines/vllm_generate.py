@@ -33,13 +33,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-import torch
 from torch import Tensor
 
-from areal.engines.generation import FinishReason, GenRequest, GenResult
+from areal.engines.generation import FinishReason, GenRequest, GenResult, InFlight
 from areal.engines.sampling import (
     check_sampling,
     checked_request,
@@ -84,31 +83,14 @@ class Backend(Protocol):
     def receive_weights(self) -> None: ...
 
 
-@dataclass
-class _Request:
-    request_id: int
-    prompt: Tensor  # [P] int64
-    limit: int
-    stops: list[str] = field(default_factory=list)  # stop strings of this request (the engine's, or its own)
-    attempt: int = 0
-    output: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+@dataclass(kw_only=True)
+class _Request(InFlight):
+    attempt: int = 0  # resubmissions after an interrupt
 
     @property
     def backend_id(self) -> str:
         # a new id per attempt: outputs of an aborted attempt that arrive late are recognised and dropped
         return f"{self.request_id}.{self.attempt}"
-
-    def result(self, reason: FinishReason) -> GenResult:
-        return GenResult(
-            request_id=self.request_id,
-            prompt_ids=self.prompt,
-            output_ids=torch.tensor(self.output, dtype=torch.int64),
-            logprobs=torch.tensor(self.logprobs, dtype=torch.float32),
-            versions=torch.tensor(self.versions, dtype=torch.int32),
-            finish_reason=reason,
-        )
 
 
 class VLLMGenerationEngine:
@@ -150,7 +132,8 @@ class VLLMGenerationEngine:
         new = []
         for r in requests:
             prompt, limit = checked_request(r, in_flight, self.max_new_tokens)
-            new.append(_Request(r.request_id, prompt, limit, request_stops(r, self.stop_strings, self.decode)))
+            new.append(_Request(request_id=r.request_id, prompt=prompt, limit=limit,
+                                stops=request_stops(r, self.stop_strings, self.decode)))
             in_flight.add(r.request_id)
         for req in new:
             self._send(req)

@@ -17,6 +17,7 @@ import networkx as nx
 from areal.errors import GraphError
 from areal.graph.node import IMPLICIT_INPUTS, POLICY_KINDS, Location, Node, NodeSpec, caller_location, returns
 from areal.graph.ports import Json, PortType
+from areal.graph.validate import problems
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,6 @@ class Graph:
 
     def validate(self) -> Graph:
         """Raise one GraphError listing every problem; return self when there is none."""
-        from areal.graph.validate import problems
-
         found = problems(self, self._duplicates)
         if found:
             raise GraphError(found)

@@ -7,15 +7,25 @@ trainers that generate / compute-logprob nodes refer to.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import networkx as nx
 
 from areal.graph.node import POLICY_KINDS, REQUIRED_PORTS, Location, Node
 from areal.graph.roles import SAMPLING_ROLES, missing_methods
 
-if TYPE_CHECKING:
-    from areal.graph.graph import Graph
+
+class Graph(Protocol):
+    """What validation reads of a graph (graph.py's `Graph`, which calls it)."""
+
+    name: str
+    nodes: dict[str, Node]
+
+    def producers(self, port: str) -> list[Node]: ...
+
+    def model_of(self, n: Node, trainers: list[str] | None = None) -> str | None: ...
+
+    def to_networkx(self) -> nx.DiGraph: ...
 
 
 def problems(graph: Graph, duplicates: list[tuple[str, Location | None]]) -> list[str]:

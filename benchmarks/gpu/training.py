@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from areal.engines.torch_train import MicroBatch, TorchTrainEngine
+from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.ppo import decoupled_ppo_loss
 from benchmarks.gpu.model import Shape, build, device_facts, mfu, peak_gib, reset_peak, shape_facts, timed
 from benchmarks.gpu.section import section_main
@@ -34,12 +35,12 @@ def loss_fn(logp: torch.Tensor, mb: MicroBatch) -> tuple[torch.Tensor, dict[str,
 
 
 def make_engine(name: str, model: torch.nn.Module, device: torch.device, microbatch_tokens: int):
-    settings = dict(lr=1e-6, microbatch_tokens=microbatch_tokens, device=device)
+    settings = TrainSettings(lr=1e-6, microbatch_tokens=microbatch_tokens)
     if name == "torch":
-        return TorchTrainEngine(model, **settings)
+        return TorchTrainEngine(model, settings, device=device)
     from areal.engines.fsdp_train import FSDPTrainEngine, join_process_group
 
-    return FSDPTrainEngine(model, **settings | {"device": torch.device(join_process_group(device.type))})
+    return FSDPTrainEngine(model, settings, device=torch.device(join_process_group(device.type)))
 
 
 def measure(device: torch.device, model_shape: Shape, tiny: bool, variant: str = "") -> dict:

@@ -30,7 +30,7 @@ def run_on_fixed_tasks(tmp_path: Path, recipe: str, tasks: int, settings: list[s
     write_tasks(path, tasks)
     run = tmp_path / "run"
     settings = [f"data.path={path}", f"data.heldout_path={path}", f"eval.tasks={tasks}", *settings]
-    cmd = [sys.executable, "-m", "areal.cli.app", "run", str(ROOT / "recipes" / recipe), "--run-dir", str(run),
+    cmd = [sys.executable, "-m", "areal.cli", "run", str(ROOT / "recipes" / recipe), "--run-dir", str(run),
            "-q", *(arg for s in settings for arg in ("--set", s))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env={**os.environ, "COLUMNS": "1000"})
     assert done.returncode == 0, done.stderr[-3000:]

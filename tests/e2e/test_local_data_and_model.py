@@ -22,7 +22,7 @@ def test_recipe_runs_on_a_local_checkpoint_and_a_jsonl_file_with_a_bad_record(tm
     data = tmp_path / "tasks.jsonl"
     data.write_text("".join(json.dumps(t) + "\n" for t in TASKS) + '{"prompt": "no tests"}\n')
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "areal.cli.app", "run", str(ROOT / "recipes" / "code_rl.py"), "--run-dir", str(run),
+    cmd = [sys.executable, "-m", "areal.cli", "run", str(ROOT / "recipes" / "code_rl.py"), "--run-dir", str(run),
            "-q", "--set", f"data.path={data}", "--set", f"data.heldout_path={data}", "--set", f"model={model}",
            "--set", "steps=2", "--set", "batch_size=2", "--set", "group_size=2",
            "--set", "generation.max_new_tokens=8", "--set", "eval.tasks=100", "--set", "eval.samples=2",

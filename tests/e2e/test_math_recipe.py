@@ -22,7 +22,7 @@ PROBLEMS = [
 
 
 def areal_run(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "areal.cli.app", "run", str(RECIPE), "-q", *args]
+    cmd = [sys.executable, "-m", "areal.cli", "run", str(RECIPE), "-q", *args]
     wide = {**os.environ, "COLUMNS": "1000"}  # rich wraps stderr at 80 columns when it is not a terminal
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=wide)
 

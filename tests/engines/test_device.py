@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from areal.config import RunConfig
-from areal.engines import engine_problems, train_settings
+from areal.engines import engine_problems, train_engine
 from areal.engines.device import device_problem, torch_device
 from areal.engines.torch_train import MicroBatch, TorchTrainEngine
 from areal.errors import ConfigError
@@ -50,11 +50,10 @@ def test_a_device_that_is_no_device_is_refused_naming_the_field():
         apply_overrides(RunConfig(), ["generation.device=gpu"])
 
 
-def test_the_trainer_settings_carry_the_device_and_the_engine_moves_its_model_there():
-    settings = train_settings(apply_overrides(RunConfig(), ["trainer.device=cpu"]))
-    assert settings["device"] == torch.device("cpu")
-    engine = TorchTrainEngine(tiny_qwen2(0).double(), **settings)
-    assert engine.device == torch.device("cpu") and next(engine.model.parameters()).dtype == torch.float64
+def test_the_train_engine_moves_its_model_to_the_trainers_device():
+    engine = train_engine(apply_overrides(RunConfig(), ["trainer.device=cpu"]), lambda: tiny_qwen2(0).double())
+    assert isinstance(engine, TorchTrainEngine) and engine.device == torch.device("cpu")
+    assert next(engine.model.parameters()).dtype == torch.float64
 
 
 def test_per_token_spreads_a_per_sample_value_wherever_the_values_live():

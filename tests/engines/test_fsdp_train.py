@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from areal.engines.fsdp_train import FSDPTrainEngine, rank_microbatches
 from areal.engines.torch_train import TorchTrainEngine
+from areal.engines.trainer_settings import TrainSettings
 from tests.spawned import free_port, run_spawned
 
 WORLD = 2
@@ -77,8 +78,7 @@ def _steps(engine) -> list[dict]:
     return stats
 
 
-def _engine_args() -> dict:
-    return {"lr": 1e-2, "grad_clip": 1.0, "microbatch_tokens": BUDGET}
+SETTINGS = TrainSettings(lr=1e-2, grad_clip=1.0, microbatch_tokens=BUDGET)
 
 
 def _rank_main(rank: int, port: int, out: str) -> None:
@@ -86,7 +86,7 @@ def _rank_main(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=TIMEOUT_S))
     try:
-        engine = FSDPTrainEngine(TinyLM(0).double(), **_engine_args())
+        engine = FSDPTrainEngine(TinyLM(0).double(), SETTINGS)
         stats = _steps(engine)
         logps = engine.sequence_logprobs(_batch(3, LENGTHS)[0])
         weights = engine.state_dict()
@@ -108,7 +108,7 @@ def _spawn(out: Path) -> None:
 
 def test_two_rank_fsdp_steps_equal_the_single_process_steps(tmp_path):
     _spawn(tmp_path)
-    reference = TorchTrainEngine(TinyLM(0).double(), **_engine_args())
+    reference = TorchTrainEngine(TinyLM(0).double(), SETTINGS)
     ref_stats = _steps(reference)
     ref_logps = reference.sequence_logprobs(_batch(3, LENGTHS)[0])
 

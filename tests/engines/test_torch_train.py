@@ -9,6 +9,7 @@ from torch import Tensor
 
 from areal.engines import MicroBatch, TorchTrainEngine
 from areal.engines.torch_train import CALL_COST_TOKENS, NonFiniteUpdate
+from areal.engines.trainer_settings import TrainSettings
 from areal.graph.batch import Ragged
 from areal.kernels.packing import padded_microbatches
 
@@ -66,7 +67,7 @@ def assert_the_float64_step(model: torch.nn.Module, engine: TorchTrainEngine, st
 def test_sequence_logprobs_equal_a_float64_reference_across_microbatches(make_model):
     model = make_model(0)
     seqs, _, _ = batch()
-    engine = TorchTrainEngine(model, microbatch_tokens=24, temperature=0.7)
+    engine = TorchTrainEngine(model, TrainSettings(microbatch_tokens=24, temperature=0.7))
     got = engine.sequence_logprobs(seqs)
     model64 = copy.deepcopy(model).double()
     with torch.no_grad():
@@ -85,7 +86,8 @@ def test_train_step_gradient_is_the_token_weighted_mean_for_any_microbatch_split
     model = make_model(0)
     seqs, prompts, extra = batch()
     extra["advantage"] = Ragged.from_rows(extra["advantage"]) if reduction == "sum" else extra["advantage"]
-    engine = TorchTrainEngine(copy.deepcopy(model), lr=1e-3, grad_clip=None, microbatch_tokens=microbatch_tokens)
+    engine = TorchTrainEngine(copy.deepcopy(model), TrainSettings(lr=1e-3, grad_clip=None,
+                                                                   microbatch_tokens=microbatch_tokens))
     stats = engine.train_step(seqs, prompts, loss_fn, extra, loss_reduction=reduction)
     assert stats["reused_forward"] == 0.0  # no kept forward: its own
     plan = padded_microbatches([len(s) for s in seqs], microbatch_tokens, CALL_COST_TOKENS)
@@ -106,10 +108,10 @@ def test_an_update_after_a_kept_forward_backpropagates_through_it_as_its_own_for
                                                                                           reduction):
     model = make_model(0)
     seqs, prompts, extra = batch()
-    engine = TorchTrainEngine(copy.deepcopy(model), lr=1e-3, grad_clip=None, microbatch_tokens=24)
+    engine = TorchTrainEngine(copy.deepcopy(model), TrainSettings(lr=1e-3, grad_clip=None, microbatch_tokens=24))
     kept = engine.sequence_logprobs([s.clone() for s in seqs], keep_for_update=True)  # equal, not the same tensors
     assert all(not lp.requires_grad for lp in kept)  # what leaves the engine is plain values
-    fresh = TorchTrainEngine(copy.deepcopy(model), microbatch_tokens=24).sequence_logprobs(seqs)
+    fresh = TorchTrainEngine(copy.deepcopy(model), TrainSettings(microbatch_tokens=24)).sequence_logprobs(seqs)
     assert all(torch.equal(a, b) for a, b in zip(kept, fresh, strict=True))
     forwards = count_forwards(engine)
     stats = engine.train_step(seqs, prompts, loss_fn, extra, loss_reduction=reduction)
@@ -120,7 +122,7 @@ def test_an_update_after_a_kept_forward_backpropagates_through_it_as_its_own_for
 @pytest.mark.parametrize("between", ["other sequences", "new weights", "a step"])
 def test_a_kept_forward_serves_only_the_next_step_over_the_same_sequences_and_weights(make_model, between):
     seqs, prompts, extra = batch()
-    engine = TorchTrainEngine(make_model(0), lr=1e-3, grad_clip=None, microbatch_tokens=24)
+    engine = TorchTrainEngine(make_model(0), TrainSettings(lr=1e-3, grad_clip=None, microbatch_tokens=24))
     engine.sequence_logprobs(seqs, keep_for_update=True)
     if between == "other sequences":
         seqs[2] = seqs[2].flip(0)
@@ -136,11 +138,11 @@ def test_a_kept_forward_serves_only_the_next_step_over_the_same_sequences_and_we
 
 
 def test_checkpoint_round_trip_restores_outputs_and_the_next_step(make_model, tmp_path):
-    settings = dict(
+    settings = TrainSettings(
         lr=1e-3, weight_decay=0.1, microbatch_tokens=24, warmup_steps=2, lr_schedule="cosine", total_steps=6
     )
     seqs, prompts, extra = batch(0)
-    first = TorchTrainEngine(make_model(0), **settings)
+    first = TorchTrainEngine(make_model(0), settings)
     first.train_step(seqs, prompts, pg_loss_mean, extra)
     first.save(tmp_path / "ckpt", version=7)
     assert sorted(p.name for p in (tmp_path / "ckpt").rglob("*") if p.is_file()) == [
@@ -152,7 +154,7 @@ def test_checkpoint_round_trip_restores_outputs_and_the_next_step(make_model, tm
         "trainer_state.json",
     ]
 
-    second = TorchTrainEngine(make_model(1), **settings)
+    second = TorchTrainEngine(make_model(1), settings)
     assert second.load(tmp_path / "ckpt") == 7  # the version the caller recorded
     assert second.step == 1
     for a, b in zip(first.sequence_logprobs(seqs), second.sequence_logprobs(seqs), strict=True):
@@ -160,7 +162,7 @@ def test_checkpoint_round_trip_restores_outputs_and_the_next_step(make_model, tm
 
     seqs2, prompts2, extra2 = batch(1)
     stats = [e.train_step(seqs2, prompts2, pg_loss_mean, extra2) for e in (first, second)]
-    assert stats[0]["loss"] == stats[1]["loss"] and stats[0]["lr"] == stats[1]["lr"] == first.lr_at(1)
+    assert stats[0]["loss"] == stats[1]["loss"] and stats[0]["lr"] == stats[1]["lr"] == settings.lr_at(1)
     for (name, a), b in zip(first.model.named_parameters(), second.model.parameters(), strict=True):
         assert torch.equal(a, b), name
 
@@ -170,7 +172,7 @@ def test_checkpoint_restores_the_rng_so_dropout_draws_continue_the_same(make_mod
     for model in models:
         for layer in model.model.layers:
             layer.self_attn.attention_dropout = 0.5
-    first, second = (TorchTrainEngine(m, lr=1e-3) for m in models)
+    first, second = (TorchTrainEngine(m, TrainSettings(lr=1e-3)) for m in models)
     (seqs, prompts, extra), (seqs2, prompts2, extra2) = batch(0), batch(1)
     first.train_step(seqs, prompts, pg_loss_mean, extra)
     first.save(tmp_path / "ckpt", version=1)
@@ -182,13 +184,13 @@ def test_checkpoint_restores_the_rng_so_dropout_draws_continue_the_same(make_mod
         assert torch.equal(a, b), name
 
 
-def test_lr_warms_up_linearly_then_follows_a_cosine_to_zero(make_model):
-    engine = TorchTrainEngine(make_model(0), lr=1.0, warmup_steps=2, lr_schedule="cosine", total_steps=6)
+def test_lr_warms_up_linearly_then_follows_a_cosine_to_zero():
+    settings = TrainSettings(lr=1.0, warmup_steps=2, lr_schedule="cosine", total_steps=6)
     # warmup: (k+1)/2; then 0.5 (1 + cos(pi (k-2)/4)) for k = 2..6
     expected = [0.5, 1.0, 1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4)), 0.0]
-    assert [engine.lr_at(k) for k in range(7)] == pytest.approx(expected, abs=1e-12)
+    assert [settings.lr_at(k) for k in range(7)] == pytest.approx(expected, abs=1e-12)
     with pytest.raises(ValueError, match="lr_schedule='cosine' needs total_steps"):
-        TorchTrainEngine(make_model(0), lr_schedule="cosine")
+        TrainSettings(lr_schedule="cosine")
 
 
 def test_extra_fields_of_the_wrong_length_are_refused_with_their_name(make_model):
@@ -203,7 +205,7 @@ def test_extra_fields_of_the_wrong_length_are_refused_with_their_name(make_model
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf")])
 def test_a_non_finite_loss_is_refused_before_the_step_and_leaves_the_weights_and_step_as_they_were(make_model, poison):
-    engine = TorchTrainEngine(make_model(0), lr=1e-3)
+    engine = TorchTrainEngine(make_model(0), TrainSettings(lr=1e-3))
     seqs, prompts, extra = batch(0)
     engine.train_step(seqs, prompts, pg_loss_mean, extra)  # a healthy step first: the optimizer has moments
     before = {k: v.clone() for k, v in engine.model.state_dict().items()}

@@ -20,7 +20,7 @@ TIMES = {"load_s": 1.0, "generate_s": 2.0, "judge_s": 0.5, "wall_s": 3.5}
 
 def areal(*args: str, cwd: Path, cache: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "AREAL_CACHE": str(cache), "COLUMNS": "2000"}  # rich wraps at the width
-    return subprocess.run([sys.executable, "-m", "areal.cli.app", *args], capture_output=True, text=True, timeout=240,
+    return subprocess.run([sys.executable, "-m", "areal.cli", *args], capture_output=True, text=True, timeout=240,
                           cwd=cwd, env=env)
 
 

@@ -20,9 +20,9 @@ from areal.config import ClusterConfig, RunConfig
 from areal.errors import ConfigError
 from areal.graph.recipe import load_recipe
 from areal.overrides import apply_overrides
+from areal.runtime.compiler.cluster import MISSING_RAY
 from areal.runtime.compiler.compile import compile_plan
 from areal.runtime.controller.placement import (
-    MISSING_RAY,
     LocalHandle,
     RayHandle,
     RayLauncher,

@@ -88,7 +88,7 @@ def test_kill_9_of_the_controller_takes_every_workers_tools_down(tmp_path):
     shutil.copy(RECIPE, recipe)
     run = tmp_path / "run"
     env = {**os.environ, "FAKE_ADVANTAGE_POOL": "1", "FAKE_TOOLS": "1"}
-    argv = [sys.executable, "-m", "areal.cli.app", "run", str(recipe), "--run-dir", str(run), "-q",
+    argv = [sys.executable, "-m", "areal.cli", "run", str(recipe), "--run-dir", str(run), "-q",
             "--set", "steps=1000"]
     log = tmp_path / "run.log"
     proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=log.open("w"))

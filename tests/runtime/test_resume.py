@@ -48,7 +48,7 @@ def test_kill_9_of_the_whole_run_then_resume_trains_each_acknowledged_sample_onc
     shutil.copy(RECIPE, recipe)
     run = tmp_path / "run"
     env = {**os.environ, "FAKE_STEP_WORK": "80"}
-    argv = [sys.executable, "-m", "areal.cli.app", "run", str(recipe), "--run-dir", str(run), "-q",
+    argv = [sys.executable, "-m", "areal.cli", "run", str(recipe), "--run-dir", str(run), "-q",
             "--set", "steps=1000", "--set", "checkpoint.interval_steps=3"]
     log = tmp_path / "run.log"
     proc = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL,

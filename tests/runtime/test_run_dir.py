@@ -44,7 +44,7 @@ def test_a_second_run_on_a_directory_in_use_fails_at_once_and_the_first_goes_on(
     recipe = tmp_path / "fake_rl.py"
     shutil.copy(RECIPE, recipe)
     run = tmp_path / "run"
-    argv = [sys.executable, "-m", "areal.cli.app", "run", str(recipe), "--run-dir", str(run), "-q"]
+    argv = [sys.executable, "-m", "areal.cli", "run", str(recipe), "--run-dir", str(run), "-q"]
     first = subprocess.Popen([*argv, "--set", "steps=100000"], env={**os.environ, "FAKE_HOLD_AT": "1"},
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

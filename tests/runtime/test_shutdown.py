@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from areal.runtime.controller.controller import Controller, WorkerProcess
+from areal.runtime.controller.controller import Controller
+from areal.runtime.controller.run_state import WorkerProcess
 from areal.runtime.wire import messages as msg
 
 

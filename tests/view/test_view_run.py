@@ -78,7 +78,7 @@ def _live(url: str) -> dict[str, Any] | None:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("view") / "run"
-    args = [sys.executable, "-m", "areal.cli.app", "run", str(RECIPE), "-q", "--view", "--view-port", "0", "--run-dir",
+    args = [sys.executable, "-m", "areal.cli", "run", str(RECIPE), "-q", "--view", "--view-port", "0", "--run-dir",
             str(run_dir), *[x for s in SETTINGS for x in ("--set", s)]]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     lines: queue.Queue[str] = queue.Queue()
@@ -250,7 +250,7 @@ def test_the_samples_endpoint_filters_as_areal_samples_does(finished, stopped):
 
 def test_the_trace_has_a_track_per_worker_with_nested_ordered_spans(stopped, tmp_path):
     out = tmp_path / "trace.json"
-    done = subprocess.run([sys.executable, "-m", "areal.cli.app", "trace", str(stopped), "-o", str(out)],
+    done = subprocess.run([sys.executable, "-m", "areal.cli", "trace", str(stopped), "-o", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     trace = json.loads(out.read_text())

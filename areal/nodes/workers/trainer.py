@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from areal.engines.torch_train import NonFiniteUpdate, TorchTrainEngine
+from areal.engines.trainer_settings import TrainSettings
 from areal.graph.batch import Batch, Ragged
 from areal.nodes.workers.policy import full_sequences, load_run_policy, save_weights
 
@@ -149,7 +150,7 @@ class ProximalNode:
             config = context.config
             spec = config.model if self.frozen is True else str(self.frozen)
             model, _ = load_run_policy(config.model_copy(update={"model": spec}))
-            self.engine = TorchTrainEngine(model, temperature=config.generation.temperature,
+            self.engine = TorchTrainEngine(model, TrainSettings(temperature=config.generation.temperature),
                                            device=torch_device(config.trainer.device))
             return
         self.trainer_name = self.model_name or context.pool.name

@@ -28,6 +28,7 @@ from areal.graph.graph import Graph
 from areal.graph.node import IMPLICIT_INPUTS, Node
 from areal.graph.roles import SAMPLING_ROLES
 from areal.graph.settings import node_config
+from areal.runtime.compiler.cluster import import_ray
 from areal.runtime.compiler.plan import Channel, Plan, PoolSpec
 from areal.runtime.wire.channels import ipc_endpoint
 
@@ -322,8 +323,6 @@ def _control_endpoint(run: Path, config: RunConfig) -> str:
     """The controller's endpoint: on this machine, reachable from the nodes. A TCP port is left to the
     controller's bind (`:*`), which writes the concrete one into plan.json before any worker starts."""
     if config.transport.host == "node":
-        from areal.runtime.controller.placement import import_ray
-
         return f"tcp://{import_ray().util.get_node_ip_address()}:*"
     if config.transport.kind == "tcp" or config.cluster.backend == "ray":
         return f"tcp://{config.transport.host}:*"

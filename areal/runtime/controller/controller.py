@@ -15,9 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +27,10 @@ from areal.graph.meta import GroupMeta
 from areal.runtime.compiler.plan import Plan
 from areal.runtime.controller.accounting import Accounting
 from areal.runtime.controller.faults import Restarts
-from areal.runtime.controller.placement import WorkerHandle, launcher_for, worker_spec
+from areal.runtime.controller.placement import launcher_for, worker_spec
 from areal.runtime.controller.recovery import WorkerRecovery
 from areal.runtime.controller.reports import WorkerReports
+from areal.runtime.controller.run_state import RunState, WorkerProcess
 from areal.runtime.controller.signals import EndingSignals
 from areal.runtime.controller.wiring import Wiring
 from areal.runtime.records.evaluation import HeldOut, first_pass
@@ -54,40 +53,6 @@ log = logging.getLogger("areal.controller")
 
 READY_TIMEOUT_S = 600.0  # a worker may build the warm-start model on first use
 STOP_TIMEOUT_S = 60.0
-
-
-@dataclass
-class WorkerProcess:
-    worker_id: str
-    pool: str
-    replica: int
-    process: WorkerHandle  # a local child process or a Ray actor (areal.runtime.controller.placement)
-    log_path: Path
-    ready: bool = False
-    last_seen: float = field(default_factory=time.monotonic)
-    busy: float = 0.0
-    counts: dict[str, int] = field(default_factory=dict)
-    last_error: str | None = None
-    fatal: bool = False  # its error is one a restart would repeat (a node that broke its contract)
-    holding: set[int] = field(default_factory=set)  # groups a trainer has gathered, not yet trained
-
-
-@dataclass
-class RunState:
-    """What the progress view and the summary read."""
-
-    version: int = 0  # the slowest trainer's
-    steps: int = 0
-    started_at: float = field(default_factory=time.monotonic)
-    last_step: dict[str, Any] = field(default_factory=dict)  # the policy trainer's newest step record
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    staleness: Counter[int] = field(default_factory=Counter)
-    trained_tokens: int = 0
-    masked_tokens: int = 0  # output tokens of trained samples the staleness policy masked (older than η)
-    stale_tokens: int = 0  # output tokens the loss read that were older than η (the admission policy's)
-    truncated_masked: int = 0  # trained samples cut at max_new_tokens, given loss mask 0 (trainer.truncated=mask)
-    startup_s: float = 0.0
-    status: str = "starting"
 
 
 class Controller(WorkerReports, WorkerRecovery):

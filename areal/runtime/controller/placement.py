@@ -16,7 +16,6 @@ Not here: choosing endpoints (compile does), restarting workers (the controller 
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import subprocess
@@ -27,10 +26,9 @@ from typing import Any, Protocol
 
 from areal.config import ClusterConfig
 from areal.errors import ConfigError, RunError
+from areal.runtime.compiler.cluster import import_ray
 from areal.runtime.compiler.plan import Plan
 
-MISSING_RAY = ("cluster.backend=\"ray\" needs the 'ray' package (pip install 'areal[cluster]'); "
-               "cluster.backend=\"local\" runs without it.")
 KILL_WAIT_S = 10.0
 
 
@@ -145,13 +143,6 @@ def _die_with_parent() -> None:
 
 
 # ---- Ray actors -------------------------------------------------------------------------------------
-
-
-def import_ray() -> Any:
-    try:
-        return importlib.import_module("ray")
-    except ImportError:
-        raise ImportError(MISSING_RAY) from None
 
 
 def _ray_session() -> str | None:

@@ -15,7 +15,7 @@ from areal.runtime.wire import messages as msg
 from areal.runtime.wire.commands import ForgetBelow
 
 if TYPE_CHECKING:
-    from areal.runtime.controller.controller import WorkerProcess
+    from areal.runtime.controller.run_state import WorkerProcess
 
 log = logging.getLogger("areal.controller")
 

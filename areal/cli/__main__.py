@@ -1,0 +1,5 @@
+"""`python -m areal.cli`: the `areal` command."""
+
+from areal.cli import main
+
+main()

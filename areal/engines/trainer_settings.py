@@ -1,0 +1,44 @@
+"""What a training engine takes beyond its model, in one value: the optimizer, its lr schedule, the micro-batch
+budget, and the temperature its log-probs are taken at (the sampler's, so π_θ is the policy that sampled).
+
+Both train engines (torch, FSDP) and the critic's take it; `engines.train_settings(config)` reads it from a
+run's config. The schedule is a pure function of the step, so a checkpoint's step is its whole state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float | None = 1.0  # the gradient's global norm is clipped to this; None: never
+    microbatch_tokens: int = 8192  # padded positions one forward may hold (kernels.packing)
+    warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    total_steps: int | None = None  # where a cosine schedule reaches 0
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"TrainSettings: lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if self.lr_schedule == "cosine" and (self.total_steps is None or self.total_steps <= self.warmup_steps):
+            raise ValueError(f"TrainSettings: lr_schedule='cosine' needs total_steps > warmup_steps "
+                             f"({self.warmup_steps}), got total_steps={self.total_steps}")
+        if self.temperature <= 0:
+            raise ValueError(f"TrainSettings: temperature must be > 0, got {self.temperature}")
+
+    def lr_at(self, step: int) -> float:
+        """The lr at schedule position `step` (0-based): linear warmup, then constant or cosine to 0."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.lr_schedule == "constant":
+            return self.lr
+        assert self.total_steps is not None
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
