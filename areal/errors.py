@@ -34,3 +34,7 @@ class WireError(ArealError):
 
 class RunError(ArealError):
     """A run stopped because a node failed; the message names the node."""
+
+
+class NodeContractError(RunError):
+    """A node returned or did something other than what it declared: a bug in the node, fatal on every retry."""

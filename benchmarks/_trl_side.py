@@ -3,10 +3,11 @@
     python benchmarks/_trl_side.py SPEC.json RESULT.json
 
 Run as its own process (by bench_vs_trl.py) so its memory is measured alone. SPEC holds the
-pinned settings (steps, batch_size, group_size, lr, warmup_steps, adam_beta2, eval_interval,
-eval_tasks, threads, seed, generation); RESULT gets the eval rounds, the step times and the token
-counts. Times count from TRL's `on_train_begin` (model loaded), as areal's count from "workers
-ready".
+pinned settings (steps, batch_size, group_size, lr, warmup_steps, adam_beta2, save_interval,
+threads, seed, generation); RESULT gets the weights saved every save_interval steps (scored later by
+the one evaluator, benchmarks/_one_evaluator.py, as areal's checkpoints are), the step times and the
+token counts. Times count from TRL's `on_train_begin` (model loaded), as areal's count from "workers
+ready", and leave out the saving.
 
 Two adapters make TRL's generation match areal's: HF `generate` stops at stop strings only when
 it is handed the tokenizer, which TRL does not pass, so the model's `generate` is bound to it;
@@ -25,18 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _one_evaluator import cut_at_stop
 from datasets import Dataset
-from transformers import GenerationConfig, TrainerCallback
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from areal.data.code_tasks import builtin_code_tasks
 from areal.models.loading import load_policy
-from areal.rewards import CodeTests, code_tests
-
-
-def cut_at_stop(text: str, stops: list[str]) -> str:
-    """The text before the first stop string: what areal's reward sees."""
-    return text[: min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))]
+from areal.nodes.workers.policy import save_weights
+from areal.rewards import code_tests
 
 
 def strip_pads(ids: list[int], pad_id: int) -> list[int]:
@@ -63,65 +61,30 @@ class StopAwareGRPO(GRPOTrainer):
         return completion_ids, logprobs
 
 
-class HeldoutEval(TrainerCallback):
-    """pass@1 on the held-out tasks, as areal scores it: one sample per task, all tests must pass.
+class SavedVersions(TrainerCallback):
+    """The policy's weights every `save_interval` optimizer steps and at the end, each with the training wall time
+    it was reached at (its own saving excluded), for the one evaluator of bench_vs_trl.py to score afterwards."""
 
-    Rounds at the start, every `interval` optimizer steps before the last, and at the end, with
-    the training sampling settings; its wall time is inside the training loop (TRL has no other
-    place for it) and is reported apart.
-    """
-
-    def __init__(self, tokenizer: Any, scorer: CodeTests, spec: dict[str, Any]) -> None:
-        gen = spec["generation"]
-        self.tokenizer = tokenizer
-        self.scorer = scorer
-        self.stops = list(gen["stop"])
-        self.interval = int(spec["eval_interval"])
-        self.steps = int(spec["steps"])
-        heldout = builtin_code_tasks(split="test", seed=int(spec["seed"]))  # areal's held-out source
-        self.tasks = list(islice(iter(heldout), int(spec["eval_tasks"])))
-        self.config = GenerationConfig(
-            do_sample=True, max_new_tokens=gen["max_new_tokens"], temperature=gen["temperature"],
-            top_p=gen["top_p"], top_k=0, stop_strings=self.stops, pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        )
+    def __init__(self, folder: Path, interval: int) -> None:
+        self.folder, self.interval = folder, interval
         self.started = 0.0
-        self.rounds: list[dict[str, Any]] = []
+        self.saving_s = 0.0
         self.step_times: list[float] = []
+        self.saved: list[dict[str, Any]] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
         self.started = time.monotonic()
-        self._evaluate(model, 0)
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-        self.step_times.append(time.monotonic() - self.started)
-        step = state.global_step
-        if self.interval and step % self.interval == 0 and step < self.steps:
-            self._evaluate(model, step)
-
-    def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-        self._evaluate(model, state.global_step)
-
-    @torch.no_grad()
-    def _evaluate(self, model: Any, version: int) -> None:
-        start = time.monotonic()
-        was_training = model.training
-        model.eval()
-        prompts = [self.tokenizer.encode(t["prompt"]) for t in self.tasks]
-        width = max(len(p) for p in prompts)
-        pad = self.tokenizer.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=self.config,
-                             tokenizer=self.tokenizer)
-        completions = [strip_pads(row.tolist(), pad) for row in out[:, width:]]
-        texts = [cut_at_stop(self.tokenizer.decode(c, skip_special_tokens=True), self.stops) for c in completions]
-        results = self.scorer([t["prompt"] + c for t, c in zip(self.tasks, texts)], [t["tests"] for t in self.tasks])
-        passed = sum(1 for r in results if r.reward >= 1.0 - 1e-9)
-        model.train(was_training)
-        self.rounds.append({"version": version, "wall_s": time.monotonic() - self.started,
-                            "pass@1": passed / len(self.tasks), "tokens": sum(len(c) for c in completions),
-                            "eval_s": time.monotonic() - start})
+        now = time.monotonic() - self.started - self.saving_s
+        self.step_times.append(now)
+        if state.global_step % self.interval == 0 or state.global_step == args.max_steps:
+            begun = time.monotonic()
+            path = self.folder / f"step-{state.global_step:06d}.safetensors"
+            save_weights(model.state_dict(), str(path))
+            self.saved.append({"version": state.global_step, "wall_s": now, "weights": str(path)})
+            self.saving_s += time.monotonic() - begun
 
 
 def train_prompts(steps: int, batch_size: int, seed: int) -> list[dict[str, Any]]:
@@ -160,15 +123,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=10**9,
         disable_tqdm=True, dataloader_num_workers=0, log_level="warning",
     )
-    evaluator = HeldoutEval(tokenizer, scorer, spec)
+    saver = SavedVersions(Path(spec["output_dir"]) / "weights", int(spec["save_interval"]))
     trainer = StopAwareGRPO(model=model, reward_funcs=code_reward, args=args, train_dataset=dataset,
-                            processing_class=tokenizer, callbacks=[evaluator])
+                            processing_class=tokenizer, callbacks=[saver])
     trainer.train()
     scorer.close()
     return {
-        "rounds": evaluator.rounds, "step_times": evaluator.step_times,
+        "saved": saver.saved, "step_times": saver.step_times,
         "train_tokens": trainer.generated_tokens, "sandbox_errors": sandbox_errors,
-        "trained_samples": samples * len(evaluator.step_times),
+        "trained_samples": samples * len(saver.step_times),
     }
 
 

@@ -91,14 +91,15 @@ def test_samples_pages_and_filters_a_runs_records(tmp_path):
     import torch
 
     from areal.config import RecordsConfig
-    from areal.graph.batch import Batch
+    from areal.graph.batch import Batch, Ragged
     from areal.runtime.records.sample_log import SampleLog
 
     log = SampleLog(tmp_path, "rollout[0]", RecordsConfig())
     batch = Batch({"sample_id": torch.arange(4), "group_id": torch.tensor([0, 0, 1, 1])})
     log.inputs("rollout", batch, {"prompt": ["def f(x):\n", "def f(x):\n", "def g(y):\n", "def g(y):\n"]})
     log.outputs("score", batch, {"reward": torch.tensor([1.0, 0.0, 0.5, 0.0])})
-    log.trained("actor", 3, [0, 1], [1, 2])
+    versions = Ragged.from_rows([torch.tensor([1, 2, 2], dtype=torch.int32), torch.tensor([2, 2], dtype=torch.int32)])
+    log.trained("actor", 3, [0, 1], versions, Ragged.from_rows([torch.tensor([1, 1, 1]), torch.tensor([0, 1])]))
     log.removed("score", "failed", [3], ["wrong_answer: expected 5, got 6"])
     log.close()
     table = subprocess.run([sys.executable, "-m", "areal.cli", "samples", str(tmp_path), "--where",
@@ -110,10 +111,12 @@ def test_samples_pages_and_filters_a_runs_records(tmp_path):
     rows = [json.loads(x) for x in areal("samples", str(tmp_path), "--step", "3", "--json").stdout.splitlines()]
     assert [(r["sample_id"], r["lag"], r["fields"]["rollout.prompt"]) for r in rows] == [(0, 1, "def f(x):\n"),
                                                                                           (1, 0, "def f(x):\n")]
+    assert [(r["versions"], r["loss_mask"]) for r in rows] == [([1, 2, 2], [1, 1, 1]), ([2, 2], [0, 1])]
     page = areal("samples", str(tmp_path), "--json", "--limit", "1", "--offset", "2").stdout.splitlines()
     assert [json.loads(x)["sample_id"] for x in page] == [2]
     bad = areal("samples", str(tmp_path), "--status", "lost")
-    assert bad.returncode == 2 and "--status 'lost': use one of trained, failed, filtered, pending" in bad.stderr
+    assert bad.returncode == 2
+    assert "--status 'lost': use one of trained, failed, filtered, dropped, held-out, pending" in bad.stderr
 
 
 def test_view_and_trace_name_what_a_directory_lacks(tmp_path):

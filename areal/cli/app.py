@@ -163,7 +163,7 @@ def viz(
     """
     from areal.graph.recipe import load_recipe
     from areal.graph.viz import terminal_tree, write_picture
-    from areal.runtime.compiler.compile import compile_plan
+    from areal.runtime.compiler.compile import compile_plan, side_branch_notes
 
     loaded = load_recipe(recipe, overrides=set_)
     console = Console()
@@ -178,6 +178,8 @@ def viz(
             console.print(compiled.render(console.width, lands_on(compiled, loaded.config.cluster)))
         return
     view = compiled.view(loaded.graph)
+    for note in side_branch_notes(loaded.graph, compiled):
+        console.print(f"note: {note}", highlight=False, soft_wrap=True, markup=False)
     if out is None:
         console.print(terminal_tree(loaded.graph, view))
         return
@@ -196,7 +198,7 @@ def sandbox() -> None:
 @app.command()
 def samples(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="The run directory."),
-    status: str | None = typer.Option(None, "--status", metavar="trained|failed|filtered|pending"),
+    status: str | None = typer.Option(None, "--status", metavar="trained|failed|filtered|dropped|held-out|pending"),
     step: int | None = typer.Option(None, "--step", metavar="N", help="Samples trained at step N."),
     where: list[str] = typer.Option([], "--where", metavar="COND",
                                     help="FIELD OP VALUE, e.g. 'score.reward<1' (OP: == != < <= > >= ~); repeatable"),

@@ -23,7 +23,7 @@ from areal.engines import needs_model, require_engines
 from areal.errors import ArealError, RunError
 from areal.graph.node import Node
 from areal.graph.recipe import Recipe, load_recipe
-from areal.runtime.compiler.compile import compile_plan
+from areal.runtime.compiler.compile import compile_plan, side_branch_notes
 from areal.runtime.controller.controller import Controller
 from areal.runtime.controller.run_status import StatusWriter
 from areal.runtime.controller.signals import Stopped
@@ -109,6 +109,10 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
     plan = compile_plan(recipe.graph, recipe.config, recipe=str(recipe.path), overrides=tuple(overrides),
                         run_dir=folder.resolve())
     plan = dataclasses.replace(plan, recipe_sha256=recipe_hash(recipe.path))
+    for note in side_branch_notes(recipe.graph, plan):
+        log.warning("%s", note)
+        if console is not None:
+            console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     # the controller resolves the task sources: a bad data.path fails here, before a model warm-start
     controller = Controller(plan, recipe.graph, recipe.config, saved=saved, resume_dir=checkpoint,
                             on_event=StatusWriter(folder, then=on_event), lock=lock)  # status.json: `areal view`

@@ -30,6 +30,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from areal.engines.step_stats import StepStats, Total
 from areal.engines.torch_train import (
     ExtraField,
     LossFn,
@@ -172,7 +174,7 @@ class FSDPTrainEngine:
         mine = plan[self.rank]
         self.model.train()
         self.local.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
+        numbers = StepStats()
         for k in range(steps):
             real = k < len(mine)
             index = mine[k] if real else [0]  # padding micro-batch: a real sequence, weighted 0
@@ -185,32 +187,33 @@ class FSDPTrainEngine:
             share = 1.0 / total if loss_reduction == "sum" else mb.n_tokens / total
             # × W: FSDP's reduce-scatter averages the ranks' gradients, and we want their sum
             (loss * (share * self.world if real else 0.0)).backward()
-            weight = mb.n_tokens if real else 0
-            for name, v in {"loss": loss.detach() * (1.0 / mb.n_tokens if loss_reduction == "sum" else 1.0),
-                            **stats}.items():
-                sums[name] = sums.get(name, 0.0) + float(v) * weight
-        names = sorted(sums)
-        reduced = torch.tensor([sums[n] for n in names], dtype=torch.float64, device=self.device)
-        dist.all_reduce(reduced)
+            loss_mean = loss.detach() * (1.0 / mb.n_tokens if loss_reduction == "sum" else 1.0)
+            numbers.add({"loss": float(loss_mean), **stats}, mb.n_tokens, counted=real)
+        numbers.reduce(partial(self._reduced, dist.ReduceOp.SUM), partial(self._reduced, dist.ReduceOp.MAX))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.grad_clip or math.inf)
         # the reduced loss and the full norm are the same on every rank: all refuse together or none
-        loss_sum = float(reduced[names.index("loss")])
-        refuse_non_finite(loss_sum, float(_full(grad_norm)), self.local.step, self.local.optimizer)
+        result = numbers.result()
+        refuse_non_finite(result["loss"], float(_full(grad_norm)), self.local.step, self.local.optimizer)
         lr = self.settings.lr_at(self.local.step if lr_step is None else lr_step)
         for group in self.local.optimizer.param_groups:
             group["lr"] = lr
         self.local.optimizer.step()
         self.local.step += 1
-        result = {n: float(v) / total for n, v in zip(names, reduced.tolist(), strict=True)}
         result |= {
             "grad_norm": float(_full(grad_norm)),
             "lr": lr,
-            "tokens": float(total),
-            "sequences": float(len(sequences)),
-            "microbatches": float(sum(len(p) for p in plan)),
-            "time_s": time.perf_counter() - start,
+            "tokens": Total(total),
+            "sequences": Total(len(sequences)),
+            "microbatches": Total(sum(len(p) for p in plan)),
+            "time_s": Total(time.perf_counter() - start),
         }
         return result
+
+    def _reduced(self, op: Any, values: list[float]) -> list[float]:
+        """`values` combined over the ranks by `op` (every rank passes the same count)."""
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=op)
+        return tensor.tolist()
 
     # ---- weights ----------------------------------------------------------------------------------
 

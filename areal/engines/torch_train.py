@@ -37,6 +37,7 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
+from areal.engines.step_stats import StepStats, Total
 from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.logprob import token_logprobs
 from areal.kernels.packing import padded_microbatches
@@ -196,8 +197,9 @@ class TorchTrainEngine:
         that logp covers. `lr_step` is the lr schedule's position: a trainer passes the policy
         version it is training, so the M minibatch steps of one version share its lr and the
         schedule spans the run's versions; by default, the optimizer steps taken. Returns loss,
-        grad_norm, lr, tokens, sequences, microbatches, time_s, and loss_fn's own stats, each a
-        token-weighted mean over the micro-batches.
+        grad_norm, lr, tokens, sequences, microbatches, time_s, and loss_fn's own stats, each combined
+        over the micro-batches as its kind says (step_stats.py: counts summed, maxima maxed, the rest
+        token-weighted means).
         """
         start = time.perf_counter()
         per_token, per_sample = self._check_batch(sequences, prompt_lens, extra or {})
@@ -205,7 +207,7 @@ class TorchTrainEngine:
         total = sum(out_lens)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
+        numbers = StepStats()
         kept, self._kept = self._kept, None
         if kept is not None and not kept.serves(self.step, sequences):
             kept = None  # of other sequences or older weights: this step runs its own forward
@@ -219,28 +221,25 @@ class TorchTrainEngine:
             loss, stats = loss_fn(logp, mb)
             weight = 1.0 / total if loss_reduction == "sum" else mb.n_tokens / total
             (loss * weight).backward()
-            for k, v in {
-                "loss": loss.detach() * (1.0 / mb.n_tokens if loss_reduction == "sum" else 1.0),
-                **stats,
-            }.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * mb.n_tokens
+            loss_mean = loss.detach() * (1.0 / mb.n_tokens if loss_reduction == "sum" else 1.0)
+            numbers.add({"loss": float(loss_mean), **stats}, mb.n_tokens)
         params = [p for _, p in self._named_params]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.settings.grad_clip or math.inf)
-        refuse_non_finite(sums["loss"], float(grad_norm), self.step, self.optimizer)
+        result = numbers.result()
+        refuse_non_finite(result["loss"], float(grad_norm), self.step, self.optimizer)
         lr = self.settings.lr_at(self.step if lr_step is None else lr_step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
         self.step += 1
-        result = {k: v / total for k, v in sums.items()}
         result |= {
             "grad_norm": float(grad_norm),
             "lr": lr,
-            "tokens": float(total),
-            "sequences": float(len(sequences)),
-            "microbatches": float(len(microbatches)),
+            "tokens": Total(total),
+            "sequences": Total(len(sequences)),
+            "microbatches": Total(len(microbatches)),
             "reused_forward": float(kept is not None),
-            "time_s": time.perf_counter() - start,
+            "time_s": Total(time.perf_counter() - start),
         }
         return result
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -170,13 +170,18 @@ def node(
     kind: str = "custom",
     name: str | None = None,
     role: str | None = None,
+    optional: Iterable[str] = (),
 ) -> Callable[[Any], NodeSpec]:
     """Declare a custom node from a function `f(batch) -> dict` or a stateful class.
 
     A class is instantiated once per worker (with no arguments), then `setup(context)` if it
     has one, then called per batch. `role` (map, filter, stream, trainer; graph/roles.py) says
-    how the runtime drives it; by default its kind's (a custom node maps).
+    how the runtime drives it; by default its kind's (a custom node maps). `optional` names input
+    ports the node takes only when some node produces them (a trainer's `loss_mask`).
     """
+    unknown = set(optional) - set(inputs)
+    if unknown:
+        raise ValueError(f"@node: optional names {', '.join(sorted(unknown))}, which are not among its inputs")
 
     def wrap(target: Any) -> NodeSpec:
         label = name or target.__name__
@@ -188,7 +193,7 @@ def node(
         else:
             raise TypeError(f"@node decorates a function or a class, not {type(target).__name__}")
         return NodeSpec(kind, label, dict(inputs), dict(outputs), factory, {}, doc.split("\n")[0], role=role or "",
-                        implementation=target)
+                        implementation=target, optional=frozenset(optional))
 
     return wrap
 

@@ -11,6 +11,7 @@ from areal.config import RunConfig
 from areal.overrides import apply_overrides
 from tests.benchmarks.loading import load_benchmark
 
+load_benchmark("_one_evaluator")  # bench_vs_trl and _trl_side import it by name, as their folder's scripts do
 bench = load_benchmark("bench_vs_trl")
 
 
@@ -23,7 +24,8 @@ def test_areal_overrides_validate_and_pin_the_shared_settings(mode: str) -> None
     assert (config.steps, config.batch_size, config.group_size) == (pinned.steps, pinned.batch_size, pinned.group_size)
     assert config.mode == mode and config.effective_staleness == (0 if mode == "sync" else bench.STALENESS)
     assert config.trainer.lr == pinned.lr and config.trainer.minibatches == 1
-    assert config.eval.interval_steps == pinned.eval_interval and config.eval.tasks == pinned.eval_tasks
+    assert config.eval.interval_steps == 0 and config.eval.tasks == 0  # the one evaluator scores afterwards
+    assert config.checkpoint.interval_steps == pinned.save_interval and config.checkpoint.keep >= pinned.steps
     gen = config.generation
     assert (gen.max_new_tokens, gen.temperature, gen.top_p, gen.stop) == tuple(bench.GENERATION.values())
     assert config.max_minutes is None
@@ -40,9 +42,10 @@ def test_time_to_threshold_takes_the_first_round_in_time_order() -> None:
 
 
 def test_table_reports_ratios_against_trl_and_unreached_thresholds() -> None:
-    rounds = [{"version": 0, "wall_s": 1.0, "pass@1": 0.1}, {"version": 4, "wall_s": 9.0, "pass@1": 0.2}]
-    trl = bench.Outcome("TRL x", 64, 10.0, 500.0, rounds, peak_rss=2**30, peak_pss=2**29)
-    areal = bench.Outcome("areal sync", 64, 25.0, 1000.0, rounds[:1], peak_rss=2**31, peak_pss=2**29)
+    rounds = [{"version": 0, "wall_s": 1.0, "pass@1": 0.1, "se": 0.01}, {"version": 4, "wall_s": 9.0, "pass@1": 0.2,
+                                                                         "se": 0.01}]
+    trl = bench.Outcome("TRL x", 64, 10.0, 500.0, [], peak_rss=2**30, peak_pss=2**29, rounds=rounds)
+    areal = bench.Outcome("areal sync", 64, 25.0, 1000.0, [], peak_rss=2**31, peak_pss=2**29, rounds=rounds[:1])
     text = bench.table([trl, areal], threshold=0.15)
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in text.splitlines()
             if line.startswith("| ") and "TRL x" not in line}
@@ -105,3 +108,31 @@ def test_trl_generation_stops_at_stop_strings_and_trains_on_no_padding(tmp_path:
             stopped += 1
     assert stopped > 0
     assert trainer.generated_tokens == sum(len(ids) for _, ids in seen)
+
+
+def _rounds(start: float, end: float, se: float = 0.01) -> list[dict]:
+    return [{"version": 0, "wall_s": 0.0, "pass@1": start, "se": se}, {"version": 2, "wall_s": 5.0, "pass@1": end,
+                                                                       "se": se},
+            {"version": 4, "wall_s": 9.0, "pass@1": end, "se": se}]
+
+
+def test_the_summary_gives_each_sides_gain_over_seeds_and_its_difference_from_trls_paired_by_seed() -> None:
+    by_seed = [[bench.Outcome(name, 64, rate, 1.0, [], rounds=_rounds(0.2, 0.2 + gain))
+                for name, rate, gain in (("TRL x", 10.0, g_trl), ("areal sync", 20.0, g_areal))]
+               for g_trl, g_areal in ((0.10, 0.12), (0.14, 0.12), (0.12, 0.15))]
+    text = bench.summary(by_seed, margin=0.11)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in text.splitlines()
+            if line.startswith("| ") and "trained samples/s" not in line}
+    # gains 10, 14, 12 (mean 12, SE 2/sqrt(3) = 1.15) and 12, 12, 15 (mean 13, SE 1); differences 2, -2, 3
+    assert rows["TRL x"][2].startswith("+12.0 ± 1.2") and rows["areal sync"][2].startswith("+13.0 ± 1.0")
+    assert rows["areal sync"][3] == "+1.0 ± 1.5" and rows["TRL x"][3] == "-"
+    assert rows["TRL x"][4] == "5 (2/3)"  # seeds 2 and 3 reached 0.31 at 5 s; seed 1 (0.30) never did
+    assert bench.middle_pass(_rounds(0.2, 0.3)) == 0.3
+
+
+def test_the_one_evaluator_scores_the_same_weights_the_same_for_a_seed() -> None:
+    evaluator = load_benchmark("_one_evaluator")
+    first = evaluator.heldout_pass(None, 2, 0, evaluator.GENERATION, limit=6)
+    again = evaluator.heldout_pass(None, 2, 0, evaluator.GENERATION, limit=6)
+    assert (first["tasks"], first["samples"]) == (6, 2) and 0 <= first["pass@1"] <= 1
+    assert (first["pass@1"], first["reward_mean"]) == (again["pass@1"], again["reward_mean"])

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from areal.engines.fsdp_train import FSDPTrainEngine, rank_microbatches
+from areal.engines.step_stats import Peak, Total
 from areal.engines.torch_train import TorchTrainEngine
 from areal.engines.trainer_settings import TrainSettings
 from tests.spawned import free_port, run_spawned
@@ -65,8 +66,10 @@ def _batch(seed: int, lengths: list[int]) -> tuple[list[torch.Tensor], list[int]
 
 
 def _loss(logp, mb):
-    """A policy-gradient loss, a mean over the micro-batch's tokens, with one stat."""
-    return -(mb.per_token(mb["advantage"]) * logp).mean(), {"logp_mean": logp.detach().mean()}
+    """A policy-gradient loss, a mean over the micro-batch's tokens, with a mean, a count and a maximum."""
+    return -(mb.per_token(mb["advantage"]) * logp).mean(), {
+        "logp_mean": logp.detach().mean(), "below_minus_4": Total(int((logp < -4).sum())),
+        "logp_max": Peak(float(logp.detach().max()))}
 
 
 def _steps(engine) -> list[dict]:
@@ -121,7 +124,7 @@ def test_two_rank_fsdp_steps_equal_the_single_process_steps(tmp_path):
         torch.testing.assert_close(weights[name], value, rtol=0, atol=TOL, msg=name)
     stats = json.loads((tmp_path / "stats.json").read_text())
     for got, want in zip(stats, ref_stats, strict=True):
-        for key in ("loss", "logp_mean", "grad_norm", "lr", "tokens", "sequences"):
+        for key in ("loss", "logp_mean", "below_minus_4", "logp_max", "grad_norm", "lr", "tokens", "sequences"):
             assert got[key] == pytest.approx(want[key], rel=1e-9, abs=1e-12), key
     reloaded = load_file(str(tmp_path / "reloaded.safetensors"))
     for name, value in TinyLM(0).double().state_dict().items():

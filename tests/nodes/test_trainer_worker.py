@@ -226,3 +226,27 @@ def test_a_loss_mask_trains_only_the_sampled_tokens_as_a_mean_over_them_across_m
     assert stats["microbatches"] >= 2  # the mean over trained tokens holds across micro-batches
     for name, grad in expected.items():
         torch.testing.assert_close(seen[name], grad, rtol=1e-4, atol=1e-7)
+
+
+def test_a_steps_counts_are_sums_over_its_samples_and_its_maximum_the_largest_over_micro_and_minibatches(tmp_path):
+    # four micro-batches a minibatch, two minibatches: a mean over them would turn the counts into averages
+    config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")),
+                       trainer={"minibatches": 2, "microbatch_tokens": 40, "behav_weight_cap": 1.5})
+    trainer = TrainerNode()
+    trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(4, 90, (6,), generator=g)
+    outputs = [torch.randint(4, 90, (int(n),), generator=g) for n in torch.randint(5, 15, (12,), generator=g)]
+    masks = [torch.randint(0, 2, (len(o),), generator=g, dtype=torch.int32) for o in outputs]
+    seqs, lens = full_sequences(Ragged.from_rows([prompt] * 12), Ragged.from_rows(outputs))
+    prox = [lp[n - 1 :] for lp, n in zip(trainer.engine.sequence_logprobs(seqs), lens)]
+    behav = [p - torch.rand(len(p), generator=g) for p in prox]  # w = π_prox / π_behav in [1, e]
+    batch = _batch(prompt, outputs, Ragged.from_rows(behav)).merge(
+        {"prox_logp": Ragged.from_rows(prox), "loss_mask": Ragged.from_rows(masks)})
+    stats = trainer(batch)
+    weights = torch.cat([(p.double() - b.double()).exp() for p, b in zip(prox, behav)])
+    kept = torch.cat(masks).bool()
+    assert stats["microbatches"] >= 6 and stats["tokens"] == sum(len(o) for o in outputs)
+    assert stats["valid_tokens"] == int(kept.sum())  # every mask-1 token of the step, counted once
+    assert stats["capped_tokens"] == int((weights[kept] > 1.5).sum()) > 0
+    assert stats["importance_weight_max"] == pytest.approx(float(weights[kept].max()), rel=1e-5)

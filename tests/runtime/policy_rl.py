@@ -10,6 +10,7 @@ from pathlib import Path
 
 from areal import Float, Graph, Int, Int32, RunConfig, node
 from areal.data import math_tasks
+from areal.graph.node import NodeSpec
 from areal.kernels.advantage import leave_one_out
 from areal.nodes import compute_logprob, generate, ppo_update, reward
 from areal.rewards import math_reward
@@ -40,10 +41,19 @@ class RecordedAdvantage:
         return {"advantage": leave_one_out(batch["reward"], batch["group_id"])}
 
 
-g = Graph("policy-rl")
-g.source("tasks", math_tasks("train"))
-g.add(generate("rollout"), pool=1)
-g.add(reward("score", math_reward(timeout_s=2.0)), pool=1)
-g.add(RecordedAdvantage)
-g.add(compute_logprob("proximal"))
-g.add(ppo_update("actor"))
+def policy_graph(trainer: NodeSpec | None = None) -> Graph:
+    """The graph, with `trainer` in place of the proximal pass and ppo_update when given (own_trainer_rl.py)."""
+    graph = Graph("policy-rl")
+    graph.source("tasks", math_tasks("train"))
+    graph.add(generate("rollout"), pool=1)
+    graph.add(reward("score", math_reward(timeout_s=2.0)), pool=1)
+    graph.add(RecordedAdvantage)
+    if trainer is not None:
+        graph.add(trainer, name="actor")
+        return graph
+    graph.add(compute_logprob("proximal"))
+    graph.add(ppo_update("actor"))
+    return graph
+
+
+g = policy_graph()

@@ -133,7 +133,9 @@ def test_a_node_that_reads_what_the_trainer_reads_runs_as_a_side_branch_and_the_
         "g.add(watch, pool=1)\n"))
     controller = build_controller(recipe, ["steps=3"], tmp_path / "run")
     watch = controller.plan.pool_of("watch")
-    assert watch.name == "watch" and not watch.reaches_trainer and controller.plan.pool_of("actor").name == "actor"
+    assert watch.name == "watch" and controller.plan.pool_of("actor").name == "actor"
+    verdict = [c for c in controller.plan.channels if (c.src, c.dst) == ("watch", "actor")]
+    assert [c.fields for c in verdict] == [()]  # the trainer waits for the side branch's verdict: ids only
     state = controller.run()
     assert state.version == 3 and controller.accounting.summary()["trained"] == 3 * 2 * 3
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()

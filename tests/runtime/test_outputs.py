@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from areal.cli.run import build_controller
-from areal.errors import RunError
+from areal.errors import NodeContractError, RunError
 from areal.graph import Float, Graph, Int, Json, node
 from areal.graph.batch import Batch, Ragged
-from areal.runtime.worker.outputs import NodeContractError, checked_outputs
+from areal.runtime.worker.outputs import checked_outputs
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 

@@ -20,6 +20,7 @@ from rich.console import Console
 from areal.cli.progress import generator_time_line, staleness_line, summary_table
 from areal.cli.run import build_controller
 from areal.runtime.controller import controller as controller_module
+from areal.runtime.records.sample_records import read_samples
 from areal.runtime.staleness.admission import Admission
 from areal.runtime.storage.resume import resume_point
 from areal.runtime.wire import messages as msg
@@ -27,20 +28,6 @@ from tests.runtime.kills import KillOnce
 
 RECIPE = Path(__file__).with_name("policy_rl.py")
 ETA, B, G = 1, 2, 4
-
-
-@pytest.fixture
-def reported(monkeypatch):
-    """Every step the policy's trainer reported: (the version it trained at, its sample ids, its stats)."""
-    steps: list[tuple[int, list[int], dict]] = []
-    original = controller_module.HANDLERS[msg.VersionPublished]
-
-    def record(self, worker, m):
-        steps.append((m.version - 1, list(m.sample_ids), dict(m.stats)))
-        original(self, worker, m)
-
-    monkeypatch.setitem(controller_module.HANDLERS, msg.VersionPublished, record)
-    return steps
 
 
 def run(tmp_path: Path, policy: str, *overrides: str, on_event=None):
@@ -96,6 +83,13 @@ def test_token_trains_no_token_older_than_eta_and_masks_exactly_those(tmp_path, 
     line = staleness_line(controller)  # the run summary's
     assert line.startswith("token: every trained token ≤ 1 version behind") and f"{sum(masked)} masked" in line
     assert f"max {max(lags(reported, versions))};" in line
+    # the run directory alone audits the promise: each trained sample's token versions and the mask its loss read
+    samples = read_samples(tmp_path / "run")
+    for step, ids, _ in reported:
+        for sid in ids:
+            assert samples[sid].versions == versions[sid]
+            assert samples[sid].loss_mask == [int(v >= step - ETA) for v in versions[sid]]
+            assert samples[sid].lag == step - min(versions[sid]) and samples[sid].admitted is not None
 
 
 def test_masking_cut_outputs_takes_exactly_them_out_of_the_loss_under_the_token_policys_mask(tmp_path, reported):
@@ -144,6 +138,13 @@ def test_drop_aborts_late_groups_in_generation_and_trains_none_past_eta(tmp_path
     assert {sid // G for sid in dropped} & {sid // G for sid in trained} == set()  # a group goes whole
     aborted = [r for r in records(tmp_path) if r["kind"] == "dropped" and "aborted in generation" in r["reason"]]
     assert aborted and aborted[0]["reason"].startswith("rollout: ")  # stopped where it was, not only discarded
+    # every admitted sample is on record, a dropped one as dropped with its reason and wasted tokens
+    samples = read_samples(tmp_path / "run")
+    assert set(range(controller.accounting.started)) <= set(samples)
+    assert {sid for sid, r in samples.items() if r.status == "dropped"} == set(dropped)
+    assert {sid: samples[sid].reason for sid in dropped} == dropped
+    assert sum(samples[sid].dropped_tokens for sid in dropped) == controller.accounting.dropped_tokens
+    assert all(r.admitted is not None for sid, r in samples.items() if sid >= 0)
 
 
 def test_drop_slack_starts_that_many_groups_past_the_gate_and_still_trains_none_past_eta(tmp_path, reported,
@@ -264,3 +265,44 @@ def test_a_resumed_run_trains_every_sample_once_though_groups_were_consumed_out_
     s = resumed.accounting.summary()
     assert s["started"] == s["trained"] + s["failed"] + s["filtered"] + s["dropped"] + s["in_flight"]
     assert s["recycled"] >= saved["accounting"]["recycled"]  # the re-queues before the resume still count
+
+
+@pytest.mark.slow  # a run with a generator killed mid-way: ~25 s
+def test_reissue_after_a_generator_kill_under_drop_starts_nothing_decided_and_counts_every_aborted_token(
+        tmp_path, reported, monkeypatch):
+    decided_then: list[int] = []  # groups re-issued whose every sample was already decided
+    sent: list[int] = []
+    controllers: list = []
+    original = Admission.reissue
+
+    def recording(self, skip, only):
+        items = original(self, skip, only)
+        accounting = controllers[0].accounting
+        sent.extend(meta.group for _, meta in items)
+        decided_then.extend(meta.group for _, meta in items
+                            if all(accounting.decided(s) for s in accounting.samples_of(meta.group)))
+        return items
+
+    aborted: list[int] = []
+    on_dropped = controller_module.HANDLERS[msg.SamplesDropped]
+
+    def counting(self, worker, m):
+        aborted.extend(m.tokens)
+        on_dropped(self, worker, m)
+
+    monkeypatch.setattr(Admission, "reissue", recording)
+    monkeypatch.setitem(controller_module.HANDLERS, msg.SamplesDropped, counting)
+    kill_rollout = KillOnce("rollout[0]", when=lambda c: any(g >= min(c.next_group.values())
+                                                              for g in c.accounting.consumed))
+    controller = build_controller(RECIPE, ["staleness_policy=drop", f"staleness={ETA}", "steps=12",
+                                           "emulation.time_scale=1.0"], tmp_path / "run", on_event=kill_rollout)
+    controllers.append(controller)
+    state = controller.run()
+    assert kill_rollout.killed and state.version == 12 and sent
+    trained = identity_holds(controller, reported)
+    assert decided_then == []  # nothing whose fate was settled was generated again
+    lines = [json.loads(line) for path in (tmp_path / "run" / "samples").glob("*.jsonl")
+             for line in path.read_text().splitlines()]
+    assert not {r["sample_id"] for r in lines if r.get("status") == "dropped"} & trained
+    accounting = controller.accounting
+    assert sum(aborted) == accounting.dropped_tokens + accounting.copy_tokens  # every aborted token in a total

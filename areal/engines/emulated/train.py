@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from areal.engines.emulated.device import DeviceProfile, ModelledClock, token_logprobs
+from areal.engines.step_stats import Total, kinds_kept
 from areal.engines.torch_train import LossFn, MicroBatch
 from areal.kernels.packing import balance_across_ranks
 
@@ -95,8 +96,8 @@ class EmulatedTrainEngine:
         self._spend("train", cost)
         self._meet()
         self.step += 1
-        return {"loss": float(loss), **{k: float(v) for k, v in stats.items()}, "tokens": float(total),
-                "sequences": float(len(sequences)), "modelled_s": cost}
+        return {"loss": float(loss), **{k: kinds_kept(v) for k, v in stats.items()}, "tokens": Total(total),
+                "sequences": Total(len(sequences)), "modelled_s": Total(cost)}
 
     def _share(self, lengths: list[int]) -> list[int]:
         """The sequences this rank computes: its token-balanced share of the batch (all of it on one rank)."""

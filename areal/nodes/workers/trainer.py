@@ -15,12 +15,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from areal.engines.step_stats import Peak, Total, combined
 from areal.engines.torch_train import NonFiniteUpdate, TorchTrainEngine
 from areal.engines.trainer_settings import TrainSettings
 from areal.graph.batch import Batch, Ragged
 from areal.nodes.workers.policy import full_sequences, load_run_policy, save_weights
 
 TRAINERS: dict[str, TrainerNode] = {}
+# the loss's numbers that are not token-weighted means: counted tokens add up, the largest weight is the largest
+STAT_KINDS = {"valid_tokens": Total, "capped_tokens": Total, "importance_weight_max": Peak}
 
 
 class TrainerNode:
@@ -76,7 +79,8 @@ class TrainerNode:
             mask = mb["loss_mask"].bool() if masked else torch.ones_like(logp, dtype=torch.bool)
             loss, stats = decoupled_ppo_loss(logp, prox, behav, advantages, mask, clip_eps=self.clip_eps,
                                              behav_weight_cap=self.cap)
-            numbers = {k: float(v) for k, v in vars(stats).items() if isinstance(v, (int, float)) and k != "loss"}
+            numbers = {k: STAT_KINDS.get(k, float)(v) for k, v in vars(stats).items()
+                       if isinstance(v, (int, float)) and k != "loss"}
             if masked:  # as a sum the engine divides by all output tokens: make it the mean over trained ones
                 loss = loss * stats.valid_tokens * mb.batch_tokens / max(trained_tokens[0], 1)
             return loss, numbers
@@ -90,7 +94,7 @@ class TrainerNode:
         }
         if masked:
             extra["loss_mask"] = batch["loss_mask"].rows()
-        totals: dict[str, float] = {}
+        steps: list[tuple[dict[str, float], float]] = []
         # a sample with no output tokens (an empty generation) has no term in the token mean: leave it out
         rows = [i for i, out in enumerate(batch["output_ids"].rows()) if len(out)]
         parts = [rows[i :: self.minibatches] for i in range(self.minibatches)]
@@ -105,8 +109,8 @@ class TrainerNode:
                                                loss_reduction="sum" if masked else "mean")
             except NonFiniteUpdate as err:
                 raise NonFiniteUpdate(f"training version {self.version + 1}: {err}") from None
-            for k, v in stats.items():
-                totals[k] = totals.get(k, 0.0) + v / len(parts)
+            steps.append((stats, stats["tokens"]))
+        totals = {name: float(value) for name, value in combined(steps).items()}  # the minibatches', by kind
         self.version += 1
         # all zero (one sample per group, say): the step moved nothing, and the controller says so once
         totals["zero_advantage"] = float(((advantage.values if token_level else advantage) == 0).float().mean())

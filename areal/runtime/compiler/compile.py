@@ -13,11 +13,14 @@ Pools, in data order:
 
 Each node's input port is bound to one qualified field (`producer.port`, as the graph resolves
 it, `take=` included); a channel from pool P to pool C carries every field C's nodes read from
-P. A pool with several input channels joins them per group (runtime/worker/join.py).
+P. A pool with several input channels joins them per group (runtime/worker/join.py). A side branch,
+a pool no trainer reads from, sends every trainer its samples' ids all the same: the trainer waits
+for its verdict on each group, so a sample it failed or filtered is not trained.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
 from pathlib import Path
@@ -30,6 +33,7 @@ from areal.graph.roles import SAMPLING_ROLES
 from areal.graph.settings import node_config
 from areal.runtime.compiler.cluster import import_ray
 from areal.runtime.compiler.plan import Channel, Plan, PoolSpec
+from areal.runtime.staleness.policies import policy_named
 from areal.runtime.wire.channels import ipc_endpoint
 
 OWN_POOL_KINDS = ("generate", "reward")
@@ -52,13 +56,18 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
             # a trainer reports the reward of what it trained, and whether each sample was solved
             for reported in dict.fromkeys(f for f in (reward_field, solved_field) if f):
                 _route(fields_in, pool_of, reported, name)
+    generators = [n for n in order if n.role in SAMPLING_ROLES]
+    policy = graph.model_of(generators[0]) or "" if generators else ""
+    versions_field = _versions_field(graph, config, generators, policy, bindings)
+    if versions_field:  # the policy's trainer checks η by them, whatever its node declares
+        _route(fields_in, pool_of, versions_field, pool_of[policy])
     _check_inputs(graph, members, fields_in)
-    downstream = _downstream(members, fields_in)
     trainers = {name for name, nodes in members.items() if graph.nodes[nodes[-1]].role == "trainer"}
+    _route_verdicts(graph, members, fields_in, trainers)
+    downstream = _downstream(members, fields_in)
     _check_filters(graph, members, downstream, trainers)
     levels = _levels(graph, members, fields_in)
-    pools = [_pool(name, [graph.nodes[n] for n in nodes], graph, config, levels[name],
-                   reaches_trainer=name in trainers or bool(downstream[name] & trainers))
+    pools = [_pool(name, [graph.nodes[n] for n in nodes], graph, config, levels[name])
              for name, nodes in members.items()]
     by_name = {p.name: p for p in pools}
     inputs_count = {dst: sum(1 for _, d in fields_in if d == dst) for dst in members}
@@ -72,13 +81,11 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
     _check_truncated(graph, config)
     routes = tuple((pool_of[trainer], pool_of[n.name]) for n in order for trainer in [graph.model_of(n)]
                    if trainer is not None and pool_of[n.name] != pool_of[trainer])
-    generators = [n for n in order if n.role in SAMPLING_ROLES]
     episodes = [n for n in generators if n.role == "episode"]
     if config.staleness_policy == "recycle" and episodes:
         raise ConfigError(f"staleness_policy=recycle: {episodes[0].describe()} is an episode, which is not "
                           "interrupted mid-way, so it cannot be re-queued; staleness_policy=token masks the same "
                           "tokens without re-queueing")
-    policy = graph.model_of(generators[0]) or "" if generators else ""
     return Plan(
         graph=graph.name,
         recipe=recipe,
@@ -94,6 +101,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         max_frame_bytes=config.transport.max_frame_bytes,
         max_header_bytes=config.transport.max_header_bytes,
         policy=policy,
+        versions_field=versions_field,
         reward_field=reward_field,
         solved_field=solved_field,
         solved_at=config.eval.solved_at,
@@ -195,6 +203,34 @@ def _check_inputs(graph: Graph, members: dict[str, list[str]], fields_in: dict[t
                               "runtime which samples to give it; give it an input port (a field it uses)"])
 
 
+def _route_verdicts(graph: Graph, members: dict[str, list[str]], fields_in: dict[tuple[str, str], list[str]],
+                    trainers: set[str]) -> None:
+    """A side branch (a pool whose data no trainer reads) sends each trainer its samples' ids: the trainer's join
+    then waits for its verdict, so a row it failed or filtered is never trained, as on the trainer's own path."""
+    downstream = _downstream(members, fields_in)
+    for name, nodes in members.items():
+        if graph.nodes[nodes[0]].kind != "source" and name not in trainers and not downstream[name] & trainers:
+            for trainer in sorted(trainers):
+                fields_in[(name, trainer)] = []
+
+
+def side_branch_notes(graph: Graph, plan: Plan) -> list[str]:
+    """One line per side branch: what it outputs that no node reads, and that the trainer waits for its verdict.
+    A misnamed port makes a branch dead silently, so an output close to a port some node reads is named."""
+    read = {port for n in graph.nodes.values() for port in n.inputs}
+    notes = []
+    for src in sorted({c.src for c in plan.channels if not c.fields}):
+        tip = graph.nodes[plan.pool(src).nodes[-1]]
+        bound = {field for _, _, field in plan.bindings}
+        unread = [port for port in tip.outputs if f"{tip.name}.{port}" not in bound]
+        near = {port: close[0] for port in unread if (close := difflib.get_close_matches(port, read - {port}, 1))}
+        hint = "".join(f"; did you mean '{near[p]}' for '{p}'?" for p in unread if p in near)
+        notes.append(f"{tip.describe()}: a side branch: no node reads its output "
+                     f"{', '.join(repr(p) for p in unread) or 'fields'}; the trainer waits for its verdict on each "
+                     f"group, and a sample it fails is not trained{hint}")
+    return notes
+
+
 def _downstream(members: dict[str, list[str]], fields_in: dict[tuple[str, str], list[str]]) -> dict[str, set[str]]:
     """Pool -> every pool its data reaches."""
     downstream: dict[str, set[str]] = {name: set() for name in members}
@@ -230,8 +266,7 @@ def _levels(graph: Graph, members: dict[str, list[str]], fields_in: dict[tuple[s
     return levels
 
 
-def _pool(name: str, members: list[Node], graph: Graph, config: RunConfig, level: str,
-          reaches_trainer: bool) -> PoolSpec:
+def _pool(name: str, members: list[Node], graph: Graph, config: RunConfig, level: str) -> PoolSpec:
     head = members[0]
     kinds = tuple(n.kind for n in members)
     trainer_node = next((n for n in members if n.role == "trainer"), None)
@@ -264,7 +299,6 @@ def _pool(name: str, members: list[Node], graph: Graph, config: RunConfig, level
         rendezvous=f"127.0.0.1:{_free_port()}" if role == "train" and replicas > 1 else "",
         gpus=config.gpus.get(name, _default_gpus(role, config)),
         model=trainer_node.name if trainer_node is not None else followed,
-        reaches_trainer=reaches_trainer,
     )
 
 
@@ -281,14 +315,41 @@ def _check_names(config: RunConfig, pools: list[PoolSpec]) -> None:
                           "(a trainer's are trainer.ranks)")
 
 
+def _versions_field(graph: Graph, config: RunConfig, generators: list[Node], policy: str,
+                    bindings: list[tuple[str, str, str]]) -> str:
+    """The field whose per-token versions the policy's trainer checks η by and masks with: the one its `versions`
+    port reads, or, when its node declares none, its generator's (a trainer of the researcher's own is held to the
+    same bound). A policy that masks needs the trainer to read the mask: refused when its node has no `loss_mask`."""
+    if not policy:
+        return ""
+    trainer = graph.nodes[policy]
+    masks = policy_named(config.staleness_policy, config.recycle_keep_prefix).masks and config.mode != "sync"
+    if masks and "loss_mask" not in trainer.inputs:
+        raise ConfigError(f"staleness_policy={config.staleness_policy}: {trainer.describe()} has no `loss_mask` "
+                          "input, so the tokens older than η this policy masks would still be trained; declare "
+                          "`loss_mask: Float['S', 'T']` among its inputs (optional={'loss_mask'}) and weight its loss "
+                          "by it (docs/trainer-nodes.md), or use staleness_policy=strict")
+    declared = next((field for n, port, field in bindings if n == policy and port == "versions"), "")
+    if declared:
+        return declared
+    sampling = [n for n in generators if graph.model_of(n) == policy]
+    with_versions = [n for n in sampling if "versions" in n.outputs]
+    if len(with_versions) != 1 or len(sampling) != 1:
+        raise ConfigError(f"{trainer.describe()}: it has no `versions` input, and the runtime cannot tell which "
+                          f"tokens' versions to check η by: {len(with_versions)} of its {len(sampling)} generators "
+                          "output `versions`; declare a `versions: Int['S', 'T']` input (take= names its producer)")
+    return f"{with_versions[0].name}.versions"
+
+
 def _check_truncated(graph: Graph, config: RunConfig) -> None:
-    """trainer.truncated=mask reads which outputs were cut: the trainer must take `truncated` from a node."""
+    """trainer.truncated=mask reads which outputs were cut: the trainer must take `truncated` from a node, and read
+    the loss mask the cut outputs' zeros go into."""
     for n in graph.nodes.values():
         if n.role != "trainer" or node_config(config, n).trainer.truncated != "mask":
             continue
-        if "truncated" not in n.inputs or "versions" not in n.inputs:
-            raise ConfigError(f"trainer.truncated=mask: {n.describe()} takes no `truncated` and `versions` inputs, "
-                              "so it cannot tell which outputs were cut")
+        if "truncated" not in n.inputs or "loss_mask" not in n.inputs:
+            raise ConfigError(f"trainer.truncated=mask: {n.describe()} takes no `truncated` and `loss_mask` inputs, "
+                              "so it cannot tell which outputs were cut, or leave them out of its loss")
         if graph.resolve(n, "truncated") is None:
             raise ConfigError(f"trainer.truncated=mask: no node outputs `truncated` for {n.describe()} (generate "
                               "nodes do; an episode does not cut its turns that way)")

@@ -62,7 +62,6 @@ class PoolSpec:
     rendezvous: str = ""  # a trainer of several ranks: their torch.distributed rendezvous, host:port
     gpus: int = 0  # per replica: what Ray reserves for it (and makes the only GPUs it sees)
     model: str = ""  # a trainer pool: the model it trains; another pool: the model whose weights it follows
-    reaches_trainer: bool = True  # false for a side branch no trainer reads from (its failures are not the step's)
 
     def worker_ids(self) -> list[str]:
         return [f"{self.name}[{r}]" for r in range(self.replicas)]
@@ -84,6 +83,7 @@ class Plan:
     max_frame_bytes: int
     max_header_bytes: int
     policy: str = ""  # the trainer whose model the generators sample ("" without generation)
+    versions_field: str = ""  # the per-token versions the policy's trainer checks η by (its node's, or its generator's)
     reward_field: str = ""  # the qualified field reported as the run's reward (step metrics)
     solved_field: str = ""  # the field that says a sample is solved (held-out pass@1), from solved_at on
     solved_at: float = 1.0

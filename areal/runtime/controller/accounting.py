@@ -35,6 +35,7 @@ class Accounting:
     filtered: dict[int, str] = field(default_factory=dict)
     dropped: dict[int, str] = field(default_factory=dict)  # by the staleness policy
     dropped_tokens: int = 0  # output tokens the dropped samples had generated (wasted)
+    copy_tokens: int = 0  # output tokens of re-issued copies dropped after their sample was decided (wasted too)
     recycled: int = 0  # groups re-queued in their generator (staleness_policy=recycle): in flight, not a verdict
     recycled_tokens: int = 0  # output tokens their re-queued samples carried back to the queue
     duplicates: int = 0
@@ -92,6 +93,8 @@ class Accounting:
             if not self.decided(sid):
                 self.dropped[sid] = reason
                 self.dropped_tokens += count
+            else:
+                self.copy_tokens += count
         return self._lost_groups(sample_ids)
 
     def on_recycled(self, groups: list[int], tokens: list[int]) -> None:
@@ -146,6 +149,7 @@ class Accounting:
             "filtered": len(self.filtered),
             "dropped": len(self.dropped),
             "dropped_tokens": self.dropped_tokens,
+            "copy_tokens": self.copy_tokens,
             "recycled": self.recycled,
             "recycled_tokens": self.recycled_tokens,
             "in_flight": self.in_flight(),

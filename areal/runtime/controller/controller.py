@@ -35,8 +35,10 @@ from areal.runtime.controller.signals import EndingSignals
 from areal.runtime.controller.wiring import Wiring
 from areal.runtime.records.evaluation import HeldOut, first_pass
 from areal.runtime.records.metrics import MetricsWriter
+from areal.runtime.records.sample_log import SampleLog
 from areal.runtime.records.steps import StepRecorder
 from areal.runtime.staleness.admission import Admission, configured
+from areal.runtime.staleness.policies import policy_named
 from areal.runtime.storage.checkpoint import Sealing, final_dir, staging_dir
 from areal.runtime.storage.resume import RECIPE_COPY
 from areal.runtime.storage.rundir import RunDirLock, WriteFailed, write_atomically, writing
@@ -87,6 +89,8 @@ class Controller(WorkerReports, WorkerRecovery):
         self.versions = Versions(plan, start_version, config.sampling_lag, resumed=resume_dir)
         self.trainers = [p.name for p in plan.trainer_pools()]
         self.next_group = {t: next_groups.get(t, start_group) for t in self.trainers}
+        self.taken: dict[str, set[int]] = {t: set() for t in self.trainers}  # consumed above the frontier, each
+        self.staleness_policy = policy_named(config.staleness_policy, config.recycle_keep_prefix)
         self.accounting = Accounting(config.group_size, counted=plan.policy or next(iter(self.trainers), ""),
                                      started_groups=start_group)
         if saved:
@@ -106,6 +110,8 @@ class Controller(WorkerReports, WorkerRecovery):
         self.state = RunState(version=start_version, steps=config.steps)
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl",
                                      keep_lines=int(saved.get("metrics_lines", 0)) if saved else None)
+        # the samples' fate where the controller decides it: admitted, or dropped by the staleness policy
+        self.sample_log = SampleLog(self.run_dir, "controller", config.records) if config.records.samples else None
         # a resumed run's rates count only its own work
         self.steps = StepRecorder(len(self.accounting.trained), config.group_size, len(self.trainers) > 1)
         self.restarts = Restarts(config.faults, plan)
@@ -165,6 +171,8 @@ class Controller(WorkerReports, WorkerRecovery):
                     outbox.close()
                 self.control.close()
                 self.metrics.close()
+                if self.sample_log is not None:
+                    self.sample_log.close()
                 _remove_socket_files(self.plan)
         if unwritten is not None and (error is None or isinstance(error, KeyboardInterrupt)):
             error = unwritten  # the exit checkpoint failed: the run did not end as it says
@@ -260,6 +268,8 @@ class Controller(WorkerReports, WorkerRecovery):
             return
         for batch, meta in self.admission.admit(self.versions.slowest, self.versions.sampled()):
             self._send_source(batch, meta)
+            if self.sample_log is not None:
+                self.sample_log.admitted(meta.group, meta.samples, batch.size, meta.admitted_at)
         self.accounting.started_groups = self.admission.gate.started  # groups consumed before a resume too
         for problem in self.admission.new_problems():
             log.warning("skipped a task record: %s", problem)

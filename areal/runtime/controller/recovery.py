@@ -56,11 +56,18 @@ class WorkerRecovery:
             self._send_source(batch, meta)
 
     def _reissue(self, only: set[int]) -> None:
-        """Send again the groups in `only` that no trainer holds (nor consumed)."""
+        """Send again the groups in `only` that no trainer holds and none is decided for (`_decided`)."""
         held = set().union(*(w.holding for w in self.workers.values()))
-        for batch, meta in self.admission.reissue(held, only):
+        for batch, meta in self.admission.reissue(held | self._decided(), only):
             self.accounting.reissued += 1
             self._send_source(batch, meta)
+
+    def _decided(self) -> set[int]:
+        """Groups whose fate is settled above the frontier: taken by every trainer (a policy that trains in
+        finishing order takes them out of order), or lost whole (every sample dropped, failed or filtered) where
+        no trainer waits for them in admission order. A copy of one would only be generated and dropped again."""
+        taken = set.intersection(*self.taken.values()) if self.taken else set()
+        return taken | (set() if self.staleness_policy.in_order else self.accounting.lost)
 
     def _check_processes(self) -> None:
         now = time.monotonic()

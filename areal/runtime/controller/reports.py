@@ -33,6 +33,7 @@ class WorkerReports:
         self.accounting.on_trained(m.model, m.sample_ids)
         self.next_group[m.model] = m.next_group
         frontier = min(self.next_group.values())
+        self.taken[m.model] = {g for g in self.taken[m.model] | set(m.groups) if g >= frontier}
         self.admission.consumed(frontier)
         for w in self.workers.values():
             if self.plan.pool(w.pool).role == "map":
@@ -77,11 +78,6 @@ class WorkerReports:
             for record in self.heldout.failed(m.sample_ids) if self.heldout is not None else []:
                 self._eval_done(record)
             return
-        if not self.plan.pool(worker.pool).reaches_trainer:  # a side branch: the samples still train
-            for sid, reason in zip(m.sample_ids, reasons):
-                self.metrics.write({"kind": "branch_failed", "sample_id": sid, "reason": reason,
-                                    "wall_s": self._elapsed()})
-            return
         self._free(self.accounting.on_failed(m.sample_ids, reasons), f"{reasons[0]}" if reasons else "failed")
         for sid, reason in zip(m.sample_ids, reasons):
             log.warning("sample %d failed: %s", sid, reason)
@@ -104,6 +100,9 @@ class WorkerReports:
         """The staleness policy dropped samples too old to train within η: counted with the tokens they wasted,
         and a group lost whole frees its slot for another."""
         reason = f"{m.node}: {m.reason}"
+        if self.sample_log is not None:  # a copy of a sample decided already (trained, say) is no news of it
+            fresh = [(sid, n) for sid, n in zip(m.sample_ids, m.tokens) if not self.accounting.decided(sid)]
+            self.sample_log.dropped(m.node, [sid for sid, _ in fresh], [n for _, n in fresh], reason)
         self._free(self.accounting.on_dropped(m.sample_ids, m.tokens, reason), reason)
         self.metrics.write({"kind": "dropped", "sample_ids": m.sample_ids, "tokens": sum(m.tokens), "reason": reason,
                             "wall_s": self._elapsed()})

@@ -7,9 +7,15 @@ skipped on reading). The lines of a sample, by `sample_id`:
 - `{"node": "rollout", "inputs": {"prompt": ...}}`: what the sampling node read (its text inputs);
 - `{"node": "score", "outputs": {"reward": 1.0}}`: a node's declared outputs, a per-token one summarised
   (`{"tokens": n, "mean": ...}` for floats, `min`/`max` for integers such as versions);
+- `{"node": "controller", "status": "admitted", "version": 4}`: its group passed the staleness gate at version
+  4 (written by the controller, so a sample still in flight when a run ends is on record);
 - `{"node": "judge", "status": "failed" | "filtered", "reason": ...}`;
-- `{"node": "actor", "status": "trained", "step": 7, "version": 5, "lag": 2}`: trained at step 7 (the
-  version it produced) from tokens at least as new as version 5.
+- `{"node": "rollout", "status": "dropped", "reason": ..., "tokens": 37}`: the staleness policy dropped it,
+  with the tokens it had generated (written by the controller, which every drop is reported to);
+- `{"node": "actor", "status": "trained", "step": 7, "version": 5, "lag": 2, "versions": [[5, 3], [6, 9]],
+  "loss_mask": [[1, 12]]}`: trained at step 7 (the version it produced) from tokens at least as new as
+  version 5; each output token's version and the loss mask the update read, as runs of (value, count), so
+  a staleness policy's promise can be checked from the run directory alone.
 
 JSONL and not Parquet: many writers append without coordinating, a line is durable as soon as it is
 written, and it reads with `jq` or pandas; Parquet needs pyarrow and buffers a row group a kill loses. A
@@ -55,11 +61,31 @@ class SampleLog:
         for sid, reason in zip(sample_ids, reasons, strict=True):
             self._write({"sample_id": int(sid), "node": node, "status": status, "reason": self._text(reason)})
 
-    def trained(self, node: str, step: int, sample_ids: Sequence[int], versions: Sequence[int]) -> None:
-        """Samples trained at `step` (the version the update publishes), each with its oldest token's version."""
-        for sid, version in zip(sample_ids, versions, strict=True):
-            self._write({"sample_id": int(sid), "node": node, "status": "trained", "step": step,
-                         "version": int(version), "lag": step - 1 - int(version)})
+    def admitted(self, group: int, samples: int, prompts: int, version: int) -> None:
+        """The samples of `prompts` groups from `group` on, `samples` each, admitted at `version`."""
+        for sid in range(group * samples, (group + prompts) * samples):
+            self._write({"sample_id": sid, "group_id": sid // samples, "node": "controller", "status": "admitted",
+                         "version": version})
+
+    def dropped(self, node: str, sample_ids: Sequence[int], tokens: Sequence[int], reason: str) -> None:
+        for sid, count in zip(sample_ids, tokens, strict=True):
+            self._write({"sample_id": int(sid), "node": node, "status": "dropped", "reason": self._text(reason),
+                         "tokens": int(count)})
+
+    def trained(self, node: str, step: int, sample_ids: Sequence[int], versions: Ragged | None,
+                loss_mask: Ragged | None) -> None:
+        """Samples trained at `step` (the version the update publishes): each output token's version and the loss
+        mask the update read (None: the trainer checks no versions; every token in the loss)."""
+        for row, sid in enumerate(sample_ids):
+            tokens = versions.rows()[row] if versions is not None else None
+            oldest = int(tokens.min()) if tokens is not None and len(tokens) else step - 1
+            line = {"sample_id": int(sid), "node": node, "status": "trained", "step": step, "version": oldest,
+                    "lag": step - 1 - oldest}
+            if tokens is not None:
+                line["versions"] = _runs(tokens)
+            if loss_mask is not None:
+                line["loss_mask"] = _runs(loss_mask.rows()[row])
+            self._write(line)
 
     def close(self) -> None:
         if self._file is not None:
@@ -95,6 +121,12 @@ class SampleLog:
             return
         self._file.write(line)
         self._written += len(line)
+
+
+def _runs(row: torch.Tensor) -> list[list[int]]:
+    """[[value, count], ...]: a row of integers as its runs (a sample's versions change a few times at most)."""
+    values, counts = torch.unique_consecutive(row.to(torch.int64), return_counts=True)
+    return [[int(v), int(c)] for v, c in zip(values.tolist(), counts.tolist(), strict=True)]
 
 
 def _summary(row: torch.Tensor) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from areal.errors import ConfigError
 from areal.runtime.records.sample_log import FOLDER
 from areal.runtime.records.tail import JsonlTail
 
-STATUSES = ("trained", "failed", "filtered", "pending")
+STATUSES = ("trained", "failed", "filtered", "dropped", "held-out", "pending")
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "<=": operator.le, ">=": operator.ge, "!=": operator.ne, "==": operator.eq, "<": operator.lt, ">": operator.gt,
     "~": lambda value, text: text in str(value),
@@ -27,11 +27,15 @@ _WHERE = re.compile(r"^\s*([\w.\-\[\]]+)\s*(<=|>=|!=|==|<|>|~)\s*(.*?)\s*$")
 class SampleRecord:
     sample_id: int
     group_id: int | None = None
-    status: str = "pending"  # no trained, failed or filtered line yet: in flight, or the run stopped first
+    status: str = "pending"  # no verdict yet: in flight, or the run stopped first ("held-out": scored, never trained)
+    admitted: int | None = None  # the version its group passed the staleness gate at
     step: int | None = None  # the version the update that trained it published
     lag: int | None = None
-    reason: str | None = None  # why it failed or was filtered, and by which node (`node`)
+    reason: str | None = None  # why it failed, was filtered or dropped, and by which node (`node`)
     node: str | None = None
+    versions: list[int] | None = None  # trained: each output token's policy version
+    loss_mask: list[int] | None = None  # trained: each output token's loss mask, as the update read it
+    dropped_tokens: int | None = None  # dropped: the tokens it had generated
     fields: dict[str, Any] = field(default_factory=dict)  # "node.port" -> value, inputs and outputs alike
 
     def value(self, name: str) -> Any:
@@ -62,7 +66,8 @@ def fold(records: dict[int, SampleRecord], lines: Iterable[dict[str, Any]]) -> N
     for line in lines:
         if "sample_id" not in line:
             continue  # the line that says a worker's file was cut at records.max_mb
-        record = records.setdefault(int(line["sample_id"]), SampleRecord(int(line["sample_id"])))
+        sid = int(line["sample_id"])  # a held-out round's samples have negative ids and are never trained
+        record = records.setdefault(sid, SampleRecord(sid, status="held-out" if sid < 0 else "pending"))
         _apply(record, line)
 
 
@@ -86,11 +91,21 @@ def _apply(record: SampleRecord, line: dict[str, Any]) -> None:
         for port, value in (line.get(key) or {}).items():
             record.fields[f"{node}.{port}"] = value
     status = line.get("status")
-    if status == "trained":
+    if status == "admitted":
+        record.admitted = line.get("version")
+    elif status == "trained":
         record.status, record.node, record.reason = "trained", node, None
         record.step, record.lag = line.get("step"), line.get("lag")
-    elif status in ("failed", "filtered") and record.status != "trained":
+        record.versions, record.loss_mask = _expanded(line.get("versions")), _expanded(line.get("loss_mask"))
+    elif status in ("failed", "filtered", "dropped") and record.status != "trained":
         record.status, record.node, record.reason = status, node, line.get("reason")
+        if status == "dropped":
+            record.dropped_tokens = line.get("tokens")
+
+
+def _expanded(runs: list[list[int]] | None) -> list[int] | None:
+    """A row written as runs of (value, count) (sample_log.py), one value a token again."""
+    return None if runs is None else [value for value, count in runs for _ in range(count)]
 
 
 def _condition(text: str) -> Callable[[SampleRecord], bool]:

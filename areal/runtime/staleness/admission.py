@@ -89,9 +89,10 @@ class Admission:
             if group in self.issued:
                 self.gate.free()
 
-    def reissue(self, held: set[int], only: set[int]) -> list[tuple[Batch, GroupMeta]]:
-        """What to send again: the groups of `only` neither consumed nor held by a trainer."""
-        return [item for group, item in sorted(self.issued.items()) if group not in held and group in only]
+    def reissue(self, skip: set[int], only: set[int]) -> list[tuple[Batch, GroupMeta]]:
+        """What to send again: the groups of `only` not consumed below the frontier, and not in `skip` (held by a
+        trainer, or decided above the frontier)."""
+        return [item for group, item in sorted(self.issued.items()) if group not in skip and group in only]
 
     def cursor(self) -> dict[str, Any]:
         return self.tasks.state() if isinstance(self.tasks, ResumableSource) else {}

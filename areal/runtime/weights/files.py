@@ -10,6 +10,7 @@ import logging
 import os
 from pathlib import Path
 
+from areal.errors import NodeContractError
 from areal.graph.roles import Follower
 from areal.nodes.workers.policy import load_weights
 from areal.runtime.storage import weight_files
@@ -34,6 +35,9 @@ class FilesPublisher:
         final = weight_files.published(weights_dir, model, version)
         tmp = weight_files.partial(weights_dir, model, version)
         source.save(str(tmp))
+        if not tmp.exists():
+            raise NodeContractError(f"trainer pool '{model}': save_weights(path) wrote no file at its path (the "
+                                    "policy's weights as safetensors, which every follower loads)")
         os.replace(tmp, final)  # readers never see a half-written file
         for older, path in weight_files.published_versions(weights_dir, model).items():
             # keep the newest; a file above this version is rolled-back work from before a resume

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from areal.errors import RunError
+from areal.errors import NodeContractError, RunError
 from areal.graph.batch import Batch
 from areal.graph.node import Node
 from areal.graph.roles import DROPPED, FAILED, METRICS
@@ -26,7 +26,7 @@ from areal.runtime.compiler.plan import IMPLICIT, Plan
 from areal.runtime.records.sample_log import SampleLog
 from areal.runtime.records.spans import Spans
 from areal.runtime.wire.messages import Message, SamplesFailed, SamplesFiltered
-from areal.runtime.worker.outputs import NodeContractError, checked_outputs, empty_outputs
+from areal.runtime.worker.outputs import checked_outputs, empty_outputs
 
 Report = Callable[[Message], None]  # the worker's control.send
 

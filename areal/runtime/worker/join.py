@@ -5,7 +5,8 @@ failed or were filtered), so a joining pool always gets a part from each input i
 join keys parts by group (a held-out round by its first group), merges them when the last one
 comes, and keeps only the samples every sample-level part still holds (a sample missing from one
 branch was counted failed or filtered where it went missing). Group-level parts (task fields
-from the source, one row per prompt) are spread over their group's samples. Fields are named by
+from the source, one row per prompt) are spread over their group's samples, and a group missing
+from one takes its samples with it. Fields are named by
 their producer, so parts never collide; `sample_id` and `group_id` come on every part.
 
 Bounded: a channel that is `capacity` groups ahead of the others is not read until they catch
@@ -64,6 +65,11 @@ def merge(parts: dict[str, Batch], levels: dict[str, str]) -> Batch:
     for other in (samples or groups)[1:]:
         present = set(other[key].tolist())
         keep = [i for i in keep if i in present]
+    if samples:  # a group a group-level part lacks (its row failed there) takes its samples with it
+        group_of = dict(zip(base["sample_id"].tolist(), base["group_id"].tolist()))
+        for b in groups:
+            present = set(b["group_id"].tolist())
+            keep = [i for i in keep if group_of[i] in present]
     fields: dict[str, Field] = {}
     for b in samples or groups:
         fields.update(_rows_of(b, key, keep))

@@ -41,7 +41,7 @@ import torch
 import zmq
 
 from areal.config import RunConfig
-from areal.errors import RunError, WireError
+from areal.errors import NodeContractError, RunError, WireError
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.graph.node import Node
@@ -65,7 +65,6 @@ from areal.runtime.worker.context import WorkerContext
 from areal.runtime.worker.join import Join
 from areal.runtime.worker.map_role import MapRole
 from areal.runtime.worker.outbox import Outbox
-from areal.runtime.worker.outputs import NodeContractError
 from areal.runtime.worker.ranks import RankOrders, rank_environment
 from areal.runtime.worker.reaper import guard_process_group
 from areal.runtime.worker.stream_role import StreamRole

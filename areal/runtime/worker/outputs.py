@@ -17,17 +17,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from areal.errors import RunError
+from areal.errors import NodeContractError
 from areal.graph.batch import Batch, Ragged
 from areal.graph.node import Node
 from areal.graph.ports import PortType
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
                 "bool": torch.bool}
-
-
-class NodeContractError(RunError):
-    """A node returned something other than what it declared: a bug in the node, fatal on every retry."""
 
 
 def checked_outputs(n: Node, batch: Batch, out: Mapping[str, Any]) -> tuple[dict[str, Any], dict[int, str]]:

@@ -12,17 +12,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from areal.graph.batch import Batch
+import torch
+
+from areal.errors import NodeContractError
+from areal.graph.batch import Batch, Ragged
 from areal.graph.meta import GroupMeta
 from areal.graph.roles import Checkpointed, TrainerNode
+from areal.runtime.compiler.plan import IMPLICIT
 from areal.runtime.records.solved import solved
 from areal.runtime.records.spans import StepWait
 from areal.runtime.staleness.policies.enforce import checked_step, expired, with_policy_mask
-from areal.runtime.staleness.policies.loss_mask import with_truncated_masked
+from areal.runtime.staleness.policies.loss_mask import loss_mask, with_truncated_masked
 from areal.runtime.storage.checkpoint import MANIFEST, staging_dir
 from areal.runtime.wire import messages as msg
 from areal.runtime.worker.chain import guard
-from areal.runtime.worker.outputs import NodeContractError
 
 log = logging.getLogger("areal.worker")
 
@@ -85,7 +88,7 @@ class TrainerRole:
     def _drop_expired(self, waiting: dict[int, tuple[Batch, GroupMeta]]) -> list[int]:
         """drop: the arrived groups the next step could not train within η, reported dropped (with the tokens
         they had generated) and taken out of `waiting`; they are consumed with the next step."""
-        versions = self.plan.binding(self.nodes[-1].name).get("versions")
+        versions = self.plan.versions_field
         if not (self.staleness_policy.drops and self.enforcing and versions):
             return []
         late = sorted(g for g, (b, _) in waiting.items()
@@ -114,23 +117,29 @@ class TrainerRole:
             stats |= metrics
         if batch is not None and batch.size:
             binding = self.plan.binding(self.nodes[-1].name)
-            view = self.chain.view(batch, binding)
+            # what the loss reads, and the versions η is checked by even where the node declares none
+            versions = {"versions": self.plan.versions_field} if self.enforcing else {}
+            audit = self.chain.view(batch, {**versions, **binding})
             if self.masks_truncated:  # before the policy's mask: its count and its check see what the loss sees
-                view, stats["truncated_masked"] = with_truncated_masked(view)
-            if self.enforcing and "versions" in view:
+                audit, stats["truncated_masked"] = with_truncated_masked(audit)
+            if self.enforcing:
                 if self.staleness_policy.masks:  # every rank: the same mask from the same versions
-                    view, stats["masked_tokens"] = with_policy_mask(view, step, self.config.staleness)
+                    audit, stats["masked_tokens"] = with_policy_mask(audit, step, self.config.staleness)
                 if not self.follower:
-                    numbers = checked_step(self.staleness_policy, view, step, self.config.effective_staleness,
+                    numbers = checked_step(self.staleness_policy, audit, step, self.config.effective_staleness,
                                            self.config.batch_size, groups or [])
                     hist, stats["stale_tokens"] = numbers["staleness"], numbers["stale_tokens"]
+            reads = self.nodes[-1].inputs
+            view = Batch({name: value for name, value in audit.items() if name in binding or name in IMPLICIT
+                          or (name == "loss_mask" and name in reads)})
             stats |= dict(guard(self.nodes[-1], trainer, view))
             end = time.monotonic()
             self.spans.add("node", self.nodes[-1].name, middle, end, samples=batch.size)
             if self.chain.log is not None:
-                oldest = [int(r.min()) if len(r) else step for r in batch[binding["versions"]].rows()] \
-                    if "versions" in binding else [step] * batch.size
-                self.chain.log.trained(self.nodes[-1].name, step + 1, batch["sample_id"].tolist(), oldest)
+                mask = Ragged(loss_mask(audit).to(torch.int32), audit["versions"].offsets) \
+                    if "versions" in audit else None
+                self.chain.log.trained(self.nodes[-1].name, step + 1, batch["sample_id"].tolist(),
+                                       audit.get("versions"), mask)
             self.chain.busy_s += end - middle
             stats |= {"prox_s": middle - start, "update_s": end - middle}
         else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
