@@ -2,8 +2,10 @@
 
 One id per character of printable ASCII plus "\\n" and "\\t", after four special tokens at fixed
 ids (<pad> 0, <bos> 1, <eos> 2, <unk> 3). It is a `transformers.PreTrainedTokenizer`, so HF
-`generate`, TRL and `save_pretrained`/`from_pretrained` treat it like any other tokenizer. The
-vocabulary is defined by this code, not by a file: a saved tokenizer is its config alone.
+`generate`, TRL and `save_pretrained`/`from_pretrained` treat it like any other tokenizer
+(tests/models/test_tokenizer.py checks each call of that API against a stock HF tokenizer with the
+same vocabulary, on the installed transformers). The vocabulary is defined by this code, not by a
+file: a saved tokenizer is its config alone.
 
 Text that spells a special token ("<eos>" inside a string literal) stays characters: special
 ids are only ever added by the tokenizer itself, never read from user text.
@@ -59,12 +61,13 @@ class CharTokenizer(PreTrainedTokenizer):
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
         return "".join(tokens)
 
-    def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs: Any) -> str:
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs: Any) -> str | list[str]:
         """A list of ids joined here: generation's stop check decodes a few tokens of every row at every step,
         and the base class's general path was a quarter of the tiny coder's decode loop. Anything else
-        (tensors, other options) takes that path."""
+        (tensors, other options, a batch) takes that path, and returns what it returns: since transformers 5
+        `decode` of a batch is a list of strings, and `batch_decode` calls it (so a str() here broke both)."""
         if kwargs or not isinstance(token_ids, list) or not all(type(i) is int for i in token_ids):
-            return str(super().decode(token_ids, skip_special_tokens=skip_special_tokens, **kwargs))
+            return super().decode(token_ids, skip_special_tokens=skip_special_tokens, **kwargs)  # type: ignore[no-any-return]
         skipped = self._special_ids if skip_special_tokens else frozenset()
         return "".join(self._inverse.get(i, "<unk>") for i in token_ids if i not in skipped)
 
