@@ -8,6 +8,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from tests.graph import recipes
 
 
@@ -138,3 +140,63 @@ def test_run_view_on_a_taken_port_is_refused_before_training(tmp_path):
     said = " ".join(done.stderr.split())  # the console folds it at 80 columns
     assert f"cannot serve the view on 127.0.0.1:{port}: Address already in use; choose another port" in said
     assert not (tmp_path / "run" / "plan.json").exists()  # no worker started
+
+
+def _root_without_handlers(monkeypatch) -> None:
+    """The root logger as `areal run` starts it, with no handler (pytest adds its own): a warning logged then would
+    reach Python's last-resort handler, which prints it on stderr."""
+    import logging
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+
+
+@pytest.mark.slow  # a run of its own first (about 10 s)
+def test_a_resume_says_its_changed_settings_once_and_logs_them(tmp_path, monkeypatch, capsys):
+    import io
+    import shutil
+
+    from rich.console import Console
+
+    from areal.cli.run import build_controller, run_recipe
+    from areal.runtime.storage.resume import resume_point
+
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(Path(__file__).parent / "runtime" / "fake_rl.py", recipe)
+    run = tmp_path / "run"
+    assert run_recipe(recipe, overrides=["steps=1", "checkpoint.interval_steps=1"], run_dir=run, live=False) == 0
+    capsys.readouterr()
+    _root_without_handlers(monkeypatch)
+    point, out = resume_point(run, None), io.StringIO()  # what `areal run --resume` does, up to starting the run
+    build_controller(point.recipe, [*point.overrides, "steps=2", "trainer.lr=0.002"], run, point,
+                     Console(file=out, width=80))
+    said = out.getvalue() + capsys.readouterr().err
+    assert said.count("resuming with changed settings") == 1 and said.count("trainer.lr 0.0003 -> 0.002") == 1
+    logged = (run / "logs" / "controller.log").read_text()
+    assert logged.count("resuming with changed settings: steps 1 -> 2; trainer.lr 0.0003 -> 0.002") == 1
+
+
+def test_the_sandbox_report_is_said_once_per_machine_until_what_it_says_changes(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import areal.cli.run as run_module
+    from areal.cli.run import build_controller
+
+    monkeypatch.setenv("AREAL_CACHE", str(tmp_path / "cache"))
+    _root_without_handlers(monkeypatch)
+    code_rl = Path(__file__).resolve().parents[1] / "recipes" / "code_rl.py"
+
+    def start(name: str) -> tuple[str, str]:
+        out = io.StringIO()
+        build_controller(code_rl, ["steps=2"], tmp_path / name, console=Console(file=out, width=80))
+        return out.getvalue(), (tmp_path / name / "logs" / "controller.log").read_text()
+
+    (first, first_log), (second, second_log) = start("a"), start("b")
+    assert first.count("code sandbox:") == 1 and "`areal sandbox` says it again" in first
+    assert "code sandbox:" not in second  # the same machine, the same report: not said again
+    assert "code sandbox:" in first_log and "code sandbox:" in second_log  # every run's log keeps it
+    reports = run_module._preflight
+    monkeypatch.setattr(run_module, "_preflight", lambda recipe: [r + " (changed)" for r in reports(recipe)])
+    changed, _ = start("c")
+    assert "code sandbox:" in changed  # the machine changed: said again
