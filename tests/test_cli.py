@@ -118,6 +118,38 @@ def test_samples_pages_and_filters_a_runs_records(tmp_path):
     assert bad.returncode == 2 and "--status 'lost': use one of trained, failed, filtered, pending" in bad.stderr
 
 
+
+def test_samples_reads_at_80_columns_one_line_per_field_text_cut_at_the_edge(tmp_path):
+    import torch
+
+    from areal.config import RecordsConfig
+    from areal.graph.batch import Batch
+    from areal.runtime.records.sample_log import SampleLog
+
+    log = SampleLog(tmp_path, "rollout[0]", RecordsConfig())
+    batch = Batch({"sample_id": torch.arange(2), "group_id": torch.tensor([0, 0])})
+    prompt = "# return the larger of a and b, or their sum when both are odd numbers\ndef g(a, b):\n"
+    log.inputs("rollout", batch, {"prompt": [prompt, prompt]})
+    log.outputs("rollout", batch, {"completion": ["    return max(a, b)\n", "    return a\n"]})
+    log.outputs("score", batch, {"reward": torch.tensor([1.0, 0.0]), "tests_passed": torch.tensor([3, 0])})
+    log.outputs("adv", batch, {"advantage": torch.tensor([0.7071, -0.7071])})
+    log.trained("actor", 3, [0], [1])
+    log.removed("score", "failed", [1], ["wrong_answer: expected 5, got 6 on the second public test of this task"])
+    log.close()
+    done = subprocess.run([sys.executable, "-m", "areal.cli", "samples", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = [line.rstrip() for line in done.stdout.splitlines()]
+    assert max(map(len, lines)) <= 80
+    assert lines[0] == "2 samples: 1 trained, 1 failed · 2 match, showing 1-2"
+    assert lines[1:6] == ["sample 0 · group 0 · trained at step 3, lag 1",
+                          "  rollout.prompt      # return the larger of a and b, or their sum when both ar…",
+                          "  rollout.completion      return max(a, b)⏎",
+                          "  score               reward 1 · tests_passed 3",
+                          "  adv                 advantage 0.7071"]
+    assert lines[6] == "sample 1 · group 0 · failed"
+    assert lines[-1] == "  why                 score: wrong_answer: expected 5, got 6 on the second publ…"
+
 def test_view_and_trace_name_what_a_directory_lacks(tmp_path):
     missing = areal("view", str(tmp_path / "nowhere"))
     assert missing.returncode == 2
