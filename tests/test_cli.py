@@ -8,6 +8,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from tests.graph import recipes
 
 
@@ -119,6 +121,38 @@ def test_samples_pages_and_filters_a_runs_records(tmp_path):
     assert "--status 'lost': use one of trained, failed, filtered, dropped, held-out, pending" in bad.stderr
 
 
+def test_samples_reads_at_80_columns_one_line_per_field_text_cut_at_the_edge(tmp_path):
+    import torch
+
+    from areal.config import RecordsConfig
+    from areal.graph.batch import Batch, Ragged
+    from areal.runtime.records.sample_log import SampleLog
+
+    log = SampleLog(tmp_path, "rollout[0]", RecordsConfig())
+    batch = Batch({"sample_id": torch.arange(2), "group_id": torch.tensor([0, 0])})
+    prompt = "# return the larger of a and b, or their sum when both are odd numbers\ndef g(a, b):\n"
+    log.inputs("rollout", batch, {"prompt": [prompt, prompt]})
+    log.outputs("rollout", batch, {"completion": ["    return max(a, b)\n", "    return a\n"]})
+    log.outputs("score", batch, {"reward": torch.tensor([1.0, 0.0]), "tests_passed": torch.tensor([3, 0])})
+    log.outputs("adv", batch, {"advantage": torch.tensor([0.7071, -0.7071])})
+    log.trained("actor", 3, [0], Ragged.from_rows([torch.tensor([1, 2], dtype=torch.int32)]), None)
+    log.removed("score", "failed", [1], ["wrong_answer: expected 5, got 6 on the second public test of this task"])
+    log.close()
+    done = subprocess.run([sys.executable, "-m", "areal.cli", "samples", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = [line.rstrip() for line in done.stdout.splitlines()]
+    assert max(map(len, lines)) <= 80
+    assert lines[0] == "2 samples: 1 trained, 1 failed · 2 match, showing 1-2"
+    assert lines[1:6] == ["sample 0 · group 0 · trained at step 3, lag 1",
+                          "  rollout.prompt      # return the larger of a and b, or their sum when both ar…",
+                          "  rollout.completion      return max(a, b)⏎",
+                          "  score               reward 1 · tests_passed 3",
+                          "  adv                 advantage 0.7071"]
+    assert lines[6] == "sample 1 · group 0 · failed"
+    assert lines[-1] == "  why                 score: wrong_answer: expected 5, got 6 on the second publ…"
+
+
 def test_view_and_trace_name_what_a_directory_lacks(tmp_path):
     missing = areal("view", str(tmp_path / "nowhere"))
     assert missing.returncode == 2
@@ -141,3 +175,63 @@ def test_run_view_on_a_taken_port_is_refused_before_training(tmp_path):
     said = " ".join(done.stderr.split())  # the console folds it at 80 columns
     assert f"cannot serve the view on 127.0.0.1:{port}: Address already in use; choose another port" in said
     assert not (tmp_path / "run" / "plan.json").exists()  # no worker started
+
+
+def _root_without_handlers(monkeypatch) -> None:
+    """The root logger as `areal run` starts it, with no handler (pytest adds its own): a warning logged then would
+    reach Python's last-resort handler, which prints it on stderr."""
+    import logging
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+
+
+@pytest.mark.slow  # a run of its own first (about 10 s)
+def test_a_resume_says_its_changed_settings_once_and_logs_them(tmp_path, monkeypatch, capsys):
+    import io
+    import shutil
+
+    from rich.console import Console
+
+    from areal.cli.run import build_controller, run_recipe
+    from areal.runtime.storage.resume import resume_point
+
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(Path(__file__).parent / "runtime" / "fake_rl.py", recipe)
+    run = tmp_path / "run"
+    assert run_recipe(recipe, overrides=["steps=1", "checkpoint.interval_steps=1"], run_dir=run, live=False) == 0
+    capsys.readouterr()
+    _root_without_handlers(monkeypatch)
+    point, out = resume_point(run, None), io.StringIO()  # what `areal run --resume` does, up to starting the run
+    build_controller(point.recipe, [*point.overrides, "steps=2", "trainer.lr=0.002"], run, point,
+                     Console(file=out, width=80))
+    said = out.getvalue() + capsys.readouterr().err
+    assert said.count("resuming with changed settings") == 1 and said.count("trainer.lr 0.0003 -> 0.002") == 1
+    logged = (run / "logs" / "controller.log").read_text()
+    assert logged.count("resuming with changed settings: steps 1 -> 2; trainer.lr 0.0003 -> 0.002") == 1
+
+
+def test_the_sandbox_report_is_said_once_per_machine_until_what_it_says_changes(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import areal.cli.run as run_module
+    from areal.cli.run import build_controller
+
+    monkeypatch.setenv("AREAL_CACHE", str(tmp_path / "cache"))
+    _root_without_handlers(monkeypatch)
+    code_rl = Path(__file__).resolve().parents[1] / "recipes" / "code_rl.py"
+
+    def start(name: str) -> tuple[str, str]:
+        out = io.StringIO()
+        build_controller(code_rl, ["steps=2"], tmp_path / name, console=Console(file=out, width=80))
+        return out.getvalue(), (tmp_path / name / "logs" / "controller.log").read_text()
+
+    (first, first_log), (second, second_log) = start("a"), start("b")
+    assert first.count("code sandbox:") == 1 and "`areal sandbox` says it again" in first
+    assert "code sandbox:" not in second  # the same machine, the same report: not said again
+    assert "code sandbox:" in first_log and "code sandbox:" in second_log  # every run's log keeps it
+    reports = run_module._preflight
+    monkeypatch.setattr(run_module, "_preflight", lambda recipe: [r + " (changed)" for r in reports(recipe)])
+    changed, _ = start("c")
+    assert "code sandbox:" in changed  # the machine changed: said again

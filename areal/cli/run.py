@@ -8,6 +8,7 @@ recorded in its plan.json.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from areal.engines import needs_model, require_engines
 from areal.errors import ArealError, RunError
 from areal.graph.node import Node
 from areal.graph.recipe import Recipe, load_recipe
+from areal.models.cache import cache_root
 from areal.runtime.compiler.compile import compile_plan, side_branch_notes
 from areal.runtime.controller.controller import Controller
 from areal.runtime.controller.run_status import StatusWriter
@@ -43,13 +45,14 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
     console = console or Console(stderr=True)
     overrides = list(overrides or [])
     point = lock = None
+    notes: list[str] = []
     if resume is not None:
         lock = claim_run_dir(resume, resuming=True)  # before anything reads or clears the run's files
         point = resume_point(resume, recipe_path, allow_recipe_change=allow_recipe_change, start_over=start_over)
         for line in point.skipped:
             console.print(f"[yellow]skipped checkpoint[/] {line}", highlight=False, soft_wrap=True)
         if point.recipe_edit:
-            _report(console, f"resuming under the edited recipe {point.recipe}:", point.recipe_edit)
+            notes.append(_report(console, f"resuming under the edited recipe {point.recipe}:", point.recipe_edit))
         recipe_path, overrides, run_dir = point.recipe, point.overrides + overrides, resume
         console.print(f"resuming {run_dir} from {point.checkpoint.name if point.checkpoint else 'the start'}",
                       soft_wrap=True)
@@ -60,7 +63,7 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
             view.update(live_table(controller))
 
     assert recipe_path is not None
-    controller = build_controller(recipe_path, overrides, run_dir, point, console, _throttled(refresh), lock)
+    controller = build_controller(recipe_path, overrides, run_dir, point, console, _throttled(refresh), lock, notes)
     stack = ExitStack()
     code = 0
     try:
@@ -88,17 +91,21 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
 
 def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Path | None,
                      resume: ResumePoint | None = None, console: Console | None = None,
-                     on_event: Any = None, lock: RunDirLock | None = None) -> Controller:
+                     on_event: Any = None, lock: RunDirLock | None = None,
+                     notes: list[str] | None = None) -> Controller:
     """Load, compile and wire a run without starting it (tests drive the controller directly). The run directory
-    is locked here (unless `lock` holds it already) until the controller's run ends."""
+    is locked here (unless `lock` holds it already) until the controller's run ends. `notes`: what was said on
+    the console before (a resume's changes), for the controller's log."""
+    notes = list(notes or [])
     recipe = load_recipe(recipe_path, overrides)
     if resume is not None and (changed := check_changes(resume.run_dir, recipe.config)):
-        _report(console, "resuming with changed settings:", changed)
+        notes.append(_report(console, "resuming with changed settings:", changed))
     _check_engines(recipe)
-    for report in _preflight(recipe):
-        log.info("%s", report)
-        if console is not None:
-            console.print(report, highlight=False, soft_wrap=True)
+    reports = _preflight(recipe)
+    for report in reports:
+        if console is not None and _first_on_this_machine(report):
+            console.print(f"{report}\n(said once per machine while it stays so; `areal sandbox` says it again)",
+                          highlight=False, soft_wrap=True)
     checkpoint, saved = (resume.checkpoint, resume.saved) if resume is not None else (None, None)
     folder = Path(run_dir or recipe.config.run_dir or _default_run_dir(recipe))
     lock = lock or claim_run_dir(folder, resuming=resume is not None)
@@ -106,6 +113,10 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
         with writing(folder / "metrics.jsonl", folder):
             (folder / "metrics.jsonl").unlink(missing_ok=True)
     _log_to(folder / "logs" / "controller.log")
+    for note in notes:  # logged only now: with no handler yet, Python's last resort printed them a second time
+        log.warning("%s", note)
+    for report in reports:
+        log.info("%s", report)
     plan = compile_plan(recipe.graph, recipe.config, recipe=str(recipe.path), overrides=tuple(overrides),
                         run_dir=folder.resolve())
     plan = dataclasses.replace(plan, recipe_sha256=recipe_hash(recipe.path))
@@ -120,13 +131,27 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
     return controller
 
 
-def _report(console: Console | None, title: str, lines: list[str]) -> None:
-    """Said on the console and in the controller's log: a resumed run says what is not as it was."""
-    log.warning("%s %s", title, "; ".join(lines))
+def _report(console: Console | None, title: str, lines: list[str]) -> str:
+    """Said on the console, once, and returned for the controller's log: a resumed run says what is not as it was."""
     if console is not None:
         console.print(f"[yellow]{title}[/]", highlight=False)
         for line in lines:
             console.print(f"  {line}", highlight=False, soft_wrap=True, markup=False)
+    return f"{title} {'; '.join(lines)}"
+
+
+def _first_on_this_machine(report: str) -> bool:
+    """Whether this machine has not said `report` before (a marker under the cache dir, named by a hash of what the
+    report says, so a machine whose sandbox changed says it again). A cache that cannot be written: say it."""
+    marker = cache_root() / "reported" / hashlib.sha256(report.encode()).hexdigest()[:24]
+    if marker.exists():
+        return False
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(report)
+    except OSError:
+        pass
+    return True
 
 
 def _default_run_dir(recipe: Recipe) -> Path:

@@ -1,42 +1,74 @@
-"""`areal samples` as a table: one row per sample, its id, status, step and lag, its text fields cut to fit,
-and each node's numbers."""
+"""`areal samples` on a terminal: one block per sample, so that it reads at 80 columns as well as at 200.
+
+A block's heading says the sample's id, group and fate (trained at step N with lag L, failed, ...); then one line
+per text field (prompt, completion, transcript: newlines shown as ⏎, cut with … at the terminal's edge), one line
+per node with that node's numbers, and why it failed or was filtered. A table with a column per field was
+unreadable at 80 columns (every cell folded into a strip of a few characters); `--json` gives every field whole.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
 
+from rich.console import Group, RenderableType
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from areal.runtime.records.sample_records import STATUSES, SampleRecord
 
-TEXT_WIDTH = 40  # characters of a prompt or completion shown in a cell
+TEXT_CHARS = 400  # of a text field kept before the terminal's edge cuts it: a line, never a page
 
 
 def samples_table(every: Iterable[SampleRecord], chosen: list[SampleRecord], page: list[SampleRecord],
-                  offset: int) -> Table:
+                  offset: int) -> RenderableType:
     counts = Counter(r.status for r in every)
     title = (f"{sum(counts.values())} samples: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
              + f" · {len(chosen)} match, showing {offset + 1 if page else 0}-{offset + len(page)}")
-    columns = sorted({name for r in page for name, v in r.fields.items() if _shown(v)}, key=_order)
-    t = Table(title=title, show_lines=False)
-    for name in ("id", "group", "status", "step", "lag", *columns, "why"):
-        t.add_column(name, overflow="fold", max_width=TEXT_WIDTH if name in columns else None)
+    blocks: list[RenderableType] = [Text(title, style="bold")]
     for r in page:
-        cells = [_cell(r.fields.get(name)) for name in columns]
-        why = f"{r.node}: {r.reason}" if r.reason else ""
-        t.add_row(str(r.sample_id), _cell(r.group_id), r.status, _cell(r.step), _cell(r.lag), *cells, why)
-    return t
+        blocks += [Text(_heading(r), style="bold cyan"), Padding(_fields(r), (0, 0, 0, 2))]
+    return Group(*blocks)
+
+
+def _heading(r: SampleRecord) -> str:
+    fate = r.status if r.step is None else f"{r.status} at step {r.step}, lag {_cell(r.lag)}"
+    return f"sample {r.sample_id} · group {_cell(r.group_id)} · {fate}"
+
+
+def _fields(r: SampleRecord) -> Table:
+    """Name, value: one line each, the value cut with … where the terminal ends."""
+    shown = {name: v for name, v in r.fields.items() if _shown(v)}
+    names = [name for name in shown if _is_text(name, shown[name])]
+    names += [name.rpartition(".")[0] for name in shown if not _is_text(name, shown[name])] + ["why"]
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True, style="dim", min_width=max(map(len, names)))  # names whole: values are cut
+    grid.add_column()  # wrappable, so that the grid narrows it to the terminal; each value is one line (_line)
+    for name in (n for n, v in shown.items() if _is_text(n, v)):  # in the order the run recorded them
+        grid.add_row(name, _line(_cell(shown[name])))
+    numbers: dict[str, list[str]] = {}
+    for name in (n for n, v in shown.items() if not _is_text(n, v)):
+        node, _, field = name.rpartition(".")
+        numbers.setdefault(node, []).append(f"{field} {_cell(shown[name])}")
+    for node, values in numbers.items():
+        grid.add_row(node, _line(" · ".join(values)))
+    if r.reason:
+        grid.add_row("why", _line(f"{r.node}: {r.reason}"))
+    return grid
+
+
+def _line(text: str) -> Text:
+    return Text(text, no_wrap=True, overflow="ellipsis")
 
 
 def _shown(value: object) -> bool:
-    """Text and numbers get a column; a per-token summary shows as its mean (or its length)."""
+    """Text and numbers are shown; a per-token summary shows as its mean (or its length)."""
     return isinstance(value, (str, int, float, dict))
 
 
-def _order(name: str) -> tuple[int, str]:
-    """Text first (what was asked and answered), then numbers, each by node."""
-    return (0 if name.endswith((".prompt", ".completion", ".transcript")) else 1, name)
+def _is_text(name: str, value: object) -> bool:
+    return isinstance(value, str) or name.endswith((".prompt", ".completion", ".transcript"))
 
 
 def _cell(value: object) -> str:
@@ -48,4 +80,4 @@ def _cell(value: object) -> str:
         inner = value.get("mean", value.get("tokens"))
         return f"{inner:.4g}" if isinstance(inner, float) else str(inner)
     text = str(value).replace("\n", "⏎")
-    return text if len(text) <= TEXT_WIDTH * 2 else text[: TEXT_WIDTH * 2 - 1] + "…"
+    return text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"

@@ -28,6 +28,7 @@ from areal.runtime.records.tail import JsonlTail
 from areal.runtime.storage.resume import RECIPE_COPY
 from areal.runtime.storage.rundir import LOCK_FILE
 from areal.view.activity import WINDOW_S, Activity
+from areal.view.axes import chart_axes
 
 CELL_CHARS = 400  # a text field in the samples table is cut here (the whole record: `areal samples --json`)
 
@@ -91,12 +92,13 @@ class RunFiles:
                     "routes": _routes(plan, status, activity, as_of)}
 
     def metrics_since(self, since: int, epoch: int) -> dict[str, Any]:
-        """The metrics lines from index `since`, or all of them when `epoch` is not the current one."""
+        """The metrics lines from index `since`, or all of them when `epoch` is not the current one; and the axes
+        of the page's curves over every line (axes.py)."""
         with self.lock:
             self._read_metrics()
             start = since if epoch == self.metrics_epoch else 0
             return {"epoch": self.metrics_epoch, "from": start, "lines": self.metrics[start:],
-                    "next": len(self.metrics)}
+                    "next": len(self.metrics), "axes": chart_axes(self.metrics)}
 
     def sample_rows(self, status: str | None, step: int | None, where: list[str], limit: int) -> dict[str, Any]:
         """The newest `limit` samples that match, as `areal samples` filters them (ConfigError for a bad filter)."""

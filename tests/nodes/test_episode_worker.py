@@ -11,7 +11,7 @@ from areal.graph.ports import Float, Int
 from areal.graph.roles import FAILED
 from areal.models.tokenizer import CharTokenizer
 from areal.nodes.workers.policy import load_weights
-from tests.nodes.episodes import group, run_all, runner_on, token_logprobs, weights_file
+from tests.nodes.episodes import group, run_all, runner_on, scripted, token_logprobs, weights_file
 
 TOKENS_1, TOKENS_2 = 6, 10
 FEEDBACK = "# fb\n"
@@ -66,6 +66,29 @@ def test_loss_mask_versions_and_logprobs_are_exact_with_an_update_between_turns_
         expected = logp[version][position - 1] if mask else 0.0
         assert behav[t] == pytest.approx(expected, abs=2e-4), (t, version)
 
+
+
+def test_generate_appends_to_the_text_so_far_so_an_eos_that_ended_a_turn_is_not_read_by_the_next(tmp_path):
+    """`llm.generate(text)` is `llm.complete(the session's text + text)`: the reply, its stop string kept, then the
+    text; an <eos> that ended a turn is text nobody sent, so the next turn does not read it (the last one stays)."""
+    tok = CharTokenizer()
+    chars = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+
+    async def react(task, llm):
+        await llm.generate(task["prompt"], stop=["Observation:"])
+        await llm.generate("Observation: 0\n", stop=["Observation:"])
+        await llm.generate("Observation: 1\n", stop=["Observation:"])
+        return 1.0
+
+    runner = runner_on(tmp_path, react)
+    contexts = scripted(runner, [chars("Action: a\n") + [tok.eos_token_id], chars("Action: b\nObservation:"),
+                                 chars("done") + [tok.eos_token_id]])
+    runner.submit(*group(["Q\n"]))
+    (batch, _), = run_all(runner)
+    read = ["Q\n", "Q\nAction: a\nObservation: 0\n",
+            "Q\nAction: a\nObservation: 0\nAction: b\nObservation:Observation: 1\n"]  # the stop string stays
+    assert [tok.decode(c) for c in contexts] == [tok.bos_token + r for r in read]
+    assert tok.decode(batch["output_ids"][0].tolist()).endswith("done<eos>")
 
 def test_an_episode_that_raises_fails_its_own_sample_with_the_reason_and_its_siblings_train(tmp_path):
     async def flaky(task, llm):

@@ -13,7 +13,7 @@ import pytest
 
 from areal.graph.roles import FAILED
 from areal.models.tokenizer import CharTokenizer
-from tests.nodes.episodes import group, run_all, runner_on
+from tests.nodes.episodes import group, run_all, runner_on, scripted
 
 pytestmark = pytest.mark.agent
 openai = pytest.importorskip("openai")
@@ -113,7 +113,7 @@ def test_the_policy_reads_exactly_what_a_react_agent_sent_with_its_stop_strings_
                 async with http.post(f"{llm.base_url}/completions", json=body) as r:
                     assert r.status == 200, await r.text()
                     choice = (await r.json())["choices"][0]
-                stop_text = CharTokenizer().decode(choice["token_ids"])[len(choice["text"]):]
+                stop_text = CharTokenizer().decode(choice["token_ids"], skip_special_tokens=True)[len(choice["text"]):]
                 stops[episode].append(stop_text)
                 # episode 0 writes the stop string back, as ReAct does; episode 1 does not
                 prompt += choice["text"] + (stop_text if episode == 0 else "") + f" obs{turn}\n"
@@ -134,12 +134,108 @@ def test_the_policy_reads_exactly_what_a_react_agent_sent_with_its_stop_strings_
     for episode in (0, 1):
         assert [tok.decode(c, skip_special_tokens=True) for c in contexts[episode]] == sent[episode]
         assert [c[0] for c in contexts[episode]] == [tok.bos_token_id] * 3
+        assert not any(tok.eos_token_id in c for c in contexts[episode])  # an <eos> the agent did not send: not read
     # the trainer gets the last context and the last turn's ids, nothing else: every token once
     for row, episode in enumerate((0, 1)):
         trained = tok.decode(batch["prompt_ids"][row].tolist() + batch["output_ids"][row].tolist(),
                              skip_special_tokens=True)
         assert trained.startswith(sent[episode][-1])
 
+
+
+def test_an_eos_that_ends_an_action_is_taken_back_on_completions_so_the_policy_reads_what_the_agent_sent(tmp_path):
+    """A ReAct agent stopped at "Observation:": the policy ends its first action with <eos> instead, its second at the
+    stop string. The agent writes "Observation: ..." after each reply; the next context is exactly that text, with no
+    <eos> in it (text cannot hold one). The last turn's <eos> ends the episode and stays: nothing follows it."""
+    tok = CharTokenizer()
+    chars = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    sent = []
+
+    async def agent(task, llm):
+        async with aiohttp.ClientSession(headers={"X-Areal-Session": llm.api_key}) as http:
+            prompt = task["prompt"]
+            for turn in range(3):
+                sent.append(prompt)
+                body = {"model": "p", "prompt": prompt, "max_tokens": 16, "stop": ["Observation:"]}
+                async with http.post(f"{llm.base_url}/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    prompt += (await r.json())["choices"][0]["text"] + f"Observation: {turn}\n"
+        return 1.0
+
+    runner = runner_on(tmp_path, agent, endpoint=True)
+    contexts = scripted(runner, [chars("Action: a\n") + [tok.eos_token_id], chars("Action: b\nObservation:"),
+                                 chars("done") + [tok.eos_token_id]])
+    runner.submit(*group(["Q: 1+1\n"]))
+    (batch, _), = run_all(runner)
+    assert [tok.decode(c) for c in contexts] == [tok.bos_token + s for s in sent]  # special tokens shown
+    trained = batch["prompt_ids"][0].tolist() + batch["output_ids"][0].tolist()
+    assert tok.decode(trained) == tok.bos_token + sent[-1] + "done" + tok.eos_token
+    assert batch["loss_mask"][0].tolist()[-5:] == [1] * 5  # "done<eos>": the episode's own end is trained
+
+
+@pytest.mark.parametrize("model, end", [("plain", "<eos>"), ("chatml", "<|im_end|>"), ("chatml", "<|endoftext|>")])
+def test_on_chat_the_policy_reads_the_template_rendering_of_what_the_agent_sent_and_its_own_end_of_turn(
+        tmp_path, model, end):
+    """Each reply ends with a sampled end token. The next context is what the template renders of the messages the
+    agent sent: ChatML writes <|im_end|> after each assistant turn, so a sampled <|im_end|> stays where the policy
+    sampled it (trained: it is the model's own end of turn, as Qwen2's and SmolLM2's templates have it); any other
+    end token is taken back and the template's written. Without a template the contents follow each other, and an
+    <eos> (which text cannot hold) is taken back."""
+    sent = []
+
+    async def agent(task, llm):
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+        messages = [{"role": "user", "content": task["prompt"]}]
+        for follow_up in ("Observation: 2\n", "Observation: 3\n"):
+            sent.append(list(messages))
+            reply = await client.chat.completions.create(model="policy", messages=messages, max_tokens=16)
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                         {"role": "user", "content": follow_up}]
+        return 1.0
+
+    runner = runner_on(tmp_path, agent, endpoint=True, chat=model == "chatml")
+    tok = runner.policy.tokenizer
+    end_id = tok.convert_tokens_to_ids(end)
+    contexts = scripted(runner, [tok.encode(f"Action: {a}\n", add_special_tokens=False) + [end_id] for a in "ab"])
+    runner.submit(*group(["Q: 1+1\n"]))
+    (batch, _), = run_all(runner)
+    if model == "chatml":
+        rendered = [tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in sent]
+    else:
+        rendered = [tok.bos_token + "".join(m["content"] for m in messages) for messages in sent]
+    assert [tok.decode(c, skip_special_tokens=False) for c in contexts] == rendered
+    first_end = len(contexts[0]) + len(tok.encode("Action: a\n", add_special_tokens=False))
+    kept = contexts[1][first_end] == end_id
+    assert kept == (end == "<|im_end|>")
+    if kept:  # the sampled end of turn is in the trajectory as sampled: mask 1, its log-prob
+        at = first_end - len(batch["prompt_ids"][0])
+        assert (batch["loss_mask"][0][at].item(), batch["behav_logp"][0][at].item()) == (1, -1.0)
+
+
+
+def test_a_prompt_of_ids_is_read_as_sent_with_or_without_the_eos_that_ended_the_last_reply(tmp_path):
+    tok = CharTokenizer()
+    sent: dict[int, list[list[int]]] = {0: [], 1: []}
+
+    async def agent(task, llm):
+        episode = 0 if task["prompt"] == "a" else 1
+        async with aiohttp.ClientSession(headers={"X-Areal-Session": llm.api_key}) as http:
+            prompt = tok.encode(task["prompt"])
+            for _ in range(2):
+                sent[episode].append(prompt)
+                async with http.post(f"{llm.base_url}/completions", json={"prompt": prompt, "max_tokens": 4}) as r:
+                    assert r.status == 200, await r.text()
+                    ids = (await r.json())["choices"][0]["token_ids"]
+                # episode 0 sends the reply's ids back whole, its <eos> included; episode 1 without it
+                prompt = prompt + (ids if episode == 0 else ids[:-1]) + tok.encode("!", add_special_tokens=False)
+        return 1.0
+
+    runner = runner_on(tmp_path, agent, endpoint=True)
+    reply = tok.encode("xy", add_special_tokens=False) + [tok.eos_token_id]
+    contexts = scripted(runner, [reply] * 4)
+    runner.submit(*group(["a", "b"]))
+    run_all(runner)
+    assert sorted(contexts) == sorted(sent[0] + sent[1])  # each context is the ids its agent sent
 
 def test_completion_logprobs_give_the_sampled_log_probs_and_alternatives_are_refused_before_any_turn(tmp_path):
     outcomes = []

@@ -6,20 +6,26 @@ would give ids that differ from the ones the policy sampled (a reply cut at a st
 text never shows, a template that rewrites earlier replies, BPE merges across a boundary). So the chat
 template is applied once per turn, server-side, and only to find the *new* text: the conversation
 must extend the one already recorded (the earlier messages, and the replies exactly as they were
-returned), the template's rendering of it must extend the rendering of what was recorded, and the
-difference is tokenised on its own and appended after the ids the policy sampled. After a reply the
-template's own closing text (`<|im_end|>\\n`) is added, less what the policy itself sampled of it.
+returned), the template's rendering of it must extend the rendering the policy read, and the
+difference is tokenised on its own and appended after the ids the policy sampled.
 
 A tokenizer without a chat template (the built-in char tokenizer) renders messages plainly: their
 contents one after another, after the tokenizer's own <bos>: the format its warm start learned.
 
-A reply cut at a stop string is returned without it (as OpenAI does), but the policy sampled the stop
-string and its context holds it. What the agent sends next decides, so that the policy reads exactly what
-the agent sent: a request whose text keeps the stop string (a ReAct agent writing "Observation: ..." after
-a reply cut at "Observation:") extends the trajectory as it is; one without it (the reply sent back as it
-was returned) *retracts* the sampled stop text from the trajectory first (`Retract`), so the next turn
-reads the reply, then what the agent added. Anything else is refused (`ConversationError`): a session
-records one trajectory. This module renders and compares text; it samples nothing.
+The policy reads exactly what the agent sent: the text of its request (chat messages rendered by the
+template), tokenised as the environment's text is, except that the last reply, sent back as it was
+returned, is the ids the policy sampled. Of what it sampled after the reply's text, the ids stay as far as
+the request's text holds them where they were sampled; the rest is taken back before the next turn
+(`Added.from_reply`; nodes/episodes/llm.py works out the ids):
+- a stop string the agent did not send back (a reply is returned without it, as OpenAI does); one the
+  agent kept (a ReAct agent writing "Observation: 42" after a reply cut at "Observation:") stays;
+- an end token the text does not hold where it was sampled: the built-in tokenizer's <eos> (text cannot
+  spell one), a chat model's <|endoftext|> where its template writes <|im_end|>. A template's own
+  end-of-turn token that the policy sampled stays: the rendering holds it right there (Qwen2's and
+  SmolLM2's ChatML write <|im_end|> after each assistant turn, and that is the token such a model samples).
+The last turn's ids stay whole: nothing follows them. Anything that is not an extension (an earlier message
+changed, a prompt that rewrites the text so far) is refused (`ConversationError`): a session records one
+trajectory. This module renders and compares text; it samples nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
-_PROBE = "\x00areal-reply\x00"  # a reply no template rewrites: where the template's closing text starts
 
 
 class ConversationError(ValueError):
@@ -80,6 +85,8 @@ class ChatFormat:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.templated = bool(getattr(tokenizer, "chat_template", None))
+        self.special_ids = frozenset(getattr(tokenizer, "all_special_ids", ()))
+        self._spelled: dict[int, bool] = {}
 
     def render(self, messages: Sequence[Message], generation_prompt: bool) -> str:
         if not self.templated:
@@ -95,22 +102,26 @@ class ChatFormat:
             return []
         return list(self.tokenizer.encode(text, add_special_tokens=first and not self.templated))
 
-    def closing(self, messages: Sequence[Message]) -> str:
-        """The text the template writes after an assistant reply that ends `messages` (`<|im_end|>\\n`)."""
-        if not self.templated:
-            return ""
-        rendered = self.render([*messages, Message("assistant", _PROBE)], generation_prompt=False)
-        at = rendered.rfind(_PROBE)
-        return rendered[at + len(_PROBE):] if at >= 0 else ""
+    def spells(self, token_id: int) -> bool:
+        """Whether text the environment adds can hold this special token: a chat model's tokenizer reads the text
+        `<|im_end|>` as its token; the built-in tokenizer reads `<eos>` as five characters."""
+        spelled = self._spelled.get(token_id)
+        if spelled is None:
+            text = self.tokenizer.convert_ids_to_tokens(token_id)
+            spelled = list(self.tokenizer.encode(text, add_special_tokens=False)) == [token_id]
+            self._spelled[token_id] = spelled
+        return spelled
 
 
 @dataclass(frozen=True)
 class Added:
-    """What a request adds to the trajectory: `text` after it, once the last turn's sampled stop text is
-    retracted when `retract` says so (the agent sent the reply back without it)."""
+    """What a request adds to the trajectory. With `from_reply`, `text` runs from the start of the last reply: that
+    reply's sampled ids stay as far as `text` holds them, the rest is taken back, and the text past them is added.
+    `read` is the whole text the policy reads next (the template's rendering, or the prompt)."""
 
     text: str
-    retract: bool = False
+    read: str
+    from_reply: bool = False
 
 
 class ChatState:
@@ -119,14 +130,14 @@ class ChatState:
     def __init__(self, chat: ChatFormat) -> None:
         self.chat = chat
         self.known: list[Message] = []  # every message so far, each reply as it was returned
-        self.pending_closing = ""  # template text after the last reply that the policy did not sample
+        self.read = ""  # the rendering the policy read before its last reply
         self.stop_text = ""  # what the policy sampled after the last reply's text, up to any special token
-        self.closing = ""  # the template's whole closing text after the last reply
 
     def added_text(self, messages: list[Message]) -> Added:
         """What the environment appends before the policy's next turn (ConversationError if nothing can)."""
         if not self.known:
-            return Added(self.chat.render(messages, generation_prompt=True))
+            rendered = self.chat.render(messages, generation_prompt=True)
+            return Added(rendered, rendered)
         k = len(self.known)
         if len(messages) < k:
             raise ConversationError(f"this session has recorded {k} messages and the request sends {len(messages)}; "
@@ -134,9 +145,8 @@ class ChatState:
                                     "session for a new one")
         known = list(self.known)
         reply = known[-1]
-        kept_stop = bool(self.stop_text) and messages[k - 1] == Message("assistant", reply.content + self.stop_text)
-        if kept_stop:  # the agent wrote the stop string back into the reply: the policy did read it there
-            known[-1] = messages[k - 1]
+        if self.stop_text and messages[k - 1] == Message("assistant", reply.content + self.stop_text):
+            known[-1] = messages[k - 1]  # the agent wrote the stop string back into the reply
         for i, (old, new) in enumerate(zip(known, messages)):
             if old != new:
                 what = "role" if old.role != new.role else "content"
@@ -144,24 +154,17 @@ class ChatState:
                                         "must be sent back exactly as it was returned, or with the stop string that "
                                         "ended it appended); a session records one trajectory: start a new session "
                                         "for a new one")
-        before = self.chat.render(known, generation_prompt=False)
         after = self.chat.render(messages, generation_prompt=True)
-        if not after.startswith(before):
-            raise ConversationError("the chat template renders this conversation differently from the one recorded "
-                                    "(not as an extension of it), so its ids cannot extend the trajectory")
-        if self.stop_text and not kept_stop:  # the reply came back without its stop string: retract it
-            return Added(self.closing + after[len(before):], retract=True)
-        return Added(self.pending_closing + after[len(before):])
+        if not after.startswith(self.read):
+            raise ConversationError("the chat template renders this conversation differently from the one the policy "
+                                    "read (not as an extension of it), so its ids cannot extend the trajectory")
+        return Added(after[len(self.read):], after, from_reply=True)
 
-    def record(self, messages: list[Message], reply: str, sampled_tail: str, stop_text: str) -> None:
-        """The policy answered `messages` with `reply` (what the agent is shown), having sampled `sampled_tail`
-        after it (a stop string, an end-of-turn token), of which `stop_text` is the stop string's text (empty
-        when the reply ended otherwise)."""
+    def record(self, messages: list[Message], read: str, reply: str, stop_text: str) -> None:
+        """The policy, reading `read` (the rendering of `messages`), answered with `reply` (what the agent is shown),
+        having sampled `stop_text` after it (the stop string that ended it; empty when the reply ended otherwise)."""
         self.known = [*messages, Message("assistant", reply)]
-        self.closing = self.chat.closing(messages)
-        self.stop_text = stop_text
-        tail = sampled_tail[len(stop_text):]  # after a kept stop string, what of the closing it sampled
-        self.pending_closing = self.closing[len(tail):] if self.closing.startswith(tail) else self.closing
+        self.read, self.stop_text = read, stop_text
 
 
 class TextState:
@@ -169,28 +172,36 @@ class TextState:
     or without the stop string that ended it (see the module doc)."""
 
     def __init__(self) -> None:
-        self.known: str | None = None  # the text the policy has read and written, stop strings included
-        self.stop_text = ""  # the last turn's stop string as sampled: the end of `known`, not of the reply
+        self.prompt: str | None = None  # the text the policy read at the last turn
+        self.reply = ""  # what it was answered, as returned
+        self.stop_text = ""  # the stop string it sampled after the reply (text: special tokens skipped)
+
+    @property
+    def known(self) -> str | None:
+        """The session's text: its prompts and replies, stop strings included (what `llm.generate` extends)."""
+        return None if self.prompt is None else self.prompt + self.reply + self.stop_text
 
     def record(self, prompt: str, reply: str, stop_text: str) -> None:
-        self.known, self.stop_text = prompt + reply + stop_text, stop_text
+        self.prompt, self.reply, self.stop_text = prompt, reply, stop_text
 
     def added_text(self, prompt: str) -> Added:
-        if self.known is None:
-            return Added(prompt)
-        if prompt.startswith(self.known):
-            return Added(prompt[len(self.known):])
-        replied = self.known[: len(self.known) - len(self.stop_text)]
-        if self.stop_text and prompt.startswith(replied):  # the reply as returned, without its stop string
-            return Added(prompt[len(replied):], retract=True)
-        same = next((i for i, (a, b) in enumerate(zip(self.known, prompt)) if a != b),
-                    min(len(self.known), len(prompt)))
+        if self.prompt is None:
+            return Added(prompt, prompt)
+        if prompt.startswith(self.prompt + self.reply):
+            return Added(prompt[len(self.prompt):], prompt, from_reply=True)
+        known = self.known or ""
+        same = next((i for i, (a, b) in enumerate(zip(known, prompt)) if a != b), min(len(known), len(prompt)))
         raise ConversationError(f"the prompt does not extend this session's text (it differs at character "
-                                f"{same} of {len(self.known)}); a session records one trajectory: start a new "
+                                f"{same} of {len(known)}); a session records one trajectory: start a new "
                                 "session for a new one")
 
-    def added_ids(self, prompt: list[int], trajectory: Sequence[int]) -> list[int]:
-        if list(prompt[: len(trajectory)]) != list(trajectory):
-            raise ConversationError(f"the prompt's ids do not begin with this session's {len(trajectory)} ids so far; "
-                                    "a session records one trajectory: start a new session for a new one")
-        return list(prompt[len(trajectory):])
+    def added_ids(self, prompt: list[int], trajectory: Sequence[int], last_sampled: int) -> tuple[list[int], int]:
+        """The ids a prompt of ids adds, and how many at the trajectory's end it takes back first: the ones of the last
+        reply it does not repeat (an agent that sends the reply's ids without their <eos>)."""
+        same = next((i for i, (a, b) in enumerate(zip(prompt, trajectory)) if a != b),
+                    min(len(prompt), len(trajectory)))
+        if same < len(trajectory) - last_sampled:
+            raise ConversationError(f"the prompt's ids do not begin with this session's {len(trajectory)} ids so far "
+                                    f"(they differ at id {same}, before the last reply); a session records one "
+                                    "trajectory: start a new session for a new one")
+        return list(prompt[same:]), len(trajectory) - same

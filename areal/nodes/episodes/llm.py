@@ -45,7 +45,8 @@ class EpisodeError(ValueError):
 @dataclass(frozen=True)
 class Completion:
     """One turn's reply. `text` is what an agent reads: decoded, cut before the first stop string. `ids` are
-    every id sampled (the stop string and <eos> included): they are what the trajectory holds."""
+    every id sampled (the stop string and <eos> included): the trajectory holds them until the next turn takes
+    back what of them the agent's next request does not hold (nodes/episodes/conversation.py)."""
 
     text: str
     ids: list[int]
@@ -94,10 +95,11 @@ class EpisodeLLM:
             added, retract = self._environment(self._text.added_text(prompt))
         else:
             self._speaks("ids")
-            added, retract = self._text.added_ids([int(i) for i in prompt], self.trajectory.ids), 0
+            last = len(self._last.ids) if self._last is not None else 0
+            added, retract = self._text.added_ids([int(i) for i in prompt], self.trajectory.ids, last)
         done = await self._turn(added, max_new_tokens, stop, retract)
         if isinstance(prompt, str):
-            self._text.record(prompt, done.text, self._sampled_after(done, skip_special=True))
+            self._text.record(prompt, done.text, self._stop_text(done))
         return done
 
     async def chat(self, messages: list[dict[str, Any]] | list[Message], *, max_new_tokens: int | None = None,
@@ -106,10 +108,10 @@ class EpisodeLLM:
         self._speaks("chat")
         checked = messages_from([m.as_dict() if isinstance(m, Message) else m for m in messages]
                                 if isinstance(messages, list) else messages)
-        added, retract = self._environment(self._chat.added_text(checked))
+        request = self._chat.added_text(checked)
+        added, retract = self._environment(request)
         done = await self._turn(added, max_new_tokens, stop, retract)
-        self._chat.record(checked, done.text, self._sampled_after(done, skip_special=False),
-                          self._sampled_after(done, skip_special=True))
+        self._chat.record(checked, request.read, done.text, self._stop_text(done))
         return done
 
     def post_reward(self, value: float) -> None:
@@ -121,22 +123,42 @@ class EpisodeLLM:
     # -- one turn ----------------------------------------------------------------------------------
 
     def _environment(self, added: Added) -> tuple[list[int], int]:
-        """The ids a request adds, and how many sampled ids at the trajectory's end it takes back first: the
-        ones that carry the last reply's stop string, when the agent sent the reply back without it. What of
-        the reply those ids also carried is re-added as text, so the context reads the reply, then `added`."""
+        """The ids a request adds, and how many sampled ids at the trajectory's end it takes back first (see
+        `_kept`); the text past the ids that stay is tokenised and added."""
         retract, text = 0, added.text
-        if added.retract:
-            ids, reply = self._last.ids, self._last.text
-            keep = next(k for k in range(len(ids), -1, -1)
-                        if reply.startswith(self.tokenizer.decode(ids[:k], skip_special_tokens=True)))
-            retract = len(ids) - keep
-            text = reply[len(self.tokenizer.decode(ids[:keep], skip_special_tokens=True)):] + text
+        if added.from_reply and self._last is not None:
+            keep, covered = self._kept(text, self._last.ids, self._last.text)
+            retract, text = len(self._last.ids) - keep, text[covered:]
         return self.chat_format.encode(text, first=not self.trajectory.ids), retract
 
-    def _sampled_after(self, done: Completion, *, skip_special: bool) -> str:
-        """The text the policy sampled after the reply the agent reads: the stop string (and, unless skipped,
-        an end-of-turn token)."""
-        full = str(self.tokenizer.decode(done.ids, skip_special_tokens=skip_special))
+    def _kept(self, text: str, ids: list[int], reply: str) -> tuple[int, int]:
+        """How many of the last reply's sampled `ids` stay, and how many characters of `text` (the request's, from
+        the reply's start) they stand for. The reply sent back as it was returned is its ids; of what was sampled
+        after it (a stop string, an end token) the ids stay as far as `text` holds them: their decoding, each special
+        token one that text spells (a template's <|im_end|>; never the built-in <eos>). The rest is taken back."""
+        def decoded(k: int, skip: bool) -> str:
+            return str(self.tokenizer.decode(ids[:k], skip_special_tokens=skip))
+
+        def spelled(part: list[int]) -> bool:
+            return all(self.chat_format.spells(i) for i in self.chat_format.special_ids.intersection(part))
+
+        own = next(k for k in range(len(ids), -1, -1) if reply.startswith(decoded(k, True)))
+        while own and ids[own - 1] in self.chat_format.special_ids:
+            own -= 1  # a special token after the reply's last character is sampled after it, not part of it
+        shown, base = decoded(own, True), decoded(own, False)
+        if text.startswith(shown):
+            for k in range(len(ids), own, -1):
+                full = decoded(k, False)
+                if full.startswith(base) and text.startswith(shown + full[len(base):]) and spelled(ids[own:k]):
+                    return k, len(shown) + len(full) - len(base)
+            return own, len(shown)
+        # the request rewrote the reply itself (a template that trims it): its ids stay as far as the text holds them
+        keep = next(k for k in range(own, -1, -1) if text.startswith(decoded(k, False)) and spelled(ids[:k]))
+        return keep, len(decoded(keep, False))
+
+    def _stop_text(self, done: Completion) -> str:
+        """The text the policy sampled after the reply the agent reads: the stop string (special tokens skipped)."""
+        full = str(self.tokenizer.decode(done.ids, skip_special_tokens=True))
         return full[len(done.text):] if full.startswith(done.text) else ""
 
     async def _turn(self, added: list[int], max_new_tokens: int | None, stop: list[str] | None,

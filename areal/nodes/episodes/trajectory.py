@@ -1,8 +1,9 @@
 """One episode's trajectory: every token it put before the policy, in order, and who wrote each.
 
 An episode's context grows: each turn the policy reads everything so far and its sampled ids are
-appended exactly as sampled (the one exception: a stop string the agent did not send back is taken
-back before the next turn, so the policy never reads text the agent did not send); what the
+appended exactly as sampled (the one exception: what it sampled after a reply's text that the
+agent's next request does not hold, a stop string not sent back or an <eos> that text cannot hold, is
+taken back before the next turn, so the policy never reads what the agent did not send); what the
 environment adds between turns (a tool's output, a user message, the closing text a chat template
 writes after a reply) is tokenised on its own and appended. Nothing is ever re-tokenised, so the ids
 the trainer sees are the ids the policy read and wrote, and the log-probs recorded while sampling
@@ -57,9 +58,9 @@ class Trajectory:
         self.turns += 1
 
     def retract(self, n: int) -> None:
-        """Take back the last `n` ids, which the policy sampled at the end of its last turn: the stop string of a
-        reply the agent sent back without it (nodes/episodes/conversation.py), so the context reads what the agent
-        sent."""
+        """Take back the last `n` ids, which the policy sampled at the end of its last turn: what the agent's next
+        request does not hold (a stop string, an <eos>; nodes/episodes/conversation.py), so the context reads what
+        the agent sent."""
         if n == 0:
             return
         if not 0 < n <= len(self.ids) or not all(self.mask[-n:]):

@@ -300,48 +300,43 @@ async function refreshMetrics() {
   $("h-reward").textContent = last ? num(last.reward_mean, 3) : "—";
   const lastEval = evals[evals.length - 1];
   $("h-pass").textContent = lastEval ? `${num(lastEval["pass@1"], 3)} at v${lastEval.version}` : "—";
-  lineChart($("c-reward"), [
+  const charts = got.axes;  // each chart's ranges and ticks, worked out by the server (areal/view/axes.py)
+  lineChart($("c-reward"), charts["c-reward"], [
     { name: "reward mean", colour: "#1f6fb2", points: steps.map((m) => [m.version, m.reward_mean]) },
     { name: "solved", colour: "#43a047", points: steps.map((m) => [m.version, m.solved]) }], "version");
-  lineChart($("c-pass"), [{ name: "pass@1", colour: "#8e24aa", points: evals.map((m) => [m.version, m["pass@1"]]) }],
-    "version");
-  lineChart($("c-rate"), [{ name: "samples/s", colour: "#fb8c00", points: steps.map((m) => [m.version, m.samples_per_s]) }],
-    "version");
-  lagChart($("c-lag"), steps);
+  lineChart($("c-pass"), charts["c-pass"],
+    [{ name: "pass@1", colour: "#8e24aa", points: evals.map((m) => [m.version, m["pass@1"]]) }], "version");
+  lineChart($("c-rate"), charts["c-rate"],
+    [{ name: "samples/s", colour: "#fb8c00", points: steps.map((m) => [m.version, m.samples_per_s]) }], "version");
+  lagChart($("c-lag"), charts["c-lag"], steps);
 }
 
 const W = 320, H = 180, PAD = { left: 38, right: 8, top: 16, bottom: 22 };
 
-function scale(values, lo, hi) {
-  let min = Math.min(...values), max = Math.max(...values);
-  if (!values.length) { min = 0; max = 1; }
-  if (min === max) { min -= 0.5; max += 0.5; }
-  return { min, max, at: (v) => lo + ((v - min) / (max - min)) * (hi - lo) };
+function scale(axis, lo, hi) {
+  const span = axis.max - axis.min || 1;
+  return { ...axis, at: (v) => lo + ((v - axis.min) / span) * (hi - lo) };
 }
 
 function axes(svg, xs, ys, xName) {
   let out = `<line x1="${PAD.left}" y1="${H - PAD.bottom}" x2="${W - PAD.right}" y2="${H - PAD.bottom}" stroke="#b8c0cc"/>`
     + `<line x1="${PAD.left}" y1="${PAD.top}" x2="${PAD.left}" y2="${H - PAD.bottom}" stroke="#b8c0cc"/>`;
-  for (let k = 0; k <= 3; k++) {
-    const v = ys.min + ((ys.max - ys.min) * k) / 3;
-    out += `<text x="${PAD.left - 4}" y="${ys.at(v) + 3}" text-anchor="end">${tick(v)}</text>`;
-    const u = xs.min + ((xs.max - xs.min) * k) / 3;
-    out += `<text x="${xs.at(u)}" y="${H - PAD.bottom + 12}" text-anchor="middle">${tick(u)}</text>`;
-  }
+  ys.ticks.forEach((v, k) => {
+    out += `<text x="${PAD.left - 4}" y="${ys.at(v) + 3}" text-anchor="end">${ys.labels[k]}</text>`;
+  });
+  xs.ticks.forEach((u, k) => {
+    out += `<text x="${xs.at(u)}" y="${H - PAD.bottom + 12}" text-anchor="middle">${xs.labels[k]}</text>`;
+  });
   out += `<text x="${W - PAD.right}" y="${H - 2}" text-anchor="end">${xName}</text>`;
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   return out;
 }
 
-function tick(v) {
-  return Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 10 ? v.toFixed(1) : v.toFixed(2);
-}
-
-function lineChart(svg, series, xName) {
+function lineChart(svg, chart, series, xName) {
   const points = series.flatMap((s) => s.points.filter(([, y]) => has(y)));
   if (!points.length) { svg.innerHTML = `<text x="10" y="20">no records yet</text>`; return; }
-  const xs = scale(points.map((p) => p[0]), PAD.left, W - PAD.right);
-  const ys = scale(points.map((p) => p[1]), H - PAD.bottom, PAD.top);
+  const xs = scale(chart.x, PAD.left, W - PAD.right);
+  const ys = scale(chart.y, H - PAD.bottom, PAD.top);
   let out = axes(svg, xs, ys, xName);
   series.forEach((s, i) => {
     const line = s.points.filter(([, y]) => has(y)).map(([x, y]) => `${xs.at(x).toFixed(1)},${ys.at(y).toFixed(1)}`);
@@ -352,13 +347,12 @@ function lineChart(svg, series, xName) {
   svg.innerHTML = out;
 }
 
-function lagChart(svg, steps) {
+function lagChart(svg, chart, steps) {
   const rows = steps.filter((m) => m.staleness && Object.keys(m.staleness).length);
   if (!rows.length) { svg.innerHTML = `<text x="10" y="20">no records yet</text>`; return; }
   const maxLag = Math.max(...rows.flatMap((m) => Object.keys(m.staleness).map(Number)));
-  const totals = rows.map((m) => Object.values(m.staleness).reduce((a, b) => a + b, 0));
-  const xs = scale(rows.map((m) => m.version), PAD.left + 4, W - PAD.right - 4);
-  const ys = scale([0, Math.max(...totals)], H - PAD.bottom, PAD.top);
+  const xs = scale(chart.x, PAD.left + 4, W - PAD.right - 4);
+  const ys = scale(chart.y, H - PAD.bottom, PAD.top);
   const width = Math.max(1, ((W - PAD.left - PAD.right) / rows.length) * 0.8);
   let out = axes(svg, xs, ys, "version");
   rows.forEach((m) => {
