@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from areal.runtime.storage.mirror import PIECE_BYTES, Mirror, Piece, write
+from areal.runtime.storage.mirror import PIECE_BYTES, Mirror, Piece, leftovers, write
 
 
 def _ship(mirror: Mirror, home) -> None:
@@ -19,13 +19,13 @@ def test_what_grows_in_the_copy_reaches_the_run_directory_byte_for_byte(tmp_path
     (local / "samples").mkdir(parents=True)
     (local / "logs").mkdir()
     home.mkdir()
-    mirror = Mirror(local, home)
+    mirror = Mirror(local, home, "rollout[0]")
     (local / "samples" / "rollout-0.jsonl").write_text('{"sample_id": 0}\n')
     (local / "logs" / "rollout-0.log").write_bytes(b"x" * (PIECE_BYTES + 10))  # two pieces
     pieces = mirror.changes()
     assert [(p.path, len(p.data), p.fresh) for p in pieces] == [
-        ("logs/rollout-0.log", PIECE_BYTES, True), ("logs/rollout-0.log", 10, False),
-        ("samples/rollout-0.jsonl", 17, True)]
+        ("logs/rollout-0.log", PIECE_BYTES, False), ("logs/rollout-0.log", 10, False),
+        ("samples/rollout-0.jsonl", 17, False)]
     for piece in pieces:
         write(home, piece)
     with (local / "samples" / "rollout-0.jsonl").open("a") as out:
@@ -40,7 +40,7 @@ def test_a_rotated_span_file_starts_again_and_the_older_half_arrives_whole(tmp_p
     local, home = tmp_path / "copy", tmp_path / "run"
     (local / "spans").mkdir(parents=True)
     home.mkdir()
-    mirror = Mirror(local, home)
+    mirror = Mirror(local, home, "actor[0]")
     current = local / "spans" / "actor-0.jsonl"
     current.write_text("a\nb\n")
     _ship(mirror, home)
@@ -51,14 +51,18 @@ def test_a_rotated_span_file_starts_again_and_the_older_half_arrives_whole(tmp_p
     assert (home / "spans" / "actor-0.old.jsonl").read_text() == "a\nb\n"
 
 
-def test_a_new_mirror_starts_past_what_an_earlier_worker_left_in_the_copy(tmp_path):
+def test_a_mirror_sends_its_own_workers_files_and_appends_to_what_a_predecessor_sent(tmp_path):
     local, home = tmp_path / "copy", tmp_path / "run"
     (local / "logs").mkdir(parents=True)
-    (local / "logs" / "rollout-1.log").write_text("the replica before\n")
-    mirror = Mirror(local, home)
-    with (local / "logs" / "rollout-1.log").open("a") as out:
-        out.write("this one\n")
-    assert [p.data for p in mirror.changes()] == [b"this one\n"]
+    (home / "logs").mkdir(parents=True)
+    (home / "logs" / "rollout-1.log").write_text("the replica before, on another node\n")
+    (local / "logs" / "rollout-1.log").write_text("this one\n")
+    (local / "logs" / "rollout-10.log").write_text("another worker of this node\n")
+    (local / "logs" / "score-1.log").write_text("another worker of this node\n")
+    _ship(Mirror(local, home, "rollout[1]"), home)
+    assert (home / "logs" / "rollout-1.log").read_text() == "the replica before, on another node\nthis one\n"
+    assert sorted(p.name for p in (home / "logs").iterdir()) == ["rollout-1.log"]
+    assert [p.name for p in leftovers(local, "rollout-1")] == ["rollout-1.log"]
 
 
 def test_a_checkpoint_part_is_sent_whole_and_paths_move_between_the_copy_and_the_run_directory(tmp_path):
@@ -66,7 +70,7 @@ def test_a_checkpoint_part_is_sent_whole_and_paths_move_between_the_copy_and_the
     staged = local / "checkpoints" / ".staging-v3" / "trainer-actor"
     staged.mkdir(parents=True)
     (staged / "optimizer.pt").write_bytes(b"\x00" * 5)
-    mirror = Mirror(local, home)
+    mirror = Mirror(local, home, "rollout[0]")
     pieces = list(mirror.tree(local / "checkpoints" / ".staging-v3"))
     assert pieces == [Piece("checkpoints/.staging-v3/trainer-actor/optimizer.pt", b"\x00" * 5, True)]
     for piece in pieces:

@@ -30,6 +30,7 @@ from areal.errors import ConfigError, RunError
 from areal.runtime.compiler.cluster import import_ray
 from areal.runtime.compiler.plan import Plan
 from areal.runtime.controller.launchers import KILL_WAIT_S, WorkerSpec
+from areal.runtime.storage.mirror import file_stem, leftovers
 from areal.runtime.storage.resume import RECIPE_COPY
 from areal.runtime.wire.security import KEY_FILE
 
@@ -75,6 +76,8 @@ def _into_copy(args: list[str], log_path: str, away: dict[str, Any], node: str) 
 
     home = Path(away["run_dir"])
     local = Path(away["scratch"]) / f"{home.name}-{node[:12]}"
+    for old in leftovers(local, file_stem(f"{args[1]}[{args[2]}]")):  # a predecessor's: sent, or lost with it
+        old.unlink()
     for name, data in ray.get(away["inputs"][0]).items():
         path = local / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,8 +202,15 @@ class RayLauncher:
         ip = next((n["NodeManagerAddress"] for n in self.ray.nodes() if n["NodeID"] == node), "?")
         return self.label(ip, node)
 
-    def waiting_for(self, spec: WorkerSpec, waited_s: float) -> str:
-        free = {k: v for k, v in self.ray.available_resources().items() if not k.startswith(("node:", "bundle_group"))}
+    def waiting_for(self, spec: WorkerSpec, waited_s: float) -> str | None:
+        """What a replica whose actor has not started waits for: None when its bundle has a node (its process is
+        starting), else the resources it needs and those free."""
+        group = self._groups.get((spec.run_dir, spec.pool))
+        table = self.ray.util.placement_group_table(group) if group is not None else {}
+        if table.get("state") == "CREATED":
+            return None
+        free = {k: v for k, v in self.ray.available_resources().items()
+                if "_group_" not in k and not k.startswith("node:") and "memory" not in k}
         return (f"{spec.worker_id} waits for Ray to place it ({waited_s:.0f} s): each '{spec.pool}' replica needs "
                 f"{self._bundle(spec)}, the cluster has {free} free; it starts when a node with room for it joins")
 
@@ -229,8 +239,9 @@ class RayLauncher:
             self.ray.util.remove_placement_group(self._groups.pop(key))
 
     def _bundle(self, spec: WorkerSpec) -> dict[str, float]:
-        return {"CPU": spec.cpus, **({"GPU": spec.gpus} if spec.gpus else {}),
-                **self.cluster.resources.get(spec.pool, {})}
+        named = self.cluster.resources.get(spec.pool, {})
+        custom = {k: int(v) if float(v).is_integer() else v for k, v in named.items()}  # shown as declared
+        return {"CPU": spec.cpus, **({"GPU": spec.gpus} if spec.gpus else {}), **custom}
 
     def _group(self, spec: WorkerSpec) -> Any:
         key = (spec.run_dir, spec.pool)

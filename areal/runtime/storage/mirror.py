@@ -9,10 +9,12 @@ appends each piece to the same file of the run directory (`write`). A checkpoint
 controller has every file of it when it seals the checkpoint. Paths in the controller's commands name the run
 directory; `localised` rewrites them into the copy, and `home` rewrites the copy's paths back.
 
-A file that was replaced (a span file rotated) or shrank starts again from its first byte (`fresh`). What a
-previous worker left in the copy (on a node a replica ran on before) was sent by that worker, or lost with it,
-so a new `Mirror` starts past it. Nothing here knows of Ray or sockets: the launcher makes the copy, the worker
-sends the pieces, the controller writes them.
+A mirror sends its own worker's files only (several workers of a node share its copy), and appends: a replica
+restarted on another node adds to what its predecessor sent. A file that was replaced (a span file rotated:
+the new file, and the old one under its new name) or shrank starts again from its first byte (`fresh`). What a
+previous worker of the same replica left in the copy was sent by it, or lost with it: the launcher clears it
+before the new one starts (`leftovers`). Nothing here knows of Ray or sockets: the launcher makes the copy, the
+worker sends the pieces, the controller writes them.
 """
 
 from __future__ import annotations
@@ -36,12 +38,10 @@ class Piece:
 
 
 class Mirror:
-    def __init__(self, local: str | Path, home: str | Path) -> None:
+    def __init__(self, local: str | Path, home: str | Path, worker: str) -> None:
         self.local, self.home = Path(local), Path(home)
+        self.stem = file_stem(worker)
         self._sent: dict[str, tuple[int, int]] = {}  # file -> (inode, bytes sent)
-        for path in self._files():
-            stat = path.stat()
-            self._sent[self._relative(path)] = (stat.st_ino, stat.st_size)
 
     def changes(self, budget_bytes: int = 8 << 20) -> list[Piece]:
         """What grew in the copy's records, spans and logs since the last call, at most about `budget_bytes`."""
@@ -55,9 +55,10 @@ class Mirror:
                 continue
             name = self._relative(path)
             inode, sent = self._sent.get(name, (stat.st_ino, 0))
-            fresh = inode != stat.st_ino or stat.st_size < sent or name not in self._sent
+            renamed = name not in self._sent and any(i == stat.st_ino for i, _ in self._sent.values())
+            fresh = inode != stat.st_ino or stat.st_size < sent or renamed
             start = 0 if fresh else sent
-            if stat.st_size <= start and not fresh:
+            if stat.st_size <= start and not fresh and name in self._sent:
                 continue
             with path.open("rb") as f:
                 f.seek(start)
@@ -87,10 +88,20 @@ class Mirror:
         return value
 
     def _files(self) -> list[Path]:
-        return sorted(p for folder in FOLDERS for p in (self.local / folder).glob("*") if p.is_file())
+        return leftovers(self.local, self.stem)
 
     def _relative(self, path: Path) -> str:
         return str(path.relative_to(self.local))
+
+
+def file_stem(worker: str) -> str:
+    """How a worker's files are named (`rollout[1]` -> `rollout-1.jsonl`, `rollout-1.log`)."""
+    return worker.replace("[", "-").replace("]", "")
+
+
+def leftovers(local: Path, stem: str) -> list[Path]:
+    """The files of the worker named by `stem` in a copy of the run directory: its records, spans and log."""
+    return sorted(p for folder in FOLDERS for p in (Path(local) / folder).glob(f"{stem}.*") if p.is_file())
 
 
 def write(run_dir: Path, piece: Piece) -> None:

@@ -91,7 +91,7 @@ class Worker(MapRole, StreamRole, TrainerRole):
         self.key = run_key(plan)
         weights.arm(self.key)
         # on a node without the run directory: a copy of it here, whose new records, spans and log go back
-        self.mirror = Mirror(plan.run_dir, plan.home_run_dir) if plan.home_run_dir else None
+        self.mirror = Mirror(plan.run_dir, plan.home_run_dir, self.worker_id) if plan.home_run_dir else None
         recipe = load_recipe(plan.recipe, plan.overrides)
         self.config: RunConfig = recipe.config
         self.nodes: list[Node] = [recipe.graph.nodes[name] for name in self.pool.nodes]
