@@ -17,6 +17,7 @@ May import: areal.kernels, areal.models (and the leaves areal.config, areal.over
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -32,6 +33,7 @@ from areal.engines.generation import GenRequest, GenResult
 from areal.engines.torch_generate import TorchGenerationEngine
 from areal.engines.torch_train import LossFn, MicroBatch, TorchTrainEngine
 from areal.engines.trainer_settings import TrainSettings
+from areal.engines.vllm_api import unsupported
 from areal.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -99,6 +101,8 @@ def engine_problems(config: RunConfig, *, generation: bool = True, training: boo
             them = "them" if len(missing) > 1 else "it"
             problems.append(f'generation.engine="vllm" needs {" and ".join(missing)}; '
                             f'generation.engine="torch" runs without {them}.')
+        else:  # a release whose engine API the backend was not checked against (engines/vllm_api.py)
+            problems.append(unsupported(_package_version("vllm")))
     if training and config.trainer.engine == "fsdp" and not torch.distributed.is_available():
         problems.append('trainer.engine="fsdp" needs a torch built with torch.distributed (this one has none); '
                         'trainer.engine="torch" runs without it.')
@@ -222,6 +226,10 @@ def train_settings(config: RunConfig) -> TrainSettings:
 
 def _has_package(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
+
+
+def _package_version(name: str) -> str:
+    return importlib.metadata.version(name)
 
 
 def _has_cuda() -> bool:
