@@ -346,8 +346,10 @@ class Controller(WorkerReports, WorkerRecovery):
     def _on_ready(self, worker: WorkerProcess, m: msg.Ready) -> None:
         worker.ready = True
         self._check_hosts()  # under Ray its host is known once Ray placed it
-        if self._dynamic:
-            self.wiring.wire(worker, m.endpoints, self.workers.values())
+        # a replacement under Ray: groups dealt to its predecessor's endpoint while it was down (a lost node may
+        # take minutes to come back) went with the disconnect, after the census at its death; a census again
+        if self._dynamic and self.wiring.wire(worker, m.endpoints, self.workers.values()) and not self._stopping:
+            self._census()
         self.versions.catch_up(worker, self.control.send)
 
     def _on_heartbeat(self, worker: WorkerProcess, m: msg.Heartbeat | msg.Stopped) -> None:
