@@ -180,7 +180,8 @@ class TrainerRole:
             guard(self.nodes[-1], trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
         self.publisher.checkpoint(folder)
         if not self.follower:
-            if self.mirror is not None:  # no run directory on this node: the part goes to the controller first
+            if self.mirror is not None:  # no run directory on this node: the part goes to the controller first,
+                self.send_files()  # after the records of every step it holds (a lost node loses only later ones)
                 self.send_files(self.mirror.tree(folder))
             self.control.send(msg.CheckpointWritten(model=self.pool.name, version=self.trained_version,
                                                     path=self.mirror.homeward(folder) if self.mirror else str(folder),
