@@ -12,10 +12,10 @@ is encrypted and a stranger is answered nothing.
 
 A follower that asks for a version the trainer has since dropped (it published `keep` newer ones) is told the
 newest it holds and keeps what it has: that version's update follows. A trainer that does not answer within
-`ANSWER_TIMEOUT_S` is an error naming its endpoint. Chosen over torch.distributed (gloo) by measurement and by
-shape: benchmarks/bench_cluster.py moves a version over loopback about as fast either way, and gloo's group is
-fixed when it forms, so a restarted follower could not rejoin it. The checkpoint gets the policy as a file,
-written by the trainer (no published file exists to copy).
+`ANSWER_TIMEOUT_S` is an error naming its endpoint. Chosen over torch.distributed (gloo) by shape more than by
+speed: gloo's group is fixed when it forms, so a restarted follower, or one on a node added later, could not join
+it; benchmarks/bench_weights.py times both routes (its `tcp` and `broadcast` rows, docs/benchmarks.md). The
+checkpoint gets the policy as a file, written by the trainer (no published file exists to copy).
 """
 
 from __future__ import annotations
