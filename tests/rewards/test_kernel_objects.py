@@ -90,10 +90,10 @@ def test_no_program_can_demote_its_runner_through_their_autogroup(path):
 
 
 # failed lookups of long names under the read-only /usr: each leaves a negative dentry (~0.5 KB)
-# in the host's cache, which outlives the job
+# in the host's cache, which outlives the job (names new to it: those it holds already cost nothing)
 LOOKUPS = """
-import os, time
-name = "/usr/" + "q" * 200
+import os, time, uuid
+name = "/usr/" + uuid.uuid4().hex + "q" * 160
 n = 0
 while time.process_time() < 0.8:
     try:
@@ -127,4 +127,4 @@ def test_negative_dentries_a_test_leaves_count_against_its_memory_and_do_not_out
     assert (result.reward, result.reason) == (0.0, "memory"), result
     assert "negative dentries" in result.detail, result.detail
     if before is not None:  # the pooled path with a cgroup: measured and reclaimed after the job
-        assert after - before < 8 << 20, (after - before) >> 20
+        assert after - before < 16 << 20, (after - before) >> 20  # what the job held was 27 MB and more
