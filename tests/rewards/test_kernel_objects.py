@@ -128,3 +128,19 @@ def test_negative_dentries_a_test_leaves_count_against_its_memory_and_do_not_out
     assert "negative dentries" in result.detail, result.detail
     if before is not None:  # the pooled path with a cgroup: measured and reclaimed after the job
         assert after - before < 16 << 20, (after - before) >> 20  # what the job held was 27 MB and more
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_the_report_says_how_each_defence_of_57_holds_on_the_path(path):
+    with path_scorer(path) as scorer:
+        report = scorer.layers.describe(scorer.limits)
+    kernel = next(line for line in report.splitlines() if line.startswith("kernel objects: "))
+    assert "Linux AIO and PR_SET_DUMPABLE denied" in kernel
+    assert "each test in a session and autogroup of its own, apart from its runner" in kernel
+    assert "negative dentries the machine gains while a test runs count 1 KiB each against its 256 MB" in kernel
+    jailed = "no pseudo-terminals (/dev/pts sealed empty) and a read-only /proc in each job"
+    assert (jailed in kernel) == (path != "plain")
+    assert ("reclaimed past 8 MB" in kernel) == (scorer.layers.cgroup is not None and path != "plain")
+    assert "the program is compiled in each test, under its limits, and its stderr counts against" in report
+    assert "its runner's while it watches" in report
+    assert ("reaps each job's supervisor as it exits" in report) == (path != "plain")

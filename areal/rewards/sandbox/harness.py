@@ -31,8 +31,9 @@ limits: issue #57) and runs it, its input through a pipe, the job's limits summe
 processes (`job_meter.py`), its stderr counted against the output cap. When the test ends,
 every process it started is killed (as PID 1: everything in the namespace but this process,
 setsid or not; on the plain path, where this process is a subreaper, the test's session and this
-process's children) and reaped before the next test starts. A record says how a test ended in the program's terms; the host
-refuses any other status, so nothing from here can report a machinery failure.
+process's children) and reaped before the next test starts. A record says how a test ended in
+the program's terms; the host refuses any other status, so nothing from here can report a
+machinery failure.
 
 Stdlib only, run from source next to its helpers `seccomp_filter`, `job_meter` and `harness_child`
 (what each forked test runs): the pooled worker (`sandbox_server.py`) calls `run_job` once per job,
