@@ -165,6 +165,8 @@ class SandboxLayers:
         if self.cgroup is not None and self.namespaces:
             dentries += (f"; the kernel memory a job leaves charged to its worker's cgroup is measured after each "
                          f"job and reclaimed past {RECLAIM_ABOVE_BYTES >> 20} MB")
+        else:
+            dentries += "; what a test leaves stays in the host's cache until memory pressure reclaims it"
         return f"{jail}; {denied}; each test in a session and autogroup of its own, apart from its runner; {dentries}"
 
     def require(self, allow_weaker: bool) -> None:
