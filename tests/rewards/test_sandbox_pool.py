@@ -206,17 +206,28 @@ def children(pid: int) -> list[int]:
         return []
 
 
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat from its third field on (state, ppid, ...), [] once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
+def zombie(pid: int) -> bool:
+    return stat_fields(pid)[:1] == ["Z"]
+
+
+def parent_of(pid: int) -> int:
+    return int(stat_fields(pid)[1])
+
+
 def zombies_under(pid: int) -> list[int]:
     """Descendants of `pid` that have exited and wait to be reaped."""
     found, todo = [], [pid]
     while todo:
         below = children(todo.pop())
-        for child in below:
-            try:
-                if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                    found.append(child)
-            except OSError:
-                pass
+        found += [child for child in below if zombie(child)]
         todo += below
     return found
 
@@ -229,7 +240,8 @@ def test_a_supervisor_that_exits_after_its_answer_is_reaped_without_waiting_for_
     """The host traces the program's sleeper, so its job's PID 1 outlives the answer; once the host lets
     it go, the supervisor exits, and the worker's server must reap it then, not at its next job."""
     libc = ctypes.CDLL(None, use_errno=True)
-    with path_scorer(path) as scorer, ThreadPoolExecutor(1) as caller:
+    # 0.5 s: the answer comes after the test's backstop (2.5 s), a second, and 2 s waiting for PID 1
+    with path_scorer(path, timeout_s=0.5) as scorer, ThreadPoolExecutor(1) as caller:
         run_one(scorer, "print(1)", ONE)  # a warm worker
         (worker,) = worker_pids(scorer)
         pending = caller.submit(run_one, scorer, SLEEPER, ONE)
@@ -241,10 +253,11 @@ def test_a_supervisor_that_exits_after_its_answer_is_reaped_without_waiting_for_
             assert err == errno.EPERM, os.strerror(err)
             pytest.skip("this process may not trace the sandbox's processes here")
         try:
+            supervisor = parent_of(parent_of(sleeper))  # the sleeper's runner is PID 1 of its job
             result = pending.result(timeout=60)
-            # the server has answered and made the next job's jail: the old supervisor still waits
+            # the server has answered and made the next job's jail, while the supervisor still waits
             (server,) = children(worker)
-            wait_for(lambda: len(children(server)) == 2)
+            wait_for(lambda: any(c != supervisor and not zombie(c) for c in children(server)))
         finally:
             os.waitpid(sleeper, WALL)  # as its tracer: now the job's namespace can finish dying
         assert (result.reward, result.reason) == (0.0, "timeout")
