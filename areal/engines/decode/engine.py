@@ -19,78 +19,27 @@ tokens are the same. What differs is where the rows live: each running request o
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from areal.engines.decode.cpu_kernels import Shared
 from areal.engines.decode.lean import LeanForward
+from areal.engines.decode.requests import KeptPrompts, Request, right_padded, stop_pattern
 from areal.engines.decode.slots import SlotKV
 from areal.engines.decode.step import DecodeStep, Forward
-from areal.engines.generation import FinishReason, GenRequest, GenResult, InFlight
+from areal.engines.generation import FinishReason, GenRequest, GenResult
 from areal.engines.sampling import (
     check_sampling,
     checked_request,
-    finish_reason,
     request_stops,
     request_uniforms,
     run_to_completion,
     sample_tokens,
 )
-
-
-@dataclass(kw_only=True)
-class _Request(InFlight):
-    """A request in flight, with its own stream of uniforms."""
-
-    uniforms: list[float]
-
-    def tokens(self) -> list[int]:
-        return self.prompt.tolist() + self.output
-
-    @cached_property
-    def prompt_key(self) -> tuple[int, ...]:
-        return tuple(self.prompt.tolist())
-
-
-class _KeptPrompts:
-    """Prompts read under the current weights: their K/V ([layers, 2, kv heads, length, head dim]) and last
-    logits, at most `capacity`, least recently used dropped first; `hits` counts newcomers served from here."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity, self.hits = capacity, 0
-        self._kept: OrderedDict[tuple[int, ...], tuple[Tensor, Tensor]] = OrderedDict()
-
-    def __contains__(self, key: tuple[int, ...]) -> bool:
-        return key in self._kept
-
-    def keys(self) -> set[tuple[int, ...]]:
-        return set(self._kept)
-
-    def clear(self) -> None:
-        self._kept.clear()
-
-    def remember(self, key: tuple[int, ...], rows: Tensor, logits: Tensor) -> None:
-        self._kept[key] = (rows, logits)
-        self._kept.move_to_end(key)
-        while len(self._kept) > self.capacity:
-            self._kept.popitem(last=False)
-
-    def get(self, key: tuple[int, ...]) -> tuple[Tensor, Tensor]:
-        self._kept.move_to_end(key)
-        self.hits += 1
-        return self._kept[key]
-
-
-def _right_padded(rows: Sequence[list[int]], pad: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """Token rows right-padded to the longest: ids [rows, width] and lengths [rows], on `device`."""
-    width = max(map(len, rows))
-    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.int64)
-    return ids.to(device), torch.tensor([len(r) for r in rows], dtype=torch.int64).to(device)
 
 
 class SlotGenerationEngine:
@@ -131,7 +80,6 @@ class SlotGenerationEngine:
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.stop_sequences = [list(s) for s in stop_sequences or [] if len(s)]
         self.stop_strings = list(stop_strings or [])
-        self._stop_window = max((len(s) for s in self.stop_strings), default=0)
         self.decode = decode
         self.max_batch, self.refill_min_free = max_batch, refill_min_free
         self.keep_kv_on_update, self.seed, self.version = keep_kv_on_update, seed, version
@@ -141,10 +89,14 @@ class SlotGenerationEngine:
                             dtype=f.dtype, device=f.device, uniforms=max_new_tokens)
         f.reserve(self.cache.columns)
         self._step = DecodeStep(f, self.cache, temperature=temperature, top_p=top_p, graphs=graphs, capture=capture)
-        self._rows: list[_Request | None] = [None] * max_batch  # slot i runs _rows[i]
-        self._waiting: deque[_Request] = deque()
+        self._rows: list[Request | None] = [None] * max_batch  # slot i runs _rows[i]
+        # which read wrote each slot's prompt columns: slots of one source hold the same values (a group's prompt)
+        self._source = [0] * max_batch
+        self._sources = 0
+        self._share = getattr(self.forward, "kernels", None) is not None  # only the CPU kernels read it
+        self._waiting: deque[Request] = deque()
         self._stale = False
-        self._prompts = _KeptPrompts(max_batch)
+        self._prompts = KeptPrompts(max_batch)
         self.timings_s = {"prefill": 0.0, "rebuild": 0.0, "decode": 0.0}
 
     # ---- public API (the GenerationEngine Protocol) ------------------------------------------------------------
@@ -156,8 +108,10 @@ class SlotGenerationEngine:
         for r in requests:
             prompt, limit = checked_request(r, in_flight, self.max_new_tokens)
             stops = request_stops(r, self.stop_strings, self.decode)
-            queued.append(_Request(request_id=r.request_id, prompt=prompt, limit=limit, stops=stops,
-                                   uniforms=request_uniforms(self.seed, r.request_id, limit)))
+            queued.append(Request(request_id=r.request_id, prompt=prompt, limit=limit, stops=stops,
+                                   uniforms=request_uniforms(self.seed, r.request_id, limit),
+                                   stop_pattern=stop_pattern(tuple(stops)),
+                                   stop_window=max(map(len, stops), default=0)))
             in_flight.add(r.request_id)
         self._waiting.extend(queued)
 
@@ -229,10 +183,10 @@ class SlotGenerationEngine:
 
     # ---- internals --------------------------------------------------------------------------------------------
 
-    def _active(self) -> list[_Request]:
+    def _active(self) -> list[Request]:
         return [r for r in self._rows if r is not None]
 
-    def _take(self, ids: set[int]) -> list[_Request]:
+    def _take(self, ids: set[int]) -> list[Request]:
         """Free the slots of these running requests; the requests, in slot order."""
         slots = [i for i, r in enumerate(self._rows) if r is not None and r.request_id in ids]
         taken = [self._rows[i] for i in slots]
@@ -247,17 +201,17 @@ class SlotGenerationEngine:
 
     def _extend(self, slots: list[int], rows: list[list[int]], starts: list[int]) -> Tensor:
         """The forward over token chunks written into these slots from `starts`; each row's last logits."""
-        ids, lengths = _right_padded(rows, self.pad_token_id, self.device)
+        ids, lengths = right_padded(rows, self.pad_token_id, self.device)
         self._reserve(max(starts) + ids.shape[1])
         index = torch.tensor(slots, dtype=torch.int64).to(self.device)
         return self.forward.extend(self.cache.kv, index, ids, torch.tensor(starts, dtype=torch.int64).to(
             self.device), lengths)
 
-    def _admit(self, admit: list[_Request]) -> list[GenResult]:
+    def _admit(self, admit: list[Request]) -> list[GenResult]:
         """Newcomers into free slots: the first of a prompt not kept reads it in one forward with the others that
         need one (a re-queued request its prompt and output), the rest copy its rows; then each draws a token."""
-        fresh: list[_Request] = []
-        copies: list[_Request] = []
+        fresh: list[Request] = []
+        copies: list[Request] = []
         seen = self._prompts.keys()
         for r in admit:
             if r.output:  # a re-queued request reads its prompt and output: nothing to copy
@@ -267,16 +221,18 @@ class SlotGenerationEngine:
             seen.add(r.prompt_key)
         ordered = fresh + copies
         slots = self.cache.take(len(ordered))
-        self._reserve(max(len(r.prompt) + r.limit for r in ordered), max(r.limit for r in ordered))
+        self._reserve(max(r.prompt_len + r.limit for r in ordered), max(r.limit for r in ordered))
         logits = []
         if fresh:
             read = self._extend(slots[: len(fresh)], [r.tokens() for r in fresh], [0] * len(fresh))
             for row, (slot, r) in enumerate(zip(slots, fresh, strict=False)):
+                self._source[slot] = self._new_source()
                 if not r.output:  # a prompt alone: later requests of the same prompt copy it
-                    self._prompts.remember(r.prompt_key, self.cache.rows(slot, len(r.prompt)), read[row].clone())
+                    self._prompts.remember(r.prompt_key, self.cache.rows(slot, r.prompt_len), read[row].clone(),
+                                           self._source[slot])
             logits.append(read)
         for slot, r in zip(slots[len(fresh) :], copies, strict=True):
-            rows, kept_logits = self._prompts.get(r.prompt_key)
+            rows, kept_logits, self._source[slot] = self._prompts.get(r.prompt_key)
             self.cache.put_rows(slot, rows)
             logits.append(kept_logits[None])
         tokens, reasons = self._sample_into(ordered, torch.cat(logits))
@@ -292,7 +248,7 @@ class SlotGenerationEngine:
                  if reason is None]
         if going:
             self.cache.start([s for s, _, _ in going], [t for _, _, t in going],
-                             [len(r.prompt) + len(r.output) - 1 for _, r, _ in going],
+                             [r.prompt_len + len(r.output) - 1 for _, r, _ in going],
                              [len(r.output) for _, r, _ in going], [r.uniforms for _, r, _ in going])
         return finished
 
@@ -311,36 +267,61 @@ class SlotGenerationEngine:
         read = self._extend(list(readers.values()), [r.prompt.tolist() for r in reader_rows if r is not None],
                             [0] * len(readers))
         for row, (key, slot) in enumerate(readers.items()):
-            self._prompts.remember(key, self.cache.rows(slot, len(key)), read[row].clone())
+            self._source[slot] = self._new_source()
+            self._prompts.remember(key, self.cache.rows(slot, len(key)), read[row].clone(), self._source[slot])
         for key, reader in readers.items():
             sharing = [slot for slot, r in running if r.prompt_key == key and slot != reader]
             if sharing:
                 self.cache.copy_rows(reader, sharing, len(key))
+                for slot in sharing:
+                    self._source[slot] = self._source[reader]
         outputs = [(slot, r) for slot, r in running if len(r.output) > 1]
         if outputs:
             self._extend([slot for slot, _ in outputs], [r.output[:-1] for _, r in outputs],
                          [len(r.prompt) for _, r in outputs])
 
     def _decode(self) -> list[GenResult]:
-        high = self.cache.high
-        width = max(len(r.prompt) + len(r.output) for r in self._active())
-        tokens, logp = self._step(high, width)
-        finished, ended = [], []
-        for slot, r, token, lp in zip(range(high), self._rows, tokens.tolist(), logp.tolist(), strict=False):
+        rows, high = self._rows, self.cache.high
+        width = 0 if self._step.graphs else int(self.cache.positions[:high].max()) + 1  # graphs read every column
+        tokens, logp = self._step(high, width, self._shared(high) if self._share else None)
+        finished, ended, version, eos = [], [], self.version, self.eos_token_id
+        plain = not self.stop_sequences  # then a row without stop strings ends at eos or its length only
+        for slot, token, lp in zip(range(high), tokens.tolist(), logp.tolist(), strict=True):
+            r = rows[slot]
             if r is None:
                 continue
-            r.output.append(token)
+            out = r.output
+            out.append(token)
             r.logprobs.append(lp)
-            r.versions.append(self.version)
-            reason = self._finish_reason(r)
+            r.versions.append(version)
+            if plain and r.stop_pattern is None:  # the common case, inline: one row costs a few list ops
+                reason = "eos" if token == eos else ("length" if len(out) >= r.limit else None)
+            else:
+                reason = self._ended(r)
             if reason is not None:
                 finished.append(r.result(reason))
                 ended.append(slot)
-                self._rows[slot] = None
+                rows[slot] = None
         self.cache.release(ended)
         return finished
 
-    def _sample_into(self, rows: list[_Request], logits: Tensor) -> tuple[list[int], list[FinishReason | None]]:
+    def _new_source(self) -> int:
+        self._sources += 1
+        return self._sources
+
+    def _shared(self, high: int) -> Shared:
+        """For the CPU kernels: each slot's first slot of its source, the prompt columns they share, and an order
+        of the slots that takes a source's slots one after another."""
+        first: dict[int, int] = {}
+        source, columns = list(range(high)), [0] * high
+        for slot, r in enumerate(self._rows[:high]):
+            if r is not None:
+                source[slot] = first.setdefault(self._source[slot], slot)
+                columns[slot] = r.prompt_len
+        order = sorted(range(high), key=source.__getitem__)
+        return Shared(*(torch.tensor(x, dtype=torch.int64) for x in (order, source, columns)))
+
+    def _sample_into(self, rows: list[Request], logits: Tensor) -> tuple[list[int], list[FinishReason | None]]:
         """Draw one token a row from `logits`, append it (with logprob and version) to its request; who finished."""
         u = torch.tensor([r.uniforms[len(r.output)] for r in rows], dtype=torch.float64).to(self.device)
         tokens, logp = sample_tokens(logits, u, temperature=self.temperature, top_p=self.top_p)
@@ -350,10 +331,18 @@ class SlotGenerationEngine:
             r.output.append(token)
             r.logprobs.append(lp)
             r.versions.append(self.version)
-            reasons.append(self._finish_reason(r))
+            reasons.append(self._ended(r))
         return drawn, reasons
 
-    def _finish_reason(self, r: _Request) -> FinishReason | None:
-        window = self._stop_window if r.stops is self.stop_strings else max(map(len, r.stops), default=0)
-        return finish_reason(r.output, r.limit, self.eos_token_id, self.stop_sequences, r.stops, self.decode,
-                             window)
+    def _ended(self, r: Request) -> FinishReason | None:
+        """Why a row ends at its last token, or None: sampling.finish_reason's rules in its order (eos, a stop
+        sequence, a stop string in the decoded last tokens, the length), with the stop strings searched at once."""
+        out = r.output
+        if out[-1] == self.eos_token_id:
+            return "eos"
+        if self.stop_sequences and any(len(s) <= len(out) and out[-len(s) :] == s for s in self.stop_sequences):
+            return "stop"
+        if r.stop_pattern is not None and self.decode is not None and r.stop_pattern.search(
+                self.decode(out[-r.stop_window :])):
+            return "stop"
+        return "length" if len(out) >= r.limit else None

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from areal.engines.decode import cpu_kernels
+
 FAMILIES = ("qwen2", "llama")
 _POSITION_DEPENDENT_ROPE = ("dynamic", "longrope")  # their tables change with the sequence's length
 
@@ -97,7 +99,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class LeanForward:
     """The forward of a Qwen2/Llama `model` over a slot cache; the model's parameters are its storage."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, kernels: bool = True) -> None:
         problem = lean_problem(model)
         if problem is not None:
             raise ValueError(f"LeanForward: {problem}")
@@ -121,6 +123,9 @@ class LeanForward:
             self.layers.append(_Layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, qkv,
                                       qkv_bias, a.o_proj.weight, _bias(a.o_proj), gate_up, gate_up_bias,
                                       mlp.down_proj.weight, _bias(mlp.down_proj)))
+        # a float32 model on the CPU decodes with the C kernels when this machine can build them
+        on_cpu32 = self.device.type == "cpu" and self.dtype == torch.float32
+        self.kernels = cpu_kernels.load() if kernels and on_cpu32 else None
         self.cos = self.sin = torch.zeros(0, self.head_dim, dtype=self.dtype, device=self.device)
         self._index = torch.zeros(0, dtype=torch.int64, device=self.device)  # 0, 1, 2, ... for masks and rows
 
@@ -141,10 +146,14 @@ class LeanForward:
 
     # ---- one token a slot -------------------------------------------------------------------------------------
 
-    def decode(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int) -> Tensor:
+    def decode(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int,
+               shared: cpu_kernels.Shared | None = None) -> Tensor:
         """Logits [n, V] after feeding tokens[i] (int64 [n]) at positions[i] of slot i, for slots 0..n-1. Writes
         each token's K/V into its slot at its position; slot i attends over its columns 0..positions[i], read from
-        the first `width` columns (width > every position)."""
+        the first `width` columns (width > every position). `shared` says which slots hold the same prompt: the C
+        kernels read it once a group (the torch ops read each slot's own copy: the same values)."""
+        if self.kernels is not None:
+            return F.linear(self._decode_kernels(kv, tokens, positions, width, shared), self.lm_head)
         n, heads, kv_heads, d = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         rows = self._index[:n]
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [n, 1, D]
@@ -163,6 +172,30 @@ class LeanForward:
             x = x + F.linear(attn, layer.o, layer.o_bias)
             x = x + self._mlp(rms_norm(x, layer.post_norm, self.eps), layer)
         return F.linear(rms_norm(x, self.norm, self.eps), self.lm_head)
+
+    def _decode_kernels(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int,
+                        shared: cpu_kernels.Shared | None, slots: Tensor | None = None) -> Tensor:
+        """`decode` with the C kernels: per layer four matrix multiplies and four calls (see cpu_kernels.c). With
+        `slots`, row i is a token of slot slots[i] (a prefill: a slot's rows in the order of their positions)."""
+        if width > kv.shape[4]:  # the kernels write at each position: never past the cache
+            raise ValueError(f"LeanForward: width {width} is past the cache's {kv.shape[4]} columns")
+        k, n = self.kernels, tokens.shape[0]
+        assert k is not None
+        x = F.embedding(tokens, self.embed)  # the residual stream, updated in place
+        h = torch.empty_like(x)
+        attn = torch.empty(n, self.heads * self.head_dim)
+        act = torch.empty(n, self.intermediate)
+        scratch = torch.empty(self.heads // self.kv_heads * width)
+        k.add_rms_norm(x, None, self.layers[0].in_norm, h, self.eps)
+        for i, layer in enumerate(self.layers):
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            k.rope_attend(qkv, self.cos, self.sin, positions, kv[i, 0], kv[i, 1], attn, scratch, self.heads,
+                          self.kv_heads, self.head_dim, self.scale, shared, slots)
+            k.add_rms_norm(x, F.linear(attn, layer.o, layer.o_bias), layer.post_norm, h, self.eps)
+            k.silu_mul(F.linear(h, layer.gate_up, layer.gate_up_bias), act)
+            following = self.layers[i + 1].in_norm if i + 1 < len(self.layers) else self.norm
+            k.add_rms_norm(x, F.linear(act, layer.down, layer.down_bias), following, h, self.eps)
+        return h  # the final norm's output; the caller takes the rows it needs through the head
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
         """Grouped-query attention of one query a slot without copying the cache: q [n, H, D] as [n·KVH, G, D]
@@ -189,6 +222,11 @@ class LeanForward:
         m, width = ids.shape
         heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
         positions = starts[:, None] + self._index[:width]  # [m, T]
+        if self.kernels is not None:  # the real tokens as rows of their slots, no padding
+            real = self._index[:width] < lengths[:, None]
+            h = self._decode_kernels(kv, ids[real], positions[real], int(positions.max()) + 1, None,
+                                     slots[:, None].expand(m, width)[real])
+            return F.linear(h[lengths.cumsum(0) - 1], self.lm_head)
         columns = int(starts.max()) + width
         visible = self._index[:columns] <= positions[:, :, None]  # [m, T, columns]: causal within the slot
         cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # [m, T, 1, D]

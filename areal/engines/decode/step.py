@@ -35,7 +35,7 @@ class Forward(Protocol):
     device: torch.device
 
     def reserve(self, columns: int) -> None: ...
-    def decode(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int) -> Tensor: ...
+    def decode(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int, shared: Any = None) -> Tensor: ...
     def extend(self, kv: Tensor, slots: Tensor, ids: Tensor, starts: Tensor, lengths: Tensor) -> Tensor: ...
 
 
@@ -80,22 +80,23 @@ class DecodeStep:
         self._logp = torch.zeros(cache.slots, dtype=torch.float32, device=cache.device)
         self.captured = 0  # graphs captured so far (a test reads it)
 
-    def __call__(self, n: int, width: int) -> tuple[Tensor, Tensor]:
-        """Decode slots 0..n-1 (each filled below `width` columns): the tokens drawn and their log π_behav, [n]
-        each, on the device; the slot state has advanced (free slots' draws mean nothing)."""
+    def __call__(self, n: int, width: int, shared: Any = None) -> tuple[Tensor, Tensor]:
+        """Decode slots 0..n-1 (each filled below `width` columns; `shared`: which hold the same prompt, for the CPU
+        kernels): the tokens drawn and their log π_behav, [n] each, on the device; the slot state has advanced (free
+        slots' draws mean nothing)."""
         if self.graphs:
             tokens, logp = self._replayed(n)
         else:
-            tokens, logp = self._sample(n, width)
+            tokens, logp = self._sample(n, width, shared)
         c = self.cache
         c.pending[:n] = tokens
         c.positions[:n] += c.live[:n]
         c.produced[:n] += c.live[:n]
         return tokens, logp
 
-    def _sample(self, n: int, width: int) -> tuple[Tensor, Tensor]:
+    def _sample(self, n: int, width: int, shared: Any = None) -> tuple[Tensor, Tensor]:
         c = self.cache
-        logits = self.forward.decode(c.kv, c.pending[:n], c.positions[:n], width)
+        logits = self.forward.decode(c.kv, c.pending[:n], c.positions[:n], width, shared)
         u = c.uniforms[self._rows[:n], c.produced[:n]]
         return sample_tokens(logits, u, temperature=self.temperature, top_p=self.top_p)
 
