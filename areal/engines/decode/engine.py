@@ -97,6 +97,7 @@ class SlotGenerationEngine:
         self._waiting: deque[Request] = deque()
         self._stale = False
         self._prompts = KeptPrompts(max_batch)
+        self._texts: dict[tuple[int, ...], str] = {}  # decoded windows of the last tokens, for the stop strings
         self.timings_s = {"prefill": 0.0, "rebuild": 0.0, "decode": 0.0}
 
     # ---- public API (the GenerationEngine Protocol) ------------------------------------------------------------
@@ -342,7 +343,16 @@ class SlotGenerationEngine:
             return "eos"
         if self.stop_sequences and any(len(s) <= len(out) and out[-len(s) :] == s for s in self.stop_sequences):
             return "stop"
-        if r.stop_pattern is not None and self.decode is not None and r.stop_pattern.search(
-                self.decode(out[-r.stop_window :])):
+        if r.stop_pattern is not None and r.stop_pattern.search(self._text(tuple(out[-r.stop_window :]))):
             return "stop"
         return "length" if len(out) >= r.limit else None
+
+    def _text(self, window: tuple[int, ...]) -> str:
+        """decode(window), remembered: a group's rows often write the same tokens, so the same windows recur."""
+        text = self._texts.get(window)
+        if text is None:
+            if len(self._texts) >= 1 << 16:  # bounded: a long run's windows do not pile up
+                self._texts.clear()
+            assert self.decode is not None  # a request with stop strings was refused without one
+            text = self._texts[window] = self.decode(list(window))
+        return text
