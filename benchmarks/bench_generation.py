@@ -368,7 +368,9 @@ def recipe_table(model: torch.nn.Module, tokenizer: Any, repeat: int, rows_list:
     for rows in rows_list:
         requests = recipe_requests(tokenizer, rows)
         runs: dict[str, tuple[float, list[GenResult]]] = {}
-        for _ in range(repeat):  # interleaved, best of `repeat` each: the neighbours load both alike
+        rate = 0.0
+        for _ in range(repeat):  # interleaved, best of `repeat` each (the GEMMs too): the neighbours load all alike
+            rate = max(rate, gemm_rate(step_shapes(model), rows))
             for kind in ("hf", "fixed"):
                 engine = recipe_engine(kind, model, tokenizer, rows)
                 start = time.process_time()
@@ -382,7 +384,6 @@ def recipe_table(model: torch.nn.Module, tokenizer: Any, repeat: int, rows_list:
         # attention's FLOPs at the mean context a token was drawn at: 2 (QK, PV) x 2 x heads x d a column
         context = sum(len(r.prompt_ids) * len(r.output_ids) + len(r.output_ids) ** 2 / 2 for r in fixed) / tokens
         per_token = 2 * weights + 4 * c.num_hidden_layers * c.num_attention_heads * d * context
-        rate = gemm_rate(step_shapes(model), rows)
         limit = rate / per_token
         rates = {kind: tokens / spent for kind, (spent, _) in runs.items()}
         print(f"  {rows:>4} {rates['hf']:>8.0f} {rates['fixed']:>8.0f} {rates['fixed'] / rates['hf']:>10.2f}x "
