@@ -114,3 +114,4 @@ def test_the_ladder_pads_a_step_by_at_most_a_third_past_eight_rows():
     assert ladder(7) == [1, 2, 4, 7]
     assert ladder(128) == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
     assert ladder(100) == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 100]
+

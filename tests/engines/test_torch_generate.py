@@ -332,3 +332,18 @@ def test_a_weight_update_empties_the_prompt_cache(make_model, engine_class):
     assert late.versions.tolist() == [1] * 8
     torch.testing.assert_close(late.logprobs, forward_logprobs(new, late), atol=1e-5, rtol=0)
     assert (late.logprobs[:1] - forward_logprobs(old, late)[:1]).abs().max() > 1e-3
+
+
+def test_a_copy_keeps_its_prompt_when_the_same_refills_fresh_reads_fill_the_kept_prompts(make_model, engine_class):
+    model = make_model(0).double()
+    a, b, c, d, e, f = ([k, k + 1, k + 2] for k in range(10, 70, 10))
+    # four rows read A, B, C, D (kept in that order: A is the least recently used); B, C, D end together, then one
+    # refill admits a copy of A and two fresh prompts, E and F, whose reads would push A out of the four kept
+    reqs = [GenRequest(0, a, 9), GenRequest(1, b, 3), GenRequest(2, c, 3), GenRequest(3, d, 3),
+            GenRequest(4, a, 6), GenRequest(5, e, 5), GenRequest(6, f, 5)]
+    engine = engine_class(model, eos_token_id=NEVER, pad_token_id=0, max_batch=4, refill_min_free=3)
+    results = {r.request_id: r for r in engine.generate(reqs)}
+    assert engine.prompt_cache_hits == 1  # request 4 copied A's rows
+    alone = engine_class(model, eos_token_id=NEVER, pad_token_id=0, max_batch=1).generate([reqs[4]])[0]
+    assert results[4].output_ids.tolist() == alone.output_ids.tolist()
+    assert (results[4].logprobs.double() - alone.logprobs.double()).abs().max() < 1e-6

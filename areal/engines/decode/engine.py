@@ -220,6 +220,8 @@ class SlotGenerationEngine:
                 continue
             (copies if r.prompt_key in seen else fresh).append(r)
             seen.add(r.prompt_key)
+        # take the kept prompts the copies need before the fresh reads are kept: those could push them out
+        held = {r.prompt_key: self._prompts.get(r.prompt_key) for r in copies if r.prompt_key in self._prompts}
         ordered = fresh + copies
         slots = self.cache.take(len(ordered))
         self._reserve(max(r.prompt_len + r.limit for r in ordered), max(r.limit for r in ordered))
@@ -233,7 +235,7 @@ class SlotGenerationEngine:
                                            self._source[slot])
             logits.append(read)
         for slot, r in zip(slots[len(fresh) :], copies, strict=True):
-            rows, kept_logits, self._source[slot] = self._prompts.get(r.prompt_key)
+            rows, kept_logits, self._source[slot] = held.get(r.prompt_key) or self._prompts.get(r.prompt_key)
             self.cache.put_rows(slot, rows)
             logits.append(kept_logits[None])
         tokens, reasons = self._sample_into(ordered, torch.cat(logits))

@@ -67,6 +67,7 @@ class KeptPrompts:
             self._kept.popitem(last=False)
 
     def get(self, key: tuple[int, ...]) -> tuple[Tensor, Tensor, int]:
+        """A kept prompt, now the most recently used; counted as one newcomer served."""
         self._kept.move_to_end(key)
         self.hits += 1
         return self._kept[key]
