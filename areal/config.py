@@ -117,6 +117,14 @@ class GenerationConfig(_Section):
     )
     device: str = Field("auto", pattern=DEVICE_PATTERN, description="where a torch generator's model lives: auto "
                         "(a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
+    decode_step: Literal["auto", "fixed", "hf"] = Field(
+        "auto", description="torch engine: fixed: a decode step of fixed shape (a KV cache of max_batch slots written "
+        "in place, a lean Qwen2/Llama forward, the draw in the step; areal/engines/decode/); hf: Hugging Face's "
+        "forward over a left-padded cache (the engine before #59); auto: fixed when the lean forward knows the "
+        "model, else hf, said once at start")
+    cuda_graphs: Literal["auto", "on", "off"] = Field(
+        "auto", description="the fixed decode step on a GPU: on: captured in CUDA graphs for a ladder of batch sizes "
+        "(prefill stays eager); off: eager; auto: on when the generator's device is a GPU")
     chat_template: Literal["auto", "off"] = Field(
         "auto", description="auto: a prompt becomes a user message in the tokenizer's chat template when it has "
         "one (an instruct model); off: the prompt is tokenised as it is (a base model continuing text)"
@@ -135,6 +143,13 @@ class GenerationConfig(_Section):
             raise ValueError("on_new_weights=keep-kv is the torch and emulated engines' option; the vLLM engine "
                              "aborts and resubmits its requests at every update (it cannot keep their KV across "
                              "a weight load): use on_new_weights=reread")
+        return self
+
+    @model_validator(mode="after")
+    def _graphs_need_the_fixed_step(self) -> GenerationConfig:
+        if self.cuda_graphs == "on" and self.decode_step == "hf":
+            raise ValueError('cuda_graphs="on" captures the fixed decode step; decode_step="hf" has none: use '
+                             'decode_step="auto" or "fixed"')
         return self
 
     @property

@@ -18,6 +18,7 @@ May import: areal.kernels, areal.models (and the leaves areal.config, areal.over
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -26,7 +27,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from areal.config import RunConfig
+from areal.config import GenerationConfig, RunConfig
 from areal.engines.device import device_problem, torch_device
 from areal.engines.generation import GenRequest, GenResult
 from areal.engines.torch_generate import TorchGenerationEngine
@@ -104,6 +105,10 @@ def engine_problems(config: RunConfig, *, generation: bool = True, training: boo
                         'trainer.engine="torch" runs without it.')
     if generation and config.generation.engine == "torch":
         problems.append(device_problem("generation.device", config.generation.device))
+        if config.generation.cuda_graphs == "on" and torch_device(config.generation.device).type != "cuda":
+            problems.append(f'generation.cuda_graphs="on" needs the generator on a CUDA GPU (generation.device='
+                            f'"{config.generation.device}" is {torch_device(config.generation.device)} here); '
+                            'cuda_graphs="auto" decodes eagerly on a CPU.')
     if training and config.trainer.engine != "emulated":
         problems.append(device_problem("trainer.device", config.trainer.device))
     return [p for p in problems if p is not None]
@@ -141,10 +146,29 @@ def _torch_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any
     model = load_model(checkpoint, dtype=config.dtype).to(torch_device(config.generation.device))
     if weights is not None:
         model.load_state_dict(load_file(str(weights)))
-    return TorchGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch=config.generation.max_batch,
-                                 refill_min_free=config.generation.refill_rows,
-                                 keep_kv_on_update=config.generation.keeps_kv,
-                                 **_sampling(config, tokenizer, version, decode))
+    return torch_generation_engine(model, config.generation, pad_token_id=tokenizer.pad_token_id,
+                                   **_sampling(config, tokenizer, version, decode))
+
+
+def torch_generation_engine(model: PreTrainedModel, gen: GenerationConfig, **settings: Any) -> GenerationEngine:
+    """The torch engine `gen.decode_step` names over `model` (on its device): the fixed decode step when the lean
+    forward knows the model, else Hugging Face's forward (said once, on stderr, under decode_step=auto)."""
+    settings = dict(max_batch=gen.max_batch, refill_min_free=gen.refill_rows, keep_kv_on_update=gen.keeps_kv,
+                    **settings)
+    if gen.decode_step != "hf":
+        from areal.engines.decode import SlotGenerationEngine, lean_problem
+
+        problem = lean_problem(model)
+        if problem is None:
+            on_gpu = next(model.parameters()).device.type == "cuda"
+            return SlotGenerationEngine(model, graphs=gen.cuda_graphs == "on" or (gen.cuda_graphs == "auto" and on_gpu),
+                                        **settings)
+        if gen.decode_step == "fixed":
+            raise ConfigError(f'generation.decode_step="fixed": {problem}; decode_step="auto" or "hf" decodes it with '
+                              "Hugging Face's forward.")
+        print(f"areal: generation: {problem}; decoding with Hugging Face's forward (generation.decode_step=auto)",
+              file=sys.stderr)
+    return TorchGenerationEngine(model, **settings)
 
 
 def _vllm_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any, weights: Path | None,
@@ -241,5 +265,6 @@ __all__ = [
     "generation_engine",
     "needs_model",
     "require_engines",
+    "torch_generation_engine",
     "train_engine",
 ]

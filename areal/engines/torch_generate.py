@@ -279,8 +279,7 @@ class TorchGenerationEngine:
             positions = (mask.cumsum(1) - 1).clamp(min=0)[:, -new_ids.shape[1] :]
             _, cache = self._forward(new_ids.to(self.device), mask, positions, cache)
         pending = torch.tensor([s.output[-1] for s in rows], dtype=torch.int64, device=self.device)
-        positions = torch.tensor([len(s.prompt) + len(s.output) - 1 for s in rows], dtype=torch.int64,
-                                 device=self.device)
+        positions = torch.tensor([len(s.prompt) + len(s.output) - 1 for s in rows], device=self.device)
         self._set_rows(rows, cache, mask, pending, positions)
 
     def _prefill(self, admit: list[_Slot]) -> list[GenResult]:
@@ -296,6 +295,7 @@ class TorchGenerationEngine:
                 continue
             (copies if slot.prompt_key in seen else fresh).append(slot)
             seen.add(slot.prompt_key)
+        self._prompts.touch([s.prompt_key for s in copies])  # the fresh reads then push out others, not these
         finished = self._prefill_forward(fresh) if fresh else []
         if copies:  # rows are copied into a running batch's cache, so there must be one
             finished += self._admit_cached(copies) if self._active else self._prefill_forward(copies)
