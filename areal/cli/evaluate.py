@@ -225,17 +225,19 @@ def _benchmark(settings: EvalSettings) -> tuple[Any, Callable[[bool], tuple[list
 def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]], settings: EvalSettings, chat: bool,
               stops: list[str], report: Progress) -> list[tuple[str, int]]:
     """(completion text cut at the first stop string, output tokens) per task × sample, in that order."""
+    from areal.config import GenerationConfig
+    from areal.engines import torch_generation_engine
     from areal.engines.generation import GenRequest
-    from areal.engines.torch_generate import TorchGenerationEngine
     from areal.models.chat import encode_prompt
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
-    engine = TorchGenerationEngine(
-        policy, eos_token_id=tokenizer.eos_token_id, pad_token_id=_pad_id(tokenizer),
-        max_new_tokens=settings.new_tokens, temperature=settings.temperature, top_p=settings.top_p,
-        stop_strings=stops, decode=decode, max_batch=settings.max_batch, seed=settings.seed,
+    # the run's own engine: the fixed decode step where the lean forward knows the model
+    engine = torch_generation_engine(
+        policy, GenerationConfig(max_batch=settings.max_batch), eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=_pad_id(tokenizer), max_new_tokens=settings.new_tokens, temperature=settings.temperature,
+        top_p=settings.top_p, stop_strings=stops, decode=decode, seed=settings.seed,
     )
     n = settings.samples
     engine.submit(GenRequest(i * n + j, encode_prompt(tokenizer, task["prompt"], chat))
