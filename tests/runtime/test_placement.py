@@ -116,9 +116,9 @@ def test_local_backend_is_the_local_launcher():
 
 @pytest.fixture
 def local_ray():
-    """A Ray on this machine for one test: 4 CPUs, no dashboard, shut down after."""
+    """A Ray of this test's own (never a cluster left running on this machine): 4 CPUs, shut down after."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         yield ray
     finally:
@@ -134,6 +134,23 @@ def test_the_plan_under_ray_shows_the_node_each_replica_lands_on_and_keeps_no_re
     assert all(g["state"] == "REMOVED" for g in local_ray.util.placement_group_table().values())
     shown = plan.table(lands_on(plan, recipe.config.cluster)).columns[-1]
     assert shown.header == "lands on" and list(shown.cells)[1] == f"[0] {node}\n[1] {node}"
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
+def test_a_run_without_an_address_starts_its_own_ray_beside_a_cluster_left_running():
+    ray = pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    other = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        RayLauncher(ClusterConfig(backend="ray"))
+        try:
+            assert ray.get_runtime_context().gcs_address != other.address  # not the cluster it found
+        finally:
+            ray.shutdown()
+    finally:
+        other.shutdown()
 
 
 @pytest.mark.cluster

@@ -218,8 +218,9 @@ class RayLauncher:
         self.ray = import_ray()
         self.cluster = cluster
         if not self.ray.is_initialized():
-            # address None starts a Ray on this machine; "auto" or "ray://..." joins a cluster
-            self.ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+            # None starts a Ray of this run's own ("local": Ray would otherwise join whatever cluster
+            # this machine last started); "auto" or "ray://..." joins a cluster
+            self.ray.init(address=cluster.address or "local", include_dashboard=False, log_to_driver=False)
         self.session = _ray_session()
         self._actor_class = self.ray.remote(max_restarts=0)(WorkerActor)
         self._groups: dict[tuple[str, str], Any] = {}  # (run dir, pool) -> placement group
