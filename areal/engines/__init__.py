@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
 from safetensors.torch import load_file
@@ -52,6 +52,14 @@ class GenerationEngine(Protocol):
     def abort(self, request_ids: Iterable[int]) -> dict[int, int]: ...  # request id -> tokens it had, now wasted
     def requeue(self, request_ids: Iterable[int]) -> dict[int, int]: ...  # to the queue's front, with its tokens
     def time_split(self) -> dict[str, float]: ...  # seconds per phase so far; {} where the engine cannot tell
+
+
+@runtime_checkable
+class AdapterEngine(Protocol):
+    """A generation engine that serves LoRA adapters itself (vLLM's LoRA requests), so a LoRA policy's published
+    adapter reaches it as it came instead of merged into full weights (engines/lora/)."""
+
+    def load_adapter(self, adapter: dict[str, Tensor], version: int) -> None: ...
 
 
 class TrainEngine(Protocol):
@@ -229,6 +237,7 @@ def _has_cuda() -> bool:
 
 
 __all__ = [
+    "AdapterEngine",
     "GenRequest",
     "GenResult",
     "GenerationEngine",
