@@ -8,8 +8,8 @@ weights transport as it is (a file, a shared-memory segment, a broadcast), and a
 metadata `areal_weights=lora` and the base's hash besides.
 
 `Merger` is the generator's side: it keeps a copy of the base weights an adapter touches (those only) and gives
-the engine an ordinary full state dict with W0 + B·A in their place, computed in float32 and cast to the weight's
-dtype, so no generation engine needs LoRA layers (merged weights also decode faster than LoRA layers:
+the engine an ordinary full state dict with W0 + B·A in their place, computed in float32 (or wider) and cast to the
+weight's dtype, so no generation engine needs LoRA layers (merged weights also decode faster than LoRA layers:
 docs/design-notes.md). `write_peft_dir` writes a PEFT directory (what vLLM's LoRA requests and `areal export`
 take) with α = r, so PEFT's scale is 1 and its B is the one that travelled.
 """
@@ -65,10 +65,11 @@ class Merger:
             if name not in self.base:
                 self.base[name] = self.live[name].detach().clone()
             w0 = self.base[name]
-            delta = b.to(w0.device, torch.float32) @ a.to(w0.device, torch.float32)
+            wide = torch.promote_types(w0.dtype, torch.float32)  # bf16 weights merge in float32, float64 in float64
+            delta = b.to(w0.device, wide) @ a.to(w0.device, wide)
             if delta.shape != w0.shape:
                 raise ValueError(f"adapter: B·A of {name!r} is {tuple(delta.shape)}, the weight {tuple(w0.shape)}")
-            out[name] = (w0.float() + delta).to(w0.dtype)
+            out[name] = (w0.to(wide) + delta).to(w0.dtype)
         return out
 
 

@@ -35,8 +35,10 @@ def with_adapters(model: Any, lora: LoraConfig) -> Any:
         wrapped = get_peft_model(model, settings)
     except ValueError as err:  # peft names the target it did not find
         raise ValueError(f"trainer.lora.target_modules={lora.target_modules!r}: {err}") from None
-    unmergeable = [path for path, module in _lora_modules(wrapped)
-                   if type(module).__name__ != "Linear" or getattr(module, "fan_in_fan_out", False)]
+    from peft.tuners.lora import LoraLayer
+
+    unmergeable = [path for path, module in wrapped.named_modules() if isinstance(module, LoraLayer)
+                   and (type(module).__name__ != "Linear" or getattr(module, "fan_in_fan_out", False))]
     if unmergeable:
         raise ValueError(f"trainer.lora.target_modules={lora.target_modules!r} reaches {unmergeable[0]}, which is "
                          "not a plain linear layer; name linear layers only (q_proj, v_proj, ...)")
