@@ -81,6 +81,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
     _check_truncated(graph, config)
     routes = tuple((pool_of[trainer], pool_of[n.name]) for n in order for trainer in [graph.model_of(n)]
                    if trainer is not None and pool_of[n.name] != pool_of[trainer])
+    lora_rank = node_config(config, graph.nodes[policy]).trainer.lora.rank if policy in graph.nodes else 0
     episodes = [n for n in generators if n.role == "episode"]
     if config.staleness_policy == "recycle" and episodes:
         raise ConfigError(f"staleness_policy=recycle: {episodes[0].describe()} is an episode, which is not "
@@ -114,6 +115,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         staleness_policy=config.staleness_policy,
         recycle_keep_prefix=config.recycle_keep_prefix,
         drop_slack=config.drop_slack,
+        lora_rank=lora_rank,
     )
 
 
