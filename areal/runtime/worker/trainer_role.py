@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -145,7 +146,8 @@ class TrainerRole:
                 self.chain.log.trained(self.nodes[-1].name, step + 1, batch["sample_id"].tolist(),
                                        audit.get("versions"), mask)
             self.chain.busy_s += end - middle
-            stats |= {"prox_s": middle - start, "update_s": end - middle}
+            stats |= {"prox_s": middle - start, "update_s": end - middle,
+                      "trainer_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
         else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
             guard(self.nodes[-1], trainer.empty_step)
         if self.trained_version != step + 1:
