@@ -144,3 +144,27 @@ def test_a_lora_checkpoint_resumes_its_adapters_and_only_onto_its_own_base(tmp_p
 def test_a_target_that_is_not_a_linear_layer_is_refused_naming_it():
     with pytest.raises(ValueError, match="embed_tokens, which is not a plain linear layer"):
         with_adapters(tiny_qwen2(0), LoraConfig(rank=2, target_modules=["embed_tokens"]))
+
+
+def test_a_frozen_reference_inside_a_lora_trainer_is_its_model_with_the_adapters_off_in_float64():
+    from types import SimpleNamespace
+
+    from areal.graph.batch import Batch, Ragged
+    from areal.nodes.workers.trainer import TRAINERS, ProximalNode
+
+    trainer = SimpleNamespace(engine=TorchTrainEngine(_trained_adapters(tiny_qwen2(0).double())))
+    TRAINERS["lora-actor"] = trainer
+    try:
+        reference = ProximalNode(frozen=True, output="ref_logp")
+        reference.setup(SimpleNamespace(pool=SimpleNamespace(role="train", name="lora-actor")))
+        batch = Batch({"prompt_ids": Ragged.from_rows([s[:2] for s in SEQS]),
+                       "output_ids": Ragged.from_rows([s[2:] for s in SEQS])})
+        got = reference(batch)["ref_logp"].rows()
+    finally:
+        del TRAINERS["lora-actor"]
+    base = TorchTrainEngine(tiny_qwen2(0).double()).sequence_logprobs(SEQS)
+    adapted = trainer.engine.sequence_logprobs(SEQS)  # the adapters are back on after the reference's pass
+    for g, b, a in zip(got, base, adapted):
+        torch.testing.assert_close(g.double(), b[1:].double(), rtol=0, atol=1e-6)  # float32 rows of float64 logps
+        assert not torch.allclose(a[1:].double(), b[1:].double(), atol=1e-3)
+    assert reference.engine is None  # no second model was loaded

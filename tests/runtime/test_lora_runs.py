@@ -68,3 +68,16 @@ def test_a_generator_that_skips_one_weight_update_is_caught_at_the_step_that_tra
     steps = _steps(tmp_path)
     assert [s["version"] for s in steps] == [1, 2]  # versions 0 and 1 trained clean; version 2's step stopped it
     assert all(s["lag0_over"] == 0 for s in steps)
+
+
+def test_a_frozen_reference_of_a_lora_policy_runs_inside_its_trainer_with_what_reads_it():
+    from areal.graph.recipe import load_recipe
+    from areal.runtime.compiler.compile import compile_plan
+
+    recipe = HERE.parents[1] / "recipes" / "kl_rl.py"
+    pools = {}
+    for sets in ([], ["trainer.lora.rank=8"]):
+        loaded = load_recipe(recipe, sets)
+        pools[bool(sets)] = {p.name: p.nodes for p in compile_plan(loaded.graph, loaded.config).pools}
+    assert pools[False]["reference"] == ("reference",)  # a second model, in a pool of its own
+    assert pools[True]["actor"] == ("reference", "kl_advantage", "proximal", "actor") and "reference" not in pools[True]

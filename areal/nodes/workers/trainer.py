@@ -184,13 +184,20 @@ class TrainerNode:
 
 class ProximalNode:
     """log-probs of the output tokens under a model: the colocated trainer's current weights (π_prox, one
-    forward pass over the batch before its update), or a frozen model loaded once (a KL reference)."""
+    forward pass over the batch before its update), or a frozen model loaded once (a KL reference), or, inside a
+    LoRA trainer, that trainer's model with its adapters disabled (the same reference, no second model)."""
 
     def __init__(self, model: str | None = None, frozen: bool | str = False, output: str = "prox_logp") -> None:
         self.model_name, self.frozen, self.output = model, frozen, output
         self.engine: Any = None
+        self.adapters_off = False  # frozen=True inside a LoRA trainer: its model with the adapters disabled
 
     def setup(self, context: Any) -> None:
+        if self.frozen is True and context.pool.role == "train":
+            # the compiler put this reference inside a LoRA trainer: its model with the adapters disabled is the
+            # run's starting model, so no second model is loaded
+            self.trainer_name, self.adapters_off = context.pool.name, True
+            return
         if self.frozen:
             from areal.engines.device import torch_device
 
@@ -204,12 +211,18 @@ class ProximalNode:
 
     def __call__(self, batch: Batch) -> dict[str, Any]:
         engine, keep = self.engine, False
+        sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])
+        if self.adapters_off:
+            engine = TRAINERS[self.trainer_name].engine
+            with engine.model.disable_adapter():  # a forward of its own, kept for nothing
+                logps = engine.sequence_logprobs(sequences)
+            return {self.output: Ragged.from_rows([lp[p - 1 :] for lp, p in zip(logps, prompt_lens)],
+                                                  dtype=torch.float32)}
         if engine is None:
             trainer = TRAINERS[self.trainer_name]
             if trainer.objective != "decoupled":  # the trainer's own objective, however it was set
                 return {self.output: batch["behav_logp"]}  # unused by the update: no forward pass needed
             engine, keep = trainer.engine, trainer.keeps_proximal_forward
-        sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])
         # kept: the update that follows backpropagates through this forward (only a TorchTrainEngine keeps one)
         logps = engine.sequence_logprobs(sequences, keep_for_update=True) if keep else engine.sequence_logprobs(
             sequences)

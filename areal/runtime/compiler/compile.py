@@ -6,7 +6,10 @@ Pools, in data order:
   any node given `pool=` start a pool of their own; a generate or episode node's pool is a stream
   pool (the worker steps it and hands it weights between steps);
 - a compute-logprob node of a trained model joins that trainer's pool, just before the update
-  (π_prox must come from the trainer's current weights, in the same process);
+  (π_prox must come from the trainer's current weights, in the same process); so does a frozen one
+  (`frozen=True`) when the only LoRA trainer trains the run's model: it is that trainer's model with the
+  adapters disabled, a reference that costs no second model; any node that reads what runs inside a
+  trainer's pool joins it too (nothing leaves a trainer's pool);
 - any other node joins the pool of its producers when they all live in one pool whose last node
   feeds it (a linear chain runs in one process); a node that joins branches, or that branches
   off the middle of a chain, starts its own, so independent branches run side by side.
@@ -44,7 +47,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
     run = Path(run_dir)
     order = graph.topological()
     bindings = _bindings(graph, order)
-    members = _pools(graph, order, bindings)
+    members = _pools(graph, order, bindings, _lora_trainers(graph, config))
     pool_of = {n: name for name, nodes in members.items() for n in nodes}
     reward_field = _reward_field(graph, config)
     solved_field = _named_output(graph, "eval.solved", config.eval.solved) if config.eval.solved else reward_field
@@ -135,17 +138,31 @@ def _bindings(graph: Graph, order: list[Node]) -> list[tuple[str, str, str]]:
     return found
 
 
-def _pools(graph: Graph, order: list[Node], bindings: list[tuple[str, str, str]]) -> dict[str, list[str]]:
+def _lora_trainers(graph: Graph, config: RunConfig) -> list[str]:
+    """The trainers of LoRA adapters (trainer.lora.rank > 0 in their own config)."""
+    return [n.name for n in graph.nodes.values() if n.role == "trainer" and node_config(config, n).trainer.lora.rank]
+
+
+def _pools(graph: Graph, order: list[Node], bindings: list[tuple[str, str, str]],
+           lora_trainers: list[str]) -> dict[str, list[str]]:
     """Pool name -> its nodes in run order (see the module docstring for the rules)."""
     members: dict[str, list[str]] = {}
     pool_of: dict[str, str] = {}
     for n in order:
         trainer = graph.model_of(n) if n.kind == "compute-logprob" else None
+        if n.kind == "compute-logprob" and n.spec.params.get("frozen") is True and len(lora_trainers) == 1:
+            trainer = lora_trainers[0]  # the run's model is that trainer's with its adapters disabled
         producers = {f.partition(".")[0] for node, _, f in bindings if node == n.name and "." in f}
         producer_pools = {pool_of[p] for p in producers if graph.nodes[p].kind != "source"}
-        if trainer is not None:
+        inside = sorted(p for p in producer_pools if p in lora_trainers)  # it reads a LoRA trainer's reference
+        if trainer is not None and not n.spec.params.get("frozen"):
             _only_read_by(graph, n, trainer)
             name = trainer  # π_prox runs in its trainer's process (the pool is named after the trainer)
+        elif trainer is not None or inside:
+            name = trainer or inside[0]  # the reference, and what reads it, run in the LoRA trainer's process
+            if any(graph.nodes[m].role == "trainer" for m in members.get(name, [])):
+                raise GraphError([f"{n.describe()}: it reads what runs inside trainer '{name}', so it runs there "
+                                  "too, but after the update: only what feeds the update may read it"])
         elif n.kind == "source" or n.role in (*SAMPLING_ROLES, "trainer") or n.kind in OWN_POOL_KINDS \
                 or n.pool is not None or n.spec.params.get("frozen") or len(producer_pools) != 1:
             name = n.name
