@@ -53,7 +53,8 @@ class PolicyCopy:
         adapter = _adapter_in(weights)
         self.merger: Any = None  # LoRA: the working copy of the base weights the adapters touch
         self.engine = generation_engine(config, checkpoint, self.tokenizer, weights=None if adapter else weights,
-                                        version=context.version, decode=self.decode, lora_rank=context.lora_rank)
+                                        version=context.version, decode=self.decode,
+                                        lora_rank=getattr(context, "lora_rank", 0))  # a worker's: the plan's
         if adapter is not None:
             self.deliver(self.engine, adapter, context.version)
         self.group: Any = None  # the weights group, when this process is the member
