@@ -28,10 +28,19 @@ class _Section(BaseModel):
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 
 
+class LoraConfig(_Section):
+    """LoRA adapters on the trained policy (peft): only they train, and only they travel to the generators."""
+
+    rank: NonNegativeInt = Field(0, description="the adapters' rank r; 0: no LoRA, every weight trains")
+    alpha: PositiveFloat = Field(16.0, description="an adapter adds (alpha / rank)·B·A to its base weight")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on each adapter's input while training")
+    target_modules: list[str] | str = Field("all-linear", description="the linear layers that get adapters: their "
+                                            "names (q_proj, v_proj), or all-linear (every one but the output head)")
+
+
 class TrainerConfig(_Section):
     lr: PositiveFloat = Field(
-        3e-4, description="AdamW peak learning rate (the default suits the 0.8 M-param built-in; ~1e-6 for 0.5 B+)"
-    )
+        3e-4, description="AdamW peak learning rate (the default suits the 0.8 M-param built-in; ~1e-6 for 0.5 B+)")
     adam_betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (β1, β2)")
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: PositiveFloat = Field(1.0, description="max global grad norm")
@@ -42,8 +51,7 @@ class TrainerConfig(_Section):
         "token of it out of the loss (DAPO's overlong filtering: its reward judged an answer that never ended); "
         "needs the generator's `truncated` output")
     objective: Literal["decoupled", "standard", "decoupled-shortcut"] = Field(
-        "decoupled", description="decoupled PPO (AReaL), standard PPO, or decoupled with the proximal shortcut"
-    )
+        "decoupled", description="decoupled PPO (AReaL), standard PPO, or decoupled with the proximal shortcut")
     microbatch_tokens: PositiveInt = Field(4096, description="positions one micro-batch may hold: its rows x "
                                            "the longest row (torch engine; FSDP counts real tokens)")
     minibatches: PositiveInt = Field(1, description="optimizer steps per batch (PPO minibatches); one version")
@@ -52,9 +60,8 @@ class TrainerConfig(_Section):
         "(the same weights, the same micro-batches) instead of running its own: one forward fewer a step, for "
         "the batch's activations held between the two passes, and a model with dropout trains without it; "
         "auto: on when the trainer runs on the CPU (torch engine)")
-    warmup_steps: NonNegativeInt = Field(
-        20, description="linear lr warmup: Adam's first steps are sign-like and move every weight by ~lr"
-    )
+    warmup_steps: NonNegativeInt = Field(20, description="linear lr warmup: Adam's first steps are sign-like and "
+                                         "move every weight by ~lr")
     lr_schedule: Literal["constant", "cosine"] = "constant"
     threads: PositiveInt = Field(1, description="torch threads of the trainer process")
     engine: Literal["torch", "fsdp", "emulated"] = Field(
@@ -63,6 +70,10 @@ class TrainerConfig(_Section):
     )
     ranks: PositiveInt = Field(1, description="data-parallel trainer processes (more than 1 needs engine=fsdp or "
                                "emulated)")
+    lora: LoraConfig = Field(LoraConfig(), description="LoRA: train adapters of lora.rank > 0, not every weight")
+    lag0_tolerance: PositiveFloat | None = Field(
+        None, description="largest |log π_behav - log π_prox| of a token sampled and scored at one version before "
+        "the run stops: its generator samples another policy (docs/metrics.md); None: by dtype, inf: off")
     device: str = Field("auto", pattern=DEVICE_PATTERN, description="where the trainer's models live (the policy, "
                         "a critic, a frozen reference): auto (a CUDA GPU when there is one, else the CPU), cpu, "
                         "cuda or cuda:N; an FSDP rank on a GPU takes the GPU of its local rank")
@@ -71,6 +82,8 @@ class TrainerConfig(_Section):
     def _ranks_need_fsdp(self) -> TrainerConfig:
         if self.ranks > 1 and self.engine == "torch":
             raise ValueError(f"ranks={self.ranks} trains data-parallel, which needs engine=fsdp (engine={self.engine})")
+        if self.lora.rank and self.engine != "torch":
+            raise ValueError(f"lora.rank={self.lora.rank} trains adapters on engine=torch only (engine={self.engine})")
         return self
 
     @model_validator(mode="after")
@@ -90,7 +103,8 @@ class TrainerConfig(_Section):
     def reuses_proximal_forward(self, on_cpu: bool) -> bool:
         """Whether the update backpropagates through the proximal pass's forward (reuse_proximal_forward)."""
         wanted = self.reuse_proximal_forward == "on" or (self.reuse_proximal_forward == "auto" and on_cpu)
-        return wanted and not self._no_single_proximal_forward()
+        # LoRA dropout acts only in the update's own forward (the proximal pass runs in eval mode)
+        return wanted and not self._no_single_proximal_forward() and not (self.lora.rank and self.lora.dropout)
 
 
 class GenerationConfig(_Section):
@@ -113,8 +127,7 @@ class GenerationConfig(_Section):
     threads: PositiveInt = Field(1, description="torch threads of each generate worker")
     engine: Literal["torch", "vllm", "emulated"] = Field(
         "torch", description="torch: CPU or one GPU; vllm: vLLM on a CUDA GPU (pip install 'areal[gpu]'); "
-        "emulated: modelled time on an emulated device, no model (the `emulation` section)"
-    )
+        "emulated: modelled time on an emulated device, no model (the `emulation` section)")
     device: str = Field("auto", pattern=DEVICE_PATTERN, description="where a torch generator's model lives: auto "
                         "(a CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N")
     decode_step: Literal["auto", "fixed", "hf"] = Field(
@@ -223,8 +236,7 @@ class CheckpointConfig(_Section):
 
 class FaultConfig(_Section):
     policy: Literal["restart", "fail-fast"] = Field(
-        "restart", description="what a dead worker gets: restart and re-issue its work, or stop the run"
-    )
+        "restart", description="what a dead worker gets: restart and re-issue its work, or stop the run")
     nodes: dict[str, Literal["restart", "fail-fast"]] = Field(default_factory=dict, description="per-node policy")
     node_errors: Literal["stop", "restart"] = Field(
         "stop", description="a Python exception in a node's own code: stop the run at once with the recipe line and "
@@ -356,6 +368,13 @@ class RunConfig(_Section):
         if "emulated" in (self.generation.engine, self.trainer.engine) and self.transport.weights == "broadcast":
             raise ValueError("emulated engines publish weights as files (their transfer time is modelled); "
                              "use transport.weights=files")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_adapters_load_from_files_under_vllm(self) -> RunConfig:
+        if self.trainer.lora.rank and self.generation.engine == "vllm" and self.transport.weights == "broadcast":
+            raise ValueError("LoRA under generation.engine=vllm loads each adapter from a file as a LoRA request: "
+                             "use transport.weights=files or shm (an adapter is a few MB)")
         return self
 
     @model_validator(mode="after")

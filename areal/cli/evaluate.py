@@ -120,12 +120,15 @@ def parse_options(texts: list[str]) -> dict[str, Any]:
 def load_for_eval(model: str, step: int | None, trained: str | None = None) -> tuple[Any, Any, str]:
     """(model, tokenizer, what was loaded): a run directory's checkpoint (of the model `trained` names, when the
     run trained several), else any `config.model` spec. Weight files are checked before they load."""
-    from areal.cli.export import is_run_dir, run_policy
+    from areal.cli.export import is_peft_dir, is_run_dir, load_peft_dir, run_policy
 
     path = Path(model).expanduser()
     if path.is_dir() and is_run_dir(path):
         policy, tokenizer, folder = run_policy(path, step, trained)
         return policy.eval(), tokenizer, str(folder)
+    if path.is_dir() and is_peft_dir(path):  # a LoRA adapter (areal export of a LoRA run): merged into its base
+        policy, tokenizer = load_peft_dir(path)
+        return policy.eval(), tokenizer, str(path)
     for option, value in (("--step", step), ("--model", trained)):
         if value is not None:
             raise ConfigError(f"{option} {value}: {model} is not a run directory (config.json and checkpoints/)")

@@ -21,7 +21,7 @@ import importlib.util
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
 from safetensors.torch import load_file
@@ -53,6 +53,14 @@ class GenerationEngine(Protocol):
     def abort(self, request_ids: Iterable[int]) -> dict[int, int]: ...  # request id -> tokens it had, now wasted
     def requeue(self, request_ids: Iterable[int]) -> dict[int, int]: ...  # to the queue's front, with its tokens
     def time_split(self) -> dict[str, float]: ...  # seconds per phase so far; {} where the engine cannot tell
+
+
+@runtime_checkable
+class AdapterEngine(Protocol):
+    """A generation engine that serves LoRA adapters itself (vLLM's LoRA requests), so a LoRA policy's published
+    adapter reaches it as it came instead of merged into full weights (engines/lora/)."""
+
+    def load_adapter(self, adapter: dict[str, Tensor], version: int) -> None: ...
 
 
 class TrainEngine(Protocol):
@@ -122,12 +130,15 @@ def require_engines(config: RunConfig, *, generation: bool = True, training: boo
 
 
 def generation_engine(config: RunConfig, checkpoint: Path | None, tokenizer: Any, *, weights: Path | None,
-                      version: int, decode: Callable[[list[int]], str]) -> GenerationEngine:
+                      version: int, decode: Callable[[list[int]], str], lora_rank: int = 0) -> GenerationEngine:
     """The generation engine `config.generation.engine` names, on the checkpoint's model.
 
-    `weights` (a safetensors file of the run's policy, or None) replace the checkpoint's own.
+    `weights` (a safetensors file of the run's policy, or None) replace the checkpoint's own. `lora_rank`: the
+    policy publishes LoRA adapters of that rank (an engine that serves adapters itself prepares for them).
     """
     require_engines(config, training=False)
+    if lora_rank and config.generation.engine == "vllm":
+        return _vllm_generation(config, checkpoint, tokenizer, weights, version, decode, lora_rank)
     return _GENERATION[config.generation.engine](config, checkpoint, tokenizer, weights, version, decode)
 
 
@@ -172,12 +183,24 @@ def torch_generation_engine(model: PreTrainedModel, gen: GenerationConfig, **set
 
 
 def _vllm_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any, weights: Path | None,
-                     version: int, decode: Callable[[list[int]], str]) -> GenerationEngine:
+                     version: int, decode: Callable[[list[int]], str], lora_rank: int = 0) -> GenerationEngine:
     from areal.engines.vllm_generate import VLLMBackend, VLLMGenerationEngine
 
+    adapters, lora_args = None, {}
+    if lora_rank:  # adapters as LoRA requests, the newest η + 1 versions registered (engines/lora/slots.py)
+        import atexit
+        import shutil
+        import tempfile
+
+        from areal.engines.lora.slots import AdapterSlots, vllm_lora_args
+
+        folder = tempfile.mkdtemp(prefix="areal-lora-")
+        atexit.register(shutil.rmtree, folder, True)
+        lora_args = vllm_lora_args(lora_rank, config.staleness)
+        adapters = AdapterSlots(Path(folder), config.staleness + 1, str(checkpoint))
     backend = VLLMBackend(str(checkpoint), dtype=config.dtype, seed=config.seed,
-                          max_num_seqs=config.generation.max_batch)
-    engine = VLLMGenerationEngine(backend, **_sampling(config, tokenizer, version, decode))
+                          max_num_seqs=config.generation.max_batch, **lora_args)
+    engine = VLLMGenerationEngine(backend, **_sampling(config, tokenizer, version, decode), adapters=adapters)
     if weights is not None:  # through the update path: the engine is live, nothing is in flight yet
         engine.update_weights(load_file(str(weights)), version)
     return engine
@@ -253,6 +276,7 @@ def _has_cuda() -> bool:
 
 
 __all__ = [
+    "AdapterEngine",
     "GenRequest",
     "GenResult",
     "GenerationEngine",

@@ -97,6 +97,7 @@ class Plan:
     staleness_policy: str = "strict"  # what η bounds beyond admission (runtime/policies)
     recycle_keep_prefix: bool = False  # staleness_policy=recycle: re-queued groups train their older tokens
     drop_slack: int = 0  # staleness_policy=drop: groups the gate admits past its bound
+    lora_rank: int = 0  # the policy's LoRA rank (its trainer's trainer.lora.rank): generators get adapters; 0: none
 
     # -- reading the plan ---------------------------------------------------------------
 
