@@ -1,4 +1,4 @@
-"""Kernel resources no cgroup pays for (issue #57): ptys, Linux AIO, the runner's autogroup, dentries.
+"""Kernel resources no cgroup pays for (issue #57): ptys, Linux AIO, per-user objects, the runner's autogroup, dentries.
 
 Each is checked on every path it applies to (`conftest.PATHS`); the plain opt-in path shares the
 host's /dev and /proc, so what only a jail can give is skipped there with the reason.
@@ -46,6 +46,27 @@ print(outcomes)
 def test_linux_aio_is_denied(path):
     with path_scorer(path) as scorer:
         result = run_one(scorer, AIO, {"kind": "stdio", "inputs": [""], "outputs": ["io_setup:denied"]})
+    assert result.reward == 1.0, result.detail
+
+
+USER_OBJECTS = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+timer = ctypes.c_void_p()
+routes = {"inotify": lambda: call(libc.inotify_init1(0)),
+          "fanotify": lambda: call(libc.fanotify_init(0x200, 0)),  # FAN_REPORT_FID: open to any user
+          "timer": lambda: call(libc.timer_create(1, None, ctypes.byref(timer)))}
+""" + TRY_ROUTES + """
+print(outcomes)
+"""
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_per_user_kernel_objects_are_denied(path):
+    # each of these is open to an unprivileged process outside the sandbox (the runner's own user)
+    with path_scorer(path) as scorer:
+        result = run_one(scorer, USER_OBJECTS, {"kind": "stdio", "inputs": [""],
+                                                "outputs": ["inotify:denied fanotify:denied timer:denied"]})
     assert result.reward == 1.0, result.detail
 
 
@@ -135,7 +156,7 @@ def test_the_report_says_how_each_defence_of_57_holds_on_the_path(path):
     with path_scorer(path) as scorer:
         report = scorer.layers.describe(scorer.limits)
     kernel = next(line for line in report.splitlines() if line.startswith("kernel objects: "))
-    assert "Linux AIO and PR_SET_DUMPABLE denied" in kernel
+    assert "Linux AIO, PR_SET_DUMPABLE, inotify, fanotify and POSIX timers denied" in kernel
     assert "each test in a session and autogroup of its own, apart from its runner" in kernel
     assert "negative dentries the machine gains while a test runs count 1 KiB each against its 256 MB" in kernel
     jailed = "no pseudo-terminals (/dev/pts sealed empty) and a read-only /proc in each job"

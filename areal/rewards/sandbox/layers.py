@@ -158,8 +158,9 @@ class SandboxLayers:
         else:
             jail = ("the host's /dev and /proc: pseudo-terminals not sealed (kernel.pty.max is the machine's), and a "
                     "program may lower its own autogroup's priority (its queue then counts as wall time)")
-        denied = ("Linux AIO and PR_SET_DUMPABLE denied" if not self.seccomp
-                  else "seccomp off: Linux AIO allowed (fs.aio-max-nr is the machine's)")
+        denied = ("Linux AIO, PR_SET_DUMPABLE, inotify, fanotify and POSIX timers denied" if not self.seccomp
+                  else "seccomp off: Linux AIO allowed (fs.aio-max-nr is the machine's), and inotify instances and "
+                  "POSIX timers (counted against the host user's limits)")
         dentries = (f"the negative dentries the machine gains while a test runs count 1 KiB each against its "
                     f"{limits.memory_mb} MB (another process's lookups meanwhile count too)")
         if self.cgroup is not None and self.namespaces:

@@ -12,6 +12,10 @@ and closes what that check does not cover:
   io_uring, syslog;
 - Linux AIO (io_setup and the calls on its contexts): a context's events count against the
   machine's fs.aio-max-nr, which no cgroup bounds; one job held all 65,536 (issue #57);
+- per-user kernel objects whose count the job's user namespace charges to the host's user:
+  inotify and fanotify instances (128 per user here, fs.inotify.max_user_instances: one job could
+  take them all from the trainer beside it) and POSIX timers (each holds a queued signal of the
+  user's RLIMIT_SIGPENDING); a test times itself with setitimer or the clock, which stay open;
 - becoming dumpable again (prctl PR_SET_DUMPABLE): a dumpable process owns its /proc files, and
   could write its autogroup's nice (the jail's /proc is read-only as well);
 - leaving the jail's shape: mount and the new mount API, pivot_root, chroot, unshare, setns,
@@ -94,6 +98,10 @@ DENIED = {
     "io_cancel": (210, 3),
     "io_getevents": (208, 4),
     "io_pgetevents": (333, 292),
+    "inotify_init": (253, 26),  # aarch64 has inotify_init1 alone: its number twice
+    "inotify_init1": (294, 26),
+    "fanotify_init": (300, 262),
+    "timer_create": (222, 107),
 }
 CLONE = (56, 220)
 CLONE3 = (435, 435)
