@@ -19,9 +19,7 @@ tokens are the same. What differs is where the rows live: each running request o
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import torch
 from torch import Tensor
@@ -32,108 +30,40 @@ from areal.engines.decode.requests import KeptPrompts, Request, right_padded, st
 from areal.engines.decode.slots import SlotKV
 from areal.engines.decode.step import DecodeStep, Forward
 from areal.engines.generation import FinishReason, GenRequest, GenResult
-from areal.engines.sampling import (
-    check_sampling,
-    checked_request,
-    request_stops,
-    request_uniforms,
-    run_to_completion,
-    sample_tokens,
-)
+from areal.engines.request_queue import EngineSettings, QueuedEngine, split_newcomers
+from areal.engines.sampling import request_uniforms, sample_tokens
 
 
-class SlotGenerationEngine:
+class SlotGenerationEngine(QueuedEngine):
     """Continuous-batching generation over a slot cache; driven one `step()` at a time (the GenerationEngine
     Protocol). `forward` replaces the lean forward of `model` (a benchmark's stub); `graphs` captures the decode
     step in CUDA graphs."""
 
-    def __init__(
-        self,
-        model: Any,
-        *,
-        eos_token_id: int,
-        pad_token_id: int,
-        max_new_tokens: int = 128,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        stop_sequences: Sequence[Sequence[int]] | None = None,
-        stop_strings: Sequence[str] | None = None,
-        decode: Any = None,
-        max_batch: int = 16,
-        refill_min_free: int = 1,
-        seed: int = 0,
-        version: int = 0,
-        keep_kv_on_update: bool = False,
-        graphs: bool = False,
-        forward: Forward | None = None,
-        capture: Any = None,
-    ) -> None:
-        check_sampling("SlotGenerationEngine", temperature, top_p, stop_strings, decode)
-        if max_batch < 1 or not 1 <= refill_min_free <= max_batch:
-            raise ValueError(
-                f"SlotGenerationEngine: need max_batch >= 1 and 1 <= refill_min_free <= max_batch, "
-                f"got max_batch={max_batch}, refill_min_free={refill_min_free}"
-            )
-        self.model = model.eval() if model is not None else None
+    def __init__(self, model: Any, *, graphs: bool = False, forward: Forward | None = None, capture: Any = None,
+                 **settings: Unpack[EngineSettings]) -> None:
+        super().__init__(model, **settings)
         self.forward: Forward = forward if forward is not None else LeanForward(model)
-        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
-        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
-        self.stop_sequences = [list(s) for s in stop_sequences or [] if len(s)]
-        self.stop_strings = list(stop_strings or [])
-        self.decode = decode
-        self.max_batch, self.refill_min_free = max_batch, refill_min_free
-        self.keep_kv_on_update, self.seed, self.version = keep_kv_on_update, seed, version
         f = self.forward
         self.device = f.device
-        self.cache = SlotKV(layers=f.num_layers, kv_heads=f.kv_heads, head_dim=f.head_dim, slots=max_batch,
-                            dtype=f.dtype, device=f.device, uniforms=max_new_tokens)
+        self.cache = SlotKV(layers=f.num_layers, kv_heads=f.kv_heads, head_dim=f.head_dim, slots=self.max_batch,
+                            dtype=f.dtype, device=f.device, uniforms=self.max_new_tokens)
         f.reserve(self.cache.columns)
-        self._step = DecodeStep(f, self.cache, temperature=temperature, top_p=top_p, graphs=graphs, capture=capture)
-        self._rows: list[Request | None] = [None] * max_batch  # slot i runs _rows[i]
+        self._step = DecodeStep(f, self.cache, temperature=self.temperature, top_p=self.top_p, graphs=graphs,
+                                capture=capture)
+        self._rows: list[Request | None] = [None] * self.max_batch  # slot i runs _rows[i]
         # which read wrote each slot's prompt columns: slots of one source hold the same values (a group's prompt)
-        self._source = [0] * max_batch
+        self._source = [0] * self.max_batch
         self._sources = 0
         self._share = getattr(self.forward, "kernels", None) is not None  # only the CPU kernels read it
-        self._waiting: deque[Request] = deque()
-        self._stale = False
-        self._prompts = KeptPrompts(max_batch)
+        self._prompts = KeptPrompts(self.max_batch)
         self._texts: dict[tuple[int, ...], str] = {}  # decoded windows of the last tokens, for the stop strings
-        self.timings_s = {"prefill": 0.0, "rebuild": 0.0, "decode": 0.0}
 
-    # ---- public API (the GenerationEngine Protocol) ------------------------------------------------------------
+    # ---- the engine's own half (request_queue.py has the rest of the Protocol) ----------------------------------
 
-    def submit(self, requests: Iterable[GenRequest]) -> None:
-        """Queue requests; they join the batch at a later `step`. All are checked before any is queued."""
-        in_flight = {r.request_id for r in self._active()} | {r.request_id for r in self._waiting}
-        queued = []
-        for r in requests:
-            prompt, limit = checked_request(r, in_flight, self.max_new_tokens)
-            stops = request_stops(r, self.stop_strings, self.decode)
-            queued.append(Request(request_id=r.request_id, prompt=prompt, limit=limit, stops=stops,
-                                   uniforms=request_uniforms(self.seed, r.request_id, limit),
-                                   stop_pattern=stop_pattern(tuple(stops)),
-                                   stop_window=max(map(len, stops), default=0)))
-            in_flight.add(r.request_id)
-        self._waiting.extend(queued)
-
-    @property
-    def prompt_cache_hits(self) -> int:
-        """Newcomers that copied a kept prompt's rows instead of reading it."""
-        return self._prompts.hits
-
-    def pending(self) -> int:
-        """Requests not yet finished: running plus waiting."""
-        return len(self._active()) + len(self._waiting)
-
-    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        """Copy new weights into the model's storage (the lean forward reads it); the next `step` re-reads the
-        running rows with them, unless `keep_kv_on_update`. Kept prompts are dropped either way."""
-        with torch.no_grad():
-            self.model.load_state_dict(state_dict)
-        self.version = version
-        self._prompts.clear()
-        if not self.keep_kv_on_update:
-            self._stale = bool(self._active())
+    def _queued(self, request: GenRequest, prompt: Tensor, limit: int, stops: list[str]) -> Request:
+        return Request(request_id=request.request_id, prompt=prompt, limit=limit, stops=stops,
+                       uniforms=request_uniforms(self.seed, request.request_id, limit),
+                       stop_pattern=stop_pattern(tuple(stops)), stop_window=max(map(len, stops), default=0))
 
     @torch.no_grad()
     def step(self) -> list[GenResult]:
@@ -155,36 +85,9 @@ class SlotGenerationEngine:
             self.timings_s["decode"] += time.perf_counter() - start
         return finished
 
-    def generate(self, requests: Iterable[GenRequest]) -> list[GenResult]:
-        """Run the given requests to completion; results in the order of the requests."""
-        return run_to_completion(self, requests)
-
-    def progress(self) -> dict[int, tuple[int, int]]:
-        """Each running request: (output tokens so far, the version of its oldest)."""
-        return {r.request_id: (len(r.output), r.versions[0]) for r in self._active() if r.output}
-
-    def abort(self, request_ids: Iterable[int]) -> dict[int, int]:
-        """Stop these requests where they are (running or waiting); the output tokens each had sampled."""
-        ids = set(request_ids)
-        gone = {r.request_id: len(r.output) for r in (*self._active(), *self._waiting) if r.request_id in ids}
-        self._waiting = deque(r for r in self._waiting if r.request_id not in ids)
-        self._take(ids)
-        return gone
-
-    def requeue(self, request_ids: Iterable[int]) -> dict[int, int]:
-        """Send these running requests to the front of the queue with what they sampled; readmitted, each
-        re-prefills its prompt and output under the weights of then and samples on. The output tokens each holds."""
-        moved = self._take(set(request_ids))
-        self._waiting.extendleft(reversed(moved))
-        return {r.request_id: len(r.output) for r in moved}
-
-    def time_split(self) -> dict[str, float]:
-        """Seconds spent so far reading newcomers, re-reading running rows after weight updates, and decoding."""
-        return dict(self.timings_s)
-
     # ---- internals --------------------------------------------------------------------------------------------
 
-    def _active(self) -> list[Request]:
+    def _running(self) -> list[Request]:
         return [r for r in self._rows if r is not None]
 
     def _take(self, ids: set[int]) -> list[Request]:
@@ -211,15 +114,7 @@ class SlotGenerationEngine:
     def _admit(self, admit: list[Request]) -> list[GenResult]:
         """Newcomers into free slots: the first of a prompt not kept reads it in one forward with the others that
         need one (a re-queued request its prompt and output), the rest copy its rows; then each draws a token."""
-        fresh: list[Request] = []
-        copies: list[Request] = []
-        seen = self._prompts.keys()
-        for r in admit:
-            if r.output:  # a re-queued request reads its prompt and output: nothing to copy
-                fresh.append(r)
-                continue
-            (copies if r.prompt_key in seen else fresh).append(r)
-            seen.add(r.prompt_key)
+        fresh, copies = split_newcomers(admit, self._prompts.keys())
         # take the kept prompts the copies need before the fresh reads are kept: those could push them out
         held = {r.prompt_key: self._prompts.get(r.prompt_key) for r in copies if r.prompt_key in self._prompts}
         ordered = fresh + copies
