@@ -1,6 +1,7 @@
 """Sandboxed code reward: one bubblewrap per program vs the pool of warm workers, side by side.
 
     python benchmarks/bench_sandbox.py [--runs 30] [--programs 64]
+    python benchmarks/bench_sandbox.py --humaneval 5
 
 Prints the layers report, the latency of one program (1 test) against a bare `python -I -c
 pass`, and programs scored per second (3 tests each) with 1 and 2 workers, for both paths (the
@@ -8,6 +9,11 @@ per-program path is the pool's jail in a worker used once). Pool figures exclude
 start (once per run, printed apart). Wall times on a shared 2-core machine swing with
 the others' load; the CPU columns (this process plus every sandbox process, reaped or live)
 do not, and are the fair comparison.
+
+`--humaneval N` instead times N rounds of HumanEval's 164 canonical solutions and 164 broken ones
+(each canonical solution without its last line: most then return None, some no longer parse) in
+one call with 2 workers, nothing remembered, and prints each round and the median: the figure
+issue #57 compares before and after a change (run it on each tree, interleaved).
 """
 
 from __future__ import annotations
@@ -98,11 +104,45 @@ def programs_per_s(pooled: bool, workers: int, programs: int) -> tuple[float, fl
         return rate, 1000 * (cpu_s() - cpu) / programs
 
 
+def broken(solution: str) -> str:
+    """A canonical solution without its last non-blank line."""
+    lines = solution.rstrip().splitlines()
+    return "\n".join(lines[:-1]) + "\n"
+
+
+def humaneval_rounds(rounds: int) -> None:
+    """Rounds of the 164 canonical and 164 broken HumanEval programs: wall s and CPU ms per program."""
+    from areal.data.humaneval import humaneval_problems
+    from areal.rewards import HumanEvalTests
+
+    problems = humaneval_problems()
+    tests = [{"kind": "humaneval", "prompt": p["prompt"], "test": p["test"], "entry_point": p["entry_point"]}
+             for p in problems]
+    programs = [p["canonical_solution"] for p in problems] + [broken(p["canonical_solution"]) for p in problems]
+    walls, cpus = [], []
+    for i in range(rounds):
+        with HumanEvalTests(workers=2, remember=0) as judge:
+            judge(programs[:2], tests[:2])  # start both workers
+            cpu, start = cpu_s(), time.perf_counter()
+            results = judge(programs, tests * 2)
+            walls.append(time.perf_counter() - start)
+            cpus.append(1000 * (cpu_s() - cpu) / len(programs))
+        passed = sum(r.reward for r in results[: len(problems)]), sum(r.reward for r in results[len(problems) :])
+        print(f"round {i}: {walls[-1]:.2f} s wall, {cpus[-1]:.1f} ms CPU per program; "
+              f"canonical passed {passed[0]:g}/{len(problems)}, broken passed {passed[1]:g}/{len(problems)}")
+    print(f"median: {statistics.median(walls):.2f} s wall, {statistics.median(cpus):.1f} ms CPU per program "
+          f"({len(programs)} programs)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--programs", type=int, default=64)
+    parser.add_argument("--humaneval", type=int, default=0, help="rounds of HumanEval's 164 + 164 programs instead")
     args = parser.parse_args()
+    if args.humaneval:
+        humaneval_rounds(args.humaneval)
+        return
     layers = detect_layers()
     print(layers.describe())
     bare, bare_cpu = bare_ms(layers.python, args.runs)

@@ -2,19 +2,19 @@
 
     python benchmarks/bench_vs_trl.py [--quick] [--seeds 0 1 2] [--samples 8] [--out DIR] [--trl-threads 2]
 
-For each seed, runs TRL (benchmarks/_trl_side.py), then `areal run recipes/code_rl.py` in sync mode, then
-in async mode (staleness 2), each as its own process tree for the same number of trained samples. Neither
-evaluates while it trains: both save the policy every `save_interval` steps with the training wall time
-it was reached at, and afterwards ONE evaluator (benchmarks/_one_evaluator.py: areal's engine and
-sandboxed tests, every held-out task, --samples each) scores every saved version of every side, and the
-warm start once a seed. So the sides' scores differ by their weights and the draw alone, each with its
-standard error. Prints, per seed and over the seeds: trained samples/s, generated tokens/s, the wall
-time until a scored version reaches the threshold (the warm start's pass@1 plus --margin), pass@1 at
-the start, the middle and the end, the gain, and peak memory of the whole tree (sum over its processes,
-sampled every 0.5 s with psutil: RSS, and PSS where /proc lets us read it, RSS otherwise). Every areal
-knob the comparison depends on is passed with --set, so recipe defaults may move without moving the
-benchmark. Needs `pip install 'areal[bench]'` (TRL). Timings on a shared 2-core machine are noisy;
-docs/benchmarks.md says what cannot be made equal.
+For each seed, runs TRL (benchmarks/_trl_side.py), then `areal run recipes/code_rl.py` in sync mode, then in
+async mode at each --etas staleness bound (1, as the recipe ships, and 2), each as its own process tree for
+the same number of trained samples. Neither evaluates while it trains: both save the policy every
+`save_interval` steps with the training wall time it was reached at, and afterwards ONE evaluator
+(benchmarks/_one_evaluator.py: areal's engine and sandboxed tests, every held-out task, --samples each)
+scores every saved version of every side, and the warm start once a seed. So the sides' scores differ by
+their weights and the draw alone, each with its standard error. Prints, per seed and over the seeds: trained
+samples/s, generated tokens/s, the wall time until a scored version reaches the threshold (the warm start's
+pass@1 plus --margin), pass@1 at the start, the middle and the end, the gain, and peak memory of the whole
+tree (sum over its processes, sampled every 0.5 s with psutil: RSS, and PSS where /proc lets us read it, RSS
+otherwise). Every areal knob the comparison depends on is passed with --set, so recipe defaults may move
+without moving the benchmark. Needs `pip install 'areal[bench]'` (TRL). Timings on a shared 2-core machine
+are noisy; docs/benchmarks.md says what cannot be made equal.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 from _one_evaluator import GENERATION, heldout_pass
 
 ROOT = Path(__file__).resolve().parent.parent
-STALENESS = 2
+ETAS = (1, 2)  # the code_rl recipe ships η = 1; the benchmark's earlier runs used 2
 POLL_S = 0.5
 
 
@@ -144,10 +144,10 @@ def run_trl(pinned: Pinned, threads: int, folder: Path, seed: int) -> Outcome:
                    result["train_tokens"] / end, result["saved"], memory.peak_rss, memory.peak_pss, notes)
 
 
-def areal_overrides(pinned: Pinned, mode: str, seed: int = 0) -> list[str]:
+def areal_overrides(pinned: Pinned, mode: str, seed: int = 0, eta: int = 1) -> list[str]:
     values: dict[str, Any] = {
         "model": "builtin:tiny-coder", "seed": seed, "data.seed": seed, "steps": pinned.steps, "mode": mode,
-        "staleness": STALENESS, "batch_size": pinned.batch_size, "group_size": pinned.group_size,
+        "staleness": eta, "batch_size": pinned.batch_size, "group_size": pinned.group_size,
         "trainer.lr": pinned.lr, "trainer.objective": "decoupled", "trainer.clip_eps": 0.2, "trainer.minibatches": 1,
         "trainer.lr_schedule": "constant", "trainer.warmup_steps": pinned.warmup_steps,
         "trainer.adam_betas": [0.9, pinned.adam_beta2], "trainer.weight_decay": 0.0,
@@ -159,10 +159,10 @@ def areal_overrides(pinned: Pinned, mode: str, seed: int = 0) -> list[str]:
     return [part for key, value in values.items() for part in ("--set", f"{key}={json.dumps(value)}")]
 
 
-def run_areal(pinned: Pinned, mode: str, folder: Path, seed: int) -> Outcome:
+def run_areal(pinned: Pinned, mode: str, folder: Path, seed: int, eta: int = 1) -> Outcome:
     run_dir = folder / "run"
     argv = [sys.executable, "-m", "areal.cli", "run", str(ROOT / "recipes" / "code_rl.py"), "--run-dir",
-            str(run_dir), "-q", *areal_overrides(pinned, mode, seed)]
+            str(run_dir), "-q", *areal_overrides(pinned, mode, seed, eta)]
     memory = run_tree(argv, folder / "log.txt")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = {r["version"]: r for r in records if r.get("kind") == "step"}
@@ -170,7 +170,7 @@ def run_areal(pinned: Pinned, mode: str, folder: Path, seed: int) -> Outcome:
               "weights": str(run_dir / "checkpoints" / f"step-{v:06d}" / "policy-actor.safetensors")}
              for v in sorted(steps) if v % pinned.save_interval == 0 or v == pinned.steps]
     last = steps[max(steps)]
-    name = "areal sync" if mode == "sync" else f"areal async η={STALENESS}"
+    name = "areal sync" if mode == "sync" else f"areal async η={eta}"
     return Outcome(name, int(last["trained_samples"]), float(last["samples_per_s"]),
                    float(last["generated_tokens_per_s"]), saved, memory.peak_rss, memory.peak_pss)
 
@@ -286,6 +286,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small smoke configuration (a few minutes)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--etas", type=int, nargs="+", default=list(ETAS), help="the async arms' staleness bounds")
     parser.add_argument("--samples", type=int, default=8, help="the one evaluator's samples of each held-out task")
     parser.add_argument("--out", type=Path, help="folder for the runs (default: a new temp folder)")
     parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
@@ -305,12 +306,16 @@ def main() -> None:
         print(f"seed {seed}: warm start {warm['pass@1']:.3f} ± {warm['pass@1_se']:.3f} "
               f"({warm['seconds']:.0f} s to score)", flush=True)
         outcomes = []
-        for name in ("trl", "areal-sync", "areal-async"):
+        for name in ("trl", "areal-sync", *(f"areal-async-{eta}" for eta in args.etas)):
             folder = root / f"seed-{seed}" / name
             folder.mkdir(parents=True, exist_ok=True)
             start = time.monotonic()
-            outcomes.append(run_trl(pinned, args.trl_threads, folder, seed) if name == "trl" else
-                            run_areal(pinned, name.removeprefix("areal-"), folder, seed))
+            if name == "trl":
+                outcomes.append(run_trl(pinned, args.trl_threads, folder, seed))
+            elif name == "areal-sync":
+                outcomes.append(run_areal(pinned, "sync", folder, seed))
+            else:
+                outcomes.append(run_areal(pinned, "async", folder, seed, int(name.rsplit("-", 1)[1])))
             print(f"  {name}: done in {time.monotonic() - start:.0f} s (with startup)", flush=True)
         for outcome in outcomes:
             score(outcome, warm, samples, seed)

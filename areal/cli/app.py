@@ -259,24 +259,30 @@ def export(
     step: int | None = typer.Option(None, "--step", metavar="N", help="Checkpoint step (default: the newest)."),
     model: str | None = typer.Option(None, "--model", metavar="NAME",
                                      help="The trainer node whose model to export (default: the only one)."),
+    merged: bool = typer.Option(False, "--merged", help="A LoRA run: the base with the adapter merged in, not the "
+                                "adapter alone."),
 ) -> None:
-    """Write a checkpoint as a Hugging Face model directory (transformers and vLLM load it).
+    """Write a checkpoint as a Hugging Face model directory (transformers and vLLM load it); a LoRA run's as a
+    PEFT adapter directory (peft, vLLM's LoRA requests and areal eval load it), or merged with --merged.
 
     Examples:
 
       areal export runs/code-rl-20261122-101500 out/tiny-coder-rl
 
       areal export runs/code-rl-20261122-101500 out/step-20 --step 20
+
+      areal export runs/lora-rl-20261122-101500 out/adapter            # the adapter alone (a few MB)
     """
     from areal.cli.export import export_checkpoint
 
-    Console().print(f"wrote {export_checkpoint(run_dir, step, out_dir, model)}")
+    Console().print(f"wrote {export_checkpoint(run_dir, step, out_dir, model, merged=merged)}")
 
 
 @app.command(name="eval")
 def eval_(
     model: str = typer.Argument(
-        ..., metavar="MODEL", help="builtin:NAME, a HF checkpoint dir, a .gguf file, package:NAME, or a run directory."
+        ..., metavar="MODEL", help="builtin:NAME, a HF checkpoint dir, a .gguf file, package:NAME, a run directory, "
+        "or a LoRA adapter directory (areal export of a LoRA run)."
     ),
     benchmark: str = typer.Option("humaneval", "--benchmark", "-b", metavar="humaneval|reasoning-gym"),
     task: str | None = typer.Option(None, "--task", metavar="NAME", help="reasoning-gym: the task set (chain_sum...)."),

@@ -120,12 +120,15 @@ def parse_options(texts: list[str]) -> dict[str, Any]:
 def load_for_eval(model: str, step: int | None, trained: str | None = None) -> tuple[Any, Any, str]:
     """(model, tokenizer, what was loaded): a run directory's checkpoint (of the model `trained` names, when the
     run trained several), else any `config.model` spec. Weight files are checked before they load."""
-    from areal.cli.export import is_run_dir, run_policy
+    from areal.cli.export import is_peft_dir, is_run_dir, load_peft_dir, run_policy
 
     path = Path(model).expanduser()
     if path.is_dir() and is_run_dir(path):
         policy, tokenizer, folder = run_policy(path, step, trained)
         return policy.eval(), tokenizer, str(folder)
+    if path.is_dir() and is_peft_dir(path):  # a LoRA adapter (areal export of a LoRA run): merged into its base
+        policy, tokenizer = load_peft_dir(path)
+        return policy.eval(), tokenizer, str(path)
     for option, value in (("--step", step), ("--model", trained)):
         if value is not None:
             raise ConfigError(f"{option} {value}: {model} is not a run directory (config.json and checkpoints/)")
@@ -225,17 +228,19 @@ def _benchmark(settings: EvalSettings) -> tuple[Any, Callable[[bool], tuple[list
 def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]], settings: EvalSettings, chat: bool,
               stops: list[str], report: Progress) -> list[tuple[str, int]]:
     """(completion text cut at the first stop string, output tokens) per task × sample, in that order."""
+    from areal.config import GenerationConfig
+    from areal.engines import torch_generation_engine
     from areal.engines.generation import GenRequest
-    from areal.engines.torch_generate import TorchGenerationEngine
     from areal.models.chat import encode_prompt
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
-    engine = TorchGenerationEngine(
-        policy, eos_token_id=tokenizer.eos_token_id, pad_token_id=_pad_id(tokenizer),
-        max_new_tokens=settings.new_tokens, temperature=settings.temperature, top_p=settings.top_p,
-        stop_strings=stops, decode=decode, max_batch=settings.max_batch, seed=settings.seed,
+    # the run's own engine: the fixed decode step where the lean forward knows the model
+    engine = torch_generation_engine(
+        policy, GenerationConfig(max_batch=settings.max_batch), eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=_pad_id(tokenizer), max_new_tokens=settings.new_tokens, temperature=settings.temperature,
+        top_p=settings.top_p, stop_strings=stops, decode=decode, seed=settings.seed,
     )
     n = settings.samples
     engine.submit(GenRequest(i * n + j, encode_prompt(tokenizer, task["prompt"], chat))

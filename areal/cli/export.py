@@ -4,6 +4,11 @@ The checkpoint keeps each trained model's weights (policy-MODEL.safetensors); ex
 into the run's model architecture and writes it with `save_pretrained` (safetensors) plus the
 tokenizer, so `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` and vLLM load it
 directly. `areal eval RUN_DIR` scores the same policy (`run_policy`) without writing it out.
+
+A LoRA run's checkpoint keeps the adapter alone (engines/lora/): exported, it is a PEFT directory
+(adapter_config.json naming the base's checkpoint and hash, adapter_model.safetensors, the tokenizer), which
+`peft.PeftModel.from_pretrained`, vLLM's LoRA requests and `areal eval` load; `--merged` writes the base with the
+adapter merged in as an ordinary model instead.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ def _policy_file(folder: Path, model: str | None) -> Path:
 
 
 def run_policy(run_dir: Path, step: int | None, model: str | None = None) -> tuple[Any, Any, Path]:
-    """The run's model with the weights of its intact checkpoint `step` (default: the newest), its tokenizer,
-    and that checkpoint's folder. `model` names the trainer when the run trained several."""
+    """The run's model with the weights of its intact checkpoint `step` (default: the newest; a LoRA run's adapter
+    merged into its base), its tokenizer, and that checkpoint's folder. `model` names the trainer when the run
+    trained several."""
+    from areal.engines.lora import Merger, adapter_file
     from areal.models.loading import checkpoint_dir, load_policy
 
     config_path = run_dir / "config.json"
@@ -58,7 +65,8 @@ def run_policy(run_dir: Path, step: int | None, model: str | None = None) -> tup
     check_weights(checkpoint_dir(config.model))  # the run's architecture comes from its model
     policy, tokenizer = load_policy(config.model, dtype=config.dtype)
     try:
-        policy.load_state_dict(load_file(str(weights)))
+        state = load_file(str(weights))
+        policy.load_state_dict(Merger(policy.state_dict()).merged(state) if adapter_file(weights) else state)
     except RuntimeError as err:  # a critic's weights (a value head) are not a policy's
         raise ConfigError(f"{weights}: these weights do not fit the run's model {config.model} "
                           f"({str(err).splitlines()[0]}); name a policy with --model") from None
@@ -70,9 +78,45 @@ def is_run_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "checkpoints").is_dir()
 
 
-def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path, model: str | None = None) -> Path:
-    policy, tokenizer, _ = run_policy(run_dir, step, model)
+def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path, model: str | None = None,
+                      merged: bool = False) -> Path:
+    """The checkpoint's policy as a Hugging Face model directory; a LoRA run's as a PEFT adapter directory unless
+    `merged`."""
+    from areal.engines.lora import adapter_file, read_adapter, write_peft_dir
+    from areal.models.loading import checkpoint_dir
+
+    policy, tokenizer, folder = run_policy(run_dir, step, model)
+    weights = _policy_file(folder, model)
+    adapter = adapter_file(weights)
     out_dir.mkdir(parents=True, exist_ok=True)
-    policy.save_pretrained(out_dir, safe_serialization=True)
+    if adapter is not None and not merged:
+        spec = validate_config(json.loads((run_dir / "config.json").read_text())).model
+        write_peft_dir(read_adapter(weights), out_dir, base=str(checkpoint_dir(spec)), areal_base_model=spec,
+                       base_sha256=adapter["base_sha256"])
+    else:
+        policy.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def is_peft_dir(path: Path) -> bool:
+    """A LoRA adapter directory (PEFT's layout, as `areal export` writes a LoRA run's)."""
+    return (path / "adapter_config.json").is_file()
+
+
+def load_peft_dir(path: Path) -> tuple[Any, Any]:
+    """The base model a PEFT directory names, with the adapter merged in, and the directory's tokenizer (else the
+    base's)."""
+    from peft import PeftModel
+
+    from areal.models.loading import checkpoint_dir, load_model, load_tokenizer
+
+    config = json.loads((path / "adapter_config.json").read_text())
+    base = config.get("areal_base_model") or config.get("base_model_name_or_path")
+    if not base:
+        raise ConfigError(f"{path / 'adapter_config.json'} names no base model (base_model_name_or_path)")
+    folder = checkpoint_dir(base)
+    check_weights(folder)
+    merged = PeftModel.from_pretrained(load_model(folder), str(path)).merge_and_unload()
+    has_tokenizer = any((path / name).exists() for name in ("tokenizer_config.json", "tokenizer.json"))
+    return merged, load_tokenizer(path if has_tokenizer else folder)

@@ -19,21 +19,22 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from areal.config import RunConfig
+from areal.config import GenerationConfig, RunConfig
 from areal.engines.device import device_problem, torch_device
 from areal.engines.generation import GenRequest, GenResult
 from areal.engines.torch_generate import TorchGenerationEngine
 from areal.engines.torch_train import LossFn, MicroBatch, TorchTrainEngine
 from areal.engines.trainer_settings import TrainSettings
-from areal.engines.vllm_api import unsupported
+from areal.engines.vllm.api import unsupported
 from areal.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -54,6 +55,14 @@ class GenerationEngine(Protocol):
     def abort(self, request_ids: Iterable[int]) -> dict[int, int]: ...  # request id -> tokens it had, now wasted
     def requeue(self, request_ids: Iterable[int]) -> dict[int, int]: ...  # to the queue's front, with its tokens
     def time_split(self) -> dict[str, float]: ...  # seconds per phase so far; {} where the engine cannot tell
+
+
+@runtime_checkable
+class AdapterEngine(Protocol):
+    """A generation engine that serves LoRA adapters itself (vLLM's LoRA requests), so a LoRA policy's published
+    adapter reaches it as it came instead of merged into full weights (engines/lora/)."""
+
+    def load_adapter(self, adapter: dict[str, Tensor], version: int) -> None: ...
 
 
 class TrainEngine(Protocol):
@@ -101,13 +110,17 @@ def engine_problems(config: RunConfig, *, generation: bool = True, training: boo
             them = "them" if len(missing) > 1 else "it"
             problems.append(f'generation.engine="vllm" needs {" and ".join(missing)}; '
                             f'generation.engine="torch" runs without {them}.')
-        else:  # a release whose engine API the backend was not checked against (engines/vllm_api.py)
+        else:  # a release whose engine API the backend was not checked against (engines/vllm/api.py)
             problems.append(unsupported(_package_version("vllm")))
     if training and config.trainer.engine == "fsdp" and not torch.distributed.is_available():
         problems.append('trainer.engine="fsdp" needs a torch built with torch.distributed (this one has none); '
                         'trainer.engine="torch" runs without it.')
     if generation and config.generation.engine == "torch":
         problems.append(device_problem("generation.device", config.generation.device))
+        if config.generation.cuda_graphs == "on" and torch_device(config.generation.device).type != "cuda":
+            problems.append(f'generation.cuda_graphs="on" needs the generator on a CUDA GPU (generation.device='
+                            f'"{config.generation.device}" is {torch_device(config.generation.device)} here); '
+                            'cuda_graphs="auto" decodes eagerly on a CPU.')
     if training and config.trainer.engine != "emulated":
         problems.append(device_problem("trainer.device", config.trainer.device))
     return [p for p in problems if p is not None]
@@ -121,12 +134,15 @@ def require_engines(config: RunConfig, *, generation: bool = True, training: boo
 
 
 def generation_engine(config: RunConfig, checkpoint: Path | None, tokenizer: Any, *, weights: Path | None,
-                      version: int, decode: Callable[[list[int]], str]) -> GenerationEngine:
+                      version: int, decode: Callable[[list[int]], str], lora_rank: int = 0) -> GenerationEngine:
     """The generation engine `config.generation.engine` names, on the checkpoint's model.
 
-    `weights` (a safetensors file of the run's policy, or None) replace the checkpoint's own.
+    `weights` (a safetensors file of the run's policy, or None) replace the checkpoint's own. `lora_rank`: the
+    policy publishes LoRA adapters of that rank (an engine that serves adapters itself prepares for them).
     """
     require_engines(config, training=False)
+    if lora_rank and config.generation.engine == "vllm":
+        return _vllm_generation(config, checkpoint, tokenizer, weights, version, decode, lora_rank)
     return _GENERATION[config.generation.engine](config, checkpoint, tokenizer, weights, version, decode)
 
 
@@ -145,19 +161,50 @@ def _torch_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any
     model = load_model(checkpoint, dtype=config.dtype).to(torch_device(config.generation.device))
     if weights is not None:
         model.load_state_dict(load_file(str(weights)))
-    return TorchGenerationEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch=config.generation.max_batch,
-                                 refill_min_free=config.generation.refill_rows,
-                                 keep_kv_on_update=config.generation.keeps_kv,
-                                 **_sampling(config, tokenizer, version, decode))
+    return torch_generation_engine(model, config.generation, pad_token_id=tokenizer.pad_token_id,
+                                   **_sampling(config, tokenizer, version, decode))
+
+
+def torch_generation_engine(model: PreTrainedModel, gen: GenerationConfig, **settings: Any) -> GenerationEngine:
+    """The torch engine `gen.decode_step` names over `model` (on its device): the fixed decode step when the lean
+    forward knows the model, else Hugging Face's forward (said once, on stderr, under decode_step=auto)."""
+    settings = dict(max_batch=gen.max_batch, refill_min_free=gen.refill_rows, keep_kv_on_update=gen.keeps_kv,
+                    **settings)
+    if gen.decode_step != "hf":
+        from areal.engines.decode import SlotGenerationEngine, lean_problem
+
+        problem = lean_problem(model)
+        if problem is None:
+            on_gpu = next(model.parameters()).device.type == "cuda"
+            return SlotGenerationEngine(model, graphs=gen.cuda_graphs == "on" or (gen.cuda_graphs == "auto" and on_gpu),
+                                        **settings)
+        if gen.decode_step == "fixed":
+            raise ConfigError(f'generation.decode_step="fixed": {problem}; decode_step="auto" or "hf" decodes it with '
+                              "Hugging Face's forward.")
+        print(f"areal: generation: {problem}; decoding with Hugging Face's forward (generation.decode_step=auto)",
+              file=sys.stderr)
+    return TorchGenerationEngine(model, **settings)
 
 
 def _vllm_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any, weights: Path | None,
-                     version: int, decode: Callable[[list[int]], str]) -> GenerationEngine:
-    from areal.engines.vllm_generate import VLLMBackend, VLLMGenerationEngine
+                     version: int, decode: Callable[[list[int]], str], lora_rank: int = 0) -> GenerationEngine:
+    from areal.engines.vllm.generate import VLLMBackend, VLLMGenerationEngine
 
+    adapters, lora_args = None, {}
+    if lora_rank:  # adapters as LoRA requests, the newest η + 1 versions registered (engines/lora/slots.py)
+        import atexit
+        import shutil
+        import tempfile
+
+        from areal.engines.lora.slots import AdapterSlots, vllm_lora_args
+
+        folder = tempfile.mkdtemp(prefix="areal-lora-")
+        atexit.register(shutil.rmtree, folder, True)
+        lora_args = vllm_lora_args(lora_rank, config.staleness)
+        adapters = AdapterSlots(Path(folder), config.staleness + 1, str(checkpoint))
     backend = VLLMBackend(str(checkpoint), dtype=config.dtype, seed=config.seed,
-                          max_num_seqs=config.generation.max_batch)
-    engine = VLLMGenerationEngine(backend, **_sampling(config, tokenizer, version, decode))
+                          max_num_seqs=config.generation.max_batch, **lora_args)
+    engine = VLLMGenerationEngine(backend, **_sampling(config, tokenizer, version, decode), adapters=adapters)
     if weights is not None:  # through the update path: the engine is live, nothing is in flight yet
         engine.update_weights(load_file(str(weights)), version)
     return engine
@@ -237,6 +284,7 @@ def _has_cuda() -> bool:
 
 
 __all__ = [
+    "AdapterEngine",
     "GenRequest",
     "GenResult",
     "GenerationEngine",
@@ -249,5 +297,6 @@ __all__ = [
     "generation_engine",
     "needs_model",
     "require_engines",
+    "torch_generation_engine",
     "train_engine",
 ]

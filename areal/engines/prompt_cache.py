@@ -47,6 +47,13 @@ class PromptCache:
     def clear(self) -> None:
         self._prompts.clear()
 
+    def touch(self, keys: list[PromptKey]) -> None:
+        """Mark kept prompts most recently used: a refill's copies, before its fresh reads are kept. A refill admits
+        at most `capacity` rows, so its fresh reads cannot then push out what its copies need."""
+        for key in keys:
+            if key in self._prompts:
+                self._prompts.move_to_end(key)
+
     def remember(self, key: PromptKey, cache: Any, row: int, first: int, logits: Tensor) -> None:
         """Keep row `row` of a prefill's HF cache from column `first` (its prompt without the left padding)."""
         self._prompts[key] = _CachedPrompt(

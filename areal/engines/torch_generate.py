@@ -46,11 +46,9 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import torch
 from torch import Tensor
@@ -58,15 +56,8 @@ from torch import Tensor
 from areal.engines.generation import FinishReason, GenRequest, GenResult, InFlight
 from areal.engines.kv_rows import append_rows, left_padded, select_rows, trim_padding
 from areal.engines.prompt_cache import PromptCache
-from areal.engines.sampling import (
-    check_sampling,
-    checked_request,
-    finish_reason,
-    request_stops,
-    request_uniforms,
-    run_to_completion,
-    sample_tokens,
-)
+from areal.engines.request_queue import EngineSettings, QueuedEngine, split_newcomers
+from areal.engines.sampling import finish_reason, request_uniforms, sample_tokens
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -85,97 +76,35 @@ class _Slot(InFlight):
         return tuple(self.prompt.tolist())
 
 
-class TorchGenerationEngine:
+class TorchGenerationEngine(QueuedEngine):
     """Continuous-batching generation over an HF causal LM; driven one `step()` at a time."""
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        *,
-        eos_token_id: int,
-        pad_token_id: int,
-        max_new_tokens: int = 128,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        stop_sequences: Sequence[Sequence[int]] | None = None,
-        stop_strings: Sequence[str] | None = None,
-        decode: Callable[[list[int]], str] | None = None,
-        max_batch: int = 16,
-        refill_min_free: int = 1,
-        seed: int = 0,
-        version: int = 0,
-        keep_kv_on_update: bool = False,
-    ) -> None:
-        check_sampling("TorchGenerationEngine", temperature, top_p, stop_strings, decode)
-        if max_batch < 1 or not 1 <= refill_min_free <= max_batch:
-            raise ValueError(
-                f"TorchGenerationEngine: need max_batch >= 1 and 1 <= refill_min_free <= max_batch, "
-                f"got max_batch={max_batch}, refill_min_free={refill_min_free}"
-            )
-        self.model = model.eval()
+    def __init__(self, model: PreTrainedModel, **settings: Unpack[EngineSettings]) -> None:
+        super().__init__(model, **settings)
         # transformers >= 5.2x names the KV cache `cache` (and warns on every call given `past_key_values`,
         # dropped in 5.40); older releases, the GPU images' among them, know only `past_key_values`
         self._cache_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        self.eos_token_id = eos_token_id
-        self.pad_token_id = pad_token_id
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.top_p = top_p
-        self.stop_sequences = [list(s) for s in stop_sequences or [] if len(s)]
-        self.stop_strings = list(stop_strings or [])
         # a token decodes to at least one character, so a stop string lies within its length in tokens
         self._stop_window = max((len(s) for s in self.stop_strings), default=0)
-        self.decode = decode
-        self.max_batch = max_batch
-        self.refill_min_free = refill_min_free
-        self.keep_kv_on_update = keep_kv_on_update
-        self.seed = seed
-        self.version = version
         self.device = next(model.parameters()).device
-        self._waiting: deque[_Slot] = deque()
         self._active: list[_Slot] = []  # row i of the cache is _active[i]
         self._cache: Any = None  # the model's DynamicCache for the active rows
         self._mask = torch.zeros(0, 0, dtype=torch.int64, device=self.device)  # [B, T]
         self._pending = torch.zeros(0, dtype=torch.int64, device=self.device)  # [B] last token, not yet fed
         self._positions = torch.zeros(0, dtype=torch.int64, device=self.device)  # [B] its position id
-        self._stale = False
-        self._prompts = PromptCache(max_batch)  # read under the current weights
-        # seconds spent reading newcomers, re-reading running rows after a weight update, and decoding
-        self.timings_s = {"prefill": 0.0, "rebuild": 0.0, "decode": 0.0}
+        self._prompts = PromptCache(self.max_batch)  # read under the current weights
 
-    # ---- public API -------------------------------------------------------------------------
+    # ---- the engine's own half (request_queue.py has the rest of the Protocol) -----------------------------
 
-    def submit(self, requests: Iterable[GenRequest]) -> None:
-        """Queue requests; they join the batch at a later `step`. All are checked before any is queued."""
-        in_flight = {s.request_id for s in self._active} | {s.request_id for s in self._waiting}
-        slots = []
-        for r in requests:
-            prompt, limit = checked_request(r, in_flight, self.max_new_tokens)
-            stops = request_stops(r, self.stop_strings, self.decode)
-            slots.append(_Slot(request_id=r.request_id, prompt=prompt, limit=limit, stops=stops,
-                               uniforms=request_uniforms(self.seed, r.request_id, limit)))
-            in_flight.add(r.request_id)
-        self._waiting.extend(slots)
-
-    @property
-    def prompt_cache_hits(self) -> int:
-        """Newcomers that copied a kept prompt's rows instead of reading it."""
-        return self._prompts.hits
-
-    def pending(self) -> int:
-        """Requests not yet finished: running plus waiting."""
-        return len(self._active) + len(self._waiting)
+    def _queued(self, request: GenRequest, prompt: Tensor, limit: int, stops: list[str]) -> _Slot:
+        return _Slot(request_id=request.request_id, prompt=prompt, limit=limit, stops=stops,
+                     uniforms=request_uniforms(self.seed, request.request_id, limit))
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        """Load new weights now; the next `step` rebuilds the KV cache with them, unless `keep_kv_on_update`
-        (see module doc). Kept prompts are dropped either way: a newcomer reads its prompt under the new weights."""
-        with torch.no_grad():
-            self.model.load_state_dict(state_dict)
-        self.version = version
-        self._prompts.clear()
+        """As every engine (request_queue.py); the running rows' cache is dropped now unless keep-kv (module doc)."""
+        super().update_weights(state_dict, version)
         if not self.keep_kv_on_update:
             self._cache = None
-            self._stale = bool(self._active)
 
     @torch.no_grad()
     def step(self) -> list[GenResult]:
@@ -196,36 +125,12 @@ class TorchGenerationEngine:
             finished += self._decode()
         return finished
 
-    def generate(self, requests: Iterable[GenRequest]) -> list[GenResult]:
-        """Run the given requests to completion; results in the order of the requests."""
-        return run_to_completion(self, requests)
-
-    def progress(self) -> dict[int, tuple[int, int]]:
-        """Each running request: (output tokens so far, the version of its oldest)."""
-        return {s.request_id: (len(s.output), s.versions[0]) for s in self._active if s.output}
-
-    def abort(self, request_ids: Iterable[int]) -> dict[int, int]:
-        """Stop these requests where they are (running or waiting); the output tokens each had sampled."""
-        ids = set(request_ids)
-        gone = {s.request_id: len(s.output) for s in (*self._active, *self._waiting) if s.request_id in ids}
-        self._waiting = deque(s for s in self._waiting if s.request_id not in ids)
-        self._take_rows(ids)
-        return gone
-
-    def requeue(self, request_ids: Iterable[int]) -> dict[int, int]:
-        """Send these running requests to the front of the queue with what they sampled; readmitted, each
-        re-prefills its prompt and output under the weights of then and samples on. The output tokens each holds."""
-        moved = self._take_rows(set(request_ids))
-        self._waiting.extendleft(reversed(moved))
-        return {s.request_id: len(s.output) for s in moved}
-
-    def time_split(self) -> dict[str, float]:
-        """Seconds spent so far reading newcomers, re-reading running rows after weight updates, and decoding."""
-        return dict(self.timings_s)
-
     # ---- internals ----------------------------------------------------------------------------
 
-    def _take_rows(self, ids: set[int]) -> list[_Slot]:
+    def _running(self) -> list[_Slot]:
+        return self._active
+
+    def _take(self, ids: set[int]) -> list[_Slot]:
         """Take the running rows of these requests out of the batch (and its cache); the slots taken."""
         keep = [i for i, s in enumerate(self._active) if s.request_id not in ids]
         taken = [s for s in self._active if s.request_id in ids]
@@ -279,23 +184,15 @@ class TorchGenerationEngine:
             positions = (mask.cumsum(1) - 1).clamp(min=0)[:, -new_ids.shape[1] :]
             _, cache = self._forward(new_ids.to(self.device), mask, positions, cache)
         pending = torch.tensor([s.output[-1] for s in rows], dtype=torch.int64, device=self.device)
-        positions = torch.tensor([len(s.prompt) + len(s.output) - 1 for s in rows], dtype=torch.int64,
-                                 device=self.device)
+        positions = torch.tensor([len(s.prompt) + len(s.output) - 1 for s in rows], device=self.device)
         self._set_rows(rows, cache, mask, pending, positions)
 
     def _prefill(self, admit: list[_Slot]) -> list[GenResult]:
         """Admit newcomers: the first newcomer of a prompt not cached reads it in one forward with the others that
         need one; the rest copy its rows."""
         start = time.perf_counter()
-        fresh: list[_Slot] = []
-        copies: list[_Slot] = []
-        seen = self._prompts.keys()
-        for slot in admit:
-            if slot.output:  # a re-queued request reads its prompt and output: nothing to copy
-                fresh.append(slot)
-                continue
-            (copies if slot.prompt_key in seen else fresh).append(slot)
-            seen.add(slot.prompt_key)
+        fresh, copies = split_newcomers(admit, self._prompts.keys())
+        self._prompts.touch([s.prompt_key for s in copies])  # the fresh reads then push out others, not these
         finished = self._prefill_forward(fresh) if fresh else []
         if copies:  # rows are copied into a running batch's cache, so there must be one
             finished += self._admit_cached(copies) if self._active else self._prefill_forward(copies)

@@ -37,6 +37,7 @@ import safetensors.torch
 import torch
 from torch import Tensor
 
+from areal.engines.lora.training import is_lora, load_adapter_checkpoint
 from areal.engines.step_stats import StepStats, Total
 from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.logprob import token_logprobs
@@ -304,9 +305,11 @@ class TorchTrainEngine:
         directory = Path(directory)
         self._kept = None  # computed with the weights being replaced
         scalars = read_trainer_state(directory)
-        safetensors.torch.load_model(
-            self.model, str(directory / "model" / "model.safetensors"), device=str(self.device)
-        )
+        if is_lora(self.model):  # its model part is the adapter (PeftModel.save_pretrained)
+            load_adapter_checkpoint(self.model, directory / "model")
+        else:
+            safetensors.torch.load_model(self.model, str(directory / "model" / "model.safetensors"),
+                                         device=str(self.device))
         moments = safetensors.torch.load_file(str(directory / "optimizer.safetensors"))
         self.load_training_state(directory, moments, scalars)
         return int(scalars["version"])

@@ -25,6 +25,8 @@ class GroupMeta:
     task_ids: tuple[str, ...] = field(default_factory=tuple)  # held-out: each prompt's task id, in order
     # the generator's version when it started the group, or last re-queued it (staleness_policy=recycle)
     stamped_at: int | None = None
+    # the generator that samples it (its worker id, "rollout[0]"), stamped as it starts: the mismatch alarm names it
+    sampled_by: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
@@ -49,10 +51,12 @@ class GroupMeta:
                             f"got {raw['samples']} and {raw['admitted_at']}")
         if not isinstance(raw.get("eval", False), bool):
             raise WireError(f"from {sender}: meta 'eval' must be true or false")
+        if not isinstance(raw.get("sampled_by", ""), (str, type(None))):
+            raise WireError(f"from {sender}: meta 'sampled_by' must be a worker id (str)")
         task_ids = raw.get("task_ids", [])
         if not isinstance(task_ids, list) or not all(isinstance(t, str) for t in task_ids):
             raise WireError(f"from {sender}: meta 'task_ids' must be a list of str")
         if raw.get("eval") and raw.get("round") is None:
             raise WireError(f"from {sender}: a held-out batch's meta needs its 'round'")
         return cls(raw["group"], raw["samples"], raw["admitted_at"], raw.get("slot"), bool(raw.get("eval", False)),
-                   raw.get("round"), tuple(task_ids), raw.get("stamped_at"))
+                   raw.get("round"), tuple(task_ids), raw.get("stamped_at"), raw.get("sampled_by"))

@@ -72,9 +72,11 @@ def _refused_overrides(graph: Graph, config: RunConfig, overrides: tuple[str, ..
     for n in graph.nodes.values():
         for keyword in n.spec.settings:
             path = n.spec.setting_paths.get(keyword)
-            if path in typed:
+            # a field inside a section the node sets whole (--set trainer.lora.rank=8 under ppo_update(lora=...))
+            inside = [key for key in typed if path is not None and key.startswith(path + ".")]
+            for key in ([path] if path in typed else []) + inside:
                 problems.append(
-                    f"{typed[path]}: {n.describe()} sets {keyword}={n.spec.settings[keyword]!r} itself, which wins "
-                    f"over {path}; change it there, or use --set nodes.{n.name}.{keyword}=..."
+                    f"{typed[key]}: {n.describe()} sets {keyword}={n.spec.settings[keyword]!r} itself, which wins "
+                    f"over {key}; change it there, or use --set nodes.{n.name}.{keyword}=..."
                 )
     return problems

@@ -30,7 +30,7 @@ WEIGHTS_FILE = "model.safetensors"
 # sha256 of each shipped model.safetensors (built on the 2-core x86-64 development VM, torch 2.13.0+cpu)
 HASHES = {
     "tiny-coder": "bc3aef942e9c718ec81a01e28972eaddffc8b06409128c8e8a0149a37ad5ba6a",
-    "tiny-repairer": "0d471ef00f900a3b05e90db110597937c072c3397b6f05efa0e35378da3658bd",
+    "tiny-repairer": "c71b10d6452edd7cb2eca2193bdc3d320054d97f80bea014b5fc9ee603bbc122",
     "tiny-chainer": "dcf165c45224bd1eb425b5e3209405f76bd6d4324473e603b2dc1d50c322e993",
 }
 

@@ -33,7 +33,7 @@ from areal.models.tokenizer import CharTokenizer
 
 log = logging.getLogger(__name__)
 
-WARMSTART_VERSION = 1  # bump when the training procedure below changes
+WARMSTART_VERSION = 2  # bump when the training procedure below changes (2: no <eos> between a repair's turns)
 BATCH_SIZE = 16
 LR = 3e-3
 WARMUP_FRACTION = 0.1
@@ -96,12 +96,13 @@ def _encode_pairs(tokenizer: CharTokenizer, tasks: Sequence[Mapping[str, Any]]) 
     """(<bos> + prompt, solution + <eos>) ids: the same prompt encoding generation will see.
 
     A task with `attempts` [(body, feedback), ...] is a repair example: its context is the prompt, then each
-    failed body with its <eos> and the feedback after it, as a repair episode's trajectory holds them."""
+    failed body and the feedback after it, as a repair episode's trajectory holds them (the policy reads what
+    the agent sent back: a body's <eos> is taken back before the feedback, docs/episodes.md)."""
     pairs = []
     for task in tasks:
         context = tokenizer.encode(task["prompt"])
         for body, said in task.get("attempts", ()):
-            context += tokenizer.encode(body, add_special_tokens=False) + [tokenizer.eos_token_id]
+            context += tokenizer.encode(body, add_special_tokens=False)
             context += tokenizer.encode(said, add_special_tokens=False)
         pairs.append((context, tokenizer.encode(task["solution"], add_special_tokens=False) + [tokenizer.eos_token_id]))
     return pairs

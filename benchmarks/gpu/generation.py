@@ -1,12 +1,17 @@
-"""GPU suite, generation: the torch engine (bf16, SDPA, KV cache, continuous batching) against the bare batched
-forward and transformers' `generate` on the same device and model.
+"""GPU suite, generation: the torch engines (bf16, continuous batching) against the bare batched forward and
+transformers' `generate` on the same device and model: today's engine (Hugging Face's forward over a left-padded
+cache) and the fixed decode step (a slot cache, the lean forward; areal/engines/decode/) with its decode step
+captured in CUDA graphs and eager.
 
-1. A fixed batch (every row the same prompt and output length, no eos): the engine's overhead over a bare loop
+1. A fixed batch (every row the same prompt and output length, no eos): each engine's overhead over a bare loop
    of cached forwards with argmax, and `generate` at the same batch.
-2. Heavy-tailed output lengths (Pareto, capped): the engine refilling free slots as rows finish (as soon as one
+2. Heavy-tailed output lengths (Pareto, capped): the engines refilling free slots as rows finish (as soon as one
    is free, at a quarter of the batch, or only when all are: static), against `generate` in static batches that
-   decode until their longest row ends.
-Wall time after a warm-up, with the device synchronised; tokens are output tokens.
+   decode until their longest row ends. Target (#59): the fixed step with graphs >= 10x today's engine's 243
+   tokens/s (refill at 1 free, H200, #39) and >= 2x `generate`.
+Wall time after a warm-up run of the same workload (which captures the graphs), with the device synchronised;
+tokens are output tokens. On the CPU dry run the "graphs" rows replay a faked capture (the step run again), so the
+ladder's code runs; their speed there means nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from areal.engines import GenRequest, TorchGenerationEngine
-from benchmarks.bench_generation import PAD, bare_forward, engine_run, hf_generate, prompts, tail_lengths
+from areal.engines.decode import SlotGenerationEngine
+from benchmarks.bench_generation import EOS, PAD, bare_forward, engine_run, hf_generate, prompts, tail_lengths
 from benchmarks.gpu.model import Shape, build, peak_gib, reset_peak, shape_facts, timed
 from benchmarks.gpu.section import section_main
 
@@ -39,8 +45,12 @@ def measure(device: torch.device, model_shape: Shape, tiny: bool, variant: str =
 
     rows: dict[str, dict] = {}
     fixed_tokens = n["batch"] * n["new_tokens"]
+    fixed_requests = [GenRequest(i, p, n["new_tokens"]) for i, p in enumerate(fixed)]
+    slots = {graphs: slot_engine(model, device, never, n["batch"], n["batch"], graphs) for graphs in (True, False)}
     for name, fn in (("bare forward + argmax", lambda: bare_forward(model, fixed, n["new_tokens"])),
                      ("engine", engine_fixed),
+                     ("fixed step, graphs", lambda: slots[True].generate(fixed_requests)),
+                     ("fixed step, eager", lambda: slots[False].generate(fixed_requests)),
                      ("transformers generate", lambda: hf_generate(model, fixed, [n["new_tokens"]] * n["batch"],
                                                                    batch=n["batch"]))):
         fn()  # warm-up: kernels chosen, caches allocated
@@ -54,6 +64,12 @@ def measure(device: torch.device, model_shape: Shape, tiny: bool, variant: str =
     runs = {f"engine, refill at {r} free" + (" (static)" if r == n["batch"] else ""):
             (lambda r=r: engine_run(model, tail_prompts, lengths, r, n["batch"]))
             for r in dict.fromkeys((1, max(1, n["batch"] // 4), n["batch"]))}
+    tail_requests = [GenRequest(i, p, k) for i, (p, k) in enumerate(zip(tail_prompts, lengths, strict=True))]
+    for graphs in (True, False):
+        for refill in dict.fromkeys((1, max(1, n["batch"] // 4))):
+            engine = slot_engine(model, device, EOS, n["batch"], refill, graphs)
+            runs[f"fixed step, {'graphs' if graphs else 'eager'}, refill at {refill} free"] = (
+                lambda e=engine: e.generate(tail_requests))
     runs["transformers generate, static batches"] = lambda: hf_generate(model, tail_prompts, lengths,
                                                                          batch=n["batch"])
     for name, fn in runs.items():
@@ -62,7 +78,22 @@ def measure(device: torch.device, model_shape: Shape, tiny: bool, variant: str =
         rows[f"tails: {name}"] = {"tokens": total, "seconds": seconds, "tokens_per_s": total / seconds,
                                   "peak_gib": peak_gib(device)}
     return {"model": shape_facts(model_shape), "dtype": str(dtype), "sizes": n,
-            "lengths": {"mean": total / len(lengths), "max": max(lengths)}, "rows": rows}
+            "lengths": {"mean": total / len(lengths), "max": max(lengths)}, "rows": rows,
+            "graphs": "cuda" if device.type == "cuda" else "faked on the cpu (the step run again)",
+            "graphs_captured": slots[True]._step.captured}
+
+
+def _step_again(run, pool):  # noqa: ANN001, ANN202 (DecodeStep's capture: the warm-up run, then the step again)
+    run()
+    return run
+
+
+def slot_engine(model: torch.nn.Module, device: torch.device, eos: int, batch: int, refill: int,
+                graphs: bool) -> SlotGenerationEngine:
+    """The fixed decode step over `model`; with graphs on a CPU the capture is faked (the step run again)."""
+    capture = None if device.type == "cuda" else _step_again
+    return SlotGenerationEngine(model, eos_token_id=eos, pad_token_id=PAD, max_batch=batch, refill_min_free=refill,
+                                graphs=graphs, capture=capture)
 
 
 if __name__ == "__main__":

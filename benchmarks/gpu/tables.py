@@ -42,12 +42,22 @@ def _generation(r: dict) -> list[str]:
              f"Fixed: {r['sizes']['batch']} rows × {r['sizes']['new_tokens']} new tokens. Tails: "
              f"{r['sizes']['requests']} requests, output lengths mean {r['lengths']['mean']:.0f}, max "
              f"{r['lengths']['max']}.", ""]
+    if "graphs" in r:
+        lines += ["\"engine\" is today's (Hugging Face's forward); \"fixed step\" the slot cache and lean forward, "
+                  f"its decode step in CUDA graphs ({r['graphs']}; {r['graphs_captured']} captured for the fixed "
+                  "batch) or eager.", ""]
+    generate = {kind: rows.get(f"{kind}: transformers generate" + (", static batches" if kind == "tails" else ""),
+                               {}).get("tokens_per_s") for kind in ("fixed", "tails")}
     body = []
     for name, row in rows.items():
-        base = engine_fixed if name.startswith("fixed") else engine_tails
+        kind = "fixed" if name.startswith("fixed") else "tails"
+        base = engine_fixed if kind == "fixed" else engine_tails
+        versus = generate[kind]
         body.append([name, row["tokens"], row["seconds"], f"{row['tokens_per_s']:.0f}",
-                     f"{base / row['tokens_per_s']:.2f}x", row["peak_gib"]])
-    return lines + _table(["path", "tokens", "s", "tokens/s", "engine ÷ this", "peak GiB"], body) + [""]
+                     f"{row['tokens_per_s'] / base:.2f}x", f"{row['tokens_per_s'] / versus:.2f}x" if versus else "—",
+                     row["peak_gib"]])
+    return lines + _table(["path", "tokens", "s", "tokens/s", "× today's engine", "× generate", "peak GiB"],
+                          body) + [""]
 
 
 def _training(results: dict[str, dict]) -> list[str]:

@@ -3,7 +3,7 @@
     /work/vllm-venv/bin/python benchmarks/gpu/vllm_api.py      # a virtual environment holding vLLM alone
     python -m benchmarks.gpu.vllm_api --json out.json          # as a section of the GPU suite (suite.py)
 
-The calls are listed in areal/engines/vllm_api.py, which is loaded by its path, so this runs where vLLM is
+The calls are listed in areal/engines/vllm/api.py, which is loaded by its path, so this runs where vLLM is
 installed and areal's own dependencies are not (vLLM brings a CUDA build of torch: keep it out of the project's
 environment). Without vLLM it says so and checks nothing; a call the installed release does not take, or a
 release outside the supported range, is an error.
@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-API = Path(__file__).resolve().parents[2] / "areal" / "engines" / "vllm_api.py"
+API = Path(__file__).resolve().parents[2] / "areal" / "engines" / "vllm" / "api.py"
 
 
 def _api():

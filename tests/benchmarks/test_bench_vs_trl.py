@@ -18,11 +18,11 @@ bench = load_benchmark("bench_vs_trl")
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_areal_overrides_validate_and_pin_the_shared_settings(mode: str) -> None:
     pinned = bench.FULL
-    argv = bench.areal_overrides(pinned, mode)
+    argv = bench.areal_overrides(pinned, mode, eta=2)
     assert argv[::2] == ["--set"] * (len(argv) // 2)
     config = apply_overrides(RunConfig(batch_size=3, group_size=5, steps=7, mode="async"), argv[1::2])
     assert (config.steps, config.batch_size, config.group_size) == (pinned.steps, pinned.batch_size, pinned.group_size)
-    assert config.mode == mode and config.effective_staleness == (0 if mode == "sync" else bench.STALENESS)
+    assert config.mode == mode and config.effective_staleness == (0 if mode == "sync" else 2)
     assert config.trainer.lr == pinned.lr and config.trainer.minibatches == 1
     assert config.eval.interval_steps == 0 and config.eval.tasks == 0  # the one evaluator scores afterwards
     assert config.checkpoint.interval_steps == pinned.save_interval and config.checkpoint.keep >= pinned.steps

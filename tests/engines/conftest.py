@@ -35,3 +35,13 @@ def tiny_qwen2(seed: int) -> transformers.Qwen2ForCausalLM:
 @pytest.fixture
 def make_model() -> Callable[[int], transformers.Qwen2ForCausalLM]:
     return tiny_qwen2
+
+
+@pytest.fixture(params=["hf", "slots"])
+def engine_class(request: pytest.FixtureRequest) -> type:
+    """Each torch generation engine: today's over Hugging Face's forward and a left-padded cache, and the one with
+    a decode step of fixed shape (a slot cache and the lean forward): every behaviour holds for both."""
+    from areal.engines import TorchGenerationEngine
+    from areal.engines.decode import SlotGenerationEngine
+
+    return TorchGenerationEngine if request.param == "hf" else SlotGenerationEngine

@@ -141,3 +141,34 @@ def test_nccl_refuses_two_weights_group_members_on_one_gpu():
     with pytest.raises(Exception, match="Duplicate GPU detected"):
         run_spawned(_nccl_member, (f"127.0.0.1:{free_port()}",), nprocs=2, timeout_s=120,
                     what="two NCCL weights-group members on one GPU")
+
+
+def test_the_fixed_step_in_cuda_graphs_draws_what_it_draws_eager_and_what_todays_engine_draws():
+    """The decode step replayed from CUDA graphs at the ladder's sizes (padded rows, the whole cache width) gives the
+    eager step's tokens and log-probs, and both today's, through refills and a weight update (float32 on CUDA)."""
+    from areal.engines.decode import SlotGenerationEngine
+
+    old, new = tiny_qwen2(0), tiny_qwen2(1)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(1, 100, (int(n),), generator=g).tolist() for n in torch.randint(2, 12, (6,), generator=g)]
+    requests = [GenRequest(i, prompts[i // 4], 3 + (7 * i) % 20) for i in range(24)]
+    runs = []
+    for build in (lambda m: TorchGenerationEngine(m, eos_token_id=5, pad_token_id=0, max_batch=7, refill_min_free=2),
+                  lambda m: SlotGenerationEngine(m, eos_token_id=5, pad_token_id=0, max_batch=7, refill_min_free=2),
+                  lambda m: SlotGenerationEngine(m, eos_token_id=5, pad_token_id=0, max_batch=7, refill_min_free=2,
+                                                 graphs=True)):
+        engine = build(copy.deepcopy(old).to(CUDA))
+        engine.submit(requests)
+        done, steps = {}, 0
+        while engine.pending():
+            done |= {r.request_id: r for r in engine.step()}
+            steps += 1
+            if steps == 6:
+                engine.update_weights(new.state_dict(), version=1)
+        runs.append(done)
+    assert runs[2] and engine._step.captured >= 2
+    for other in runs[1:]:
+        for i, r in runs[0].items():
+            assert other[i].output_ids.tolist() == r.output_ids.tolist() and other[i].versions.tolist() == (
+                r.versions.tolist())
+            torch.testing.assert_close(other[i].logprobs, r.logprobs, atol=1e-4, rtol=1e-4)

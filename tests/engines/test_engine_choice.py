@@ -13,7 +13,15 @@ from safetensors.torch import load_file, save_file
 
 from areal.cli.run import _check_engines, build_controller
 from areal.config import GenerationConfig, RunConfig, TrainerConfig
-from areal.engines import TorchGenerationEngine, TorchTrainEngine, generation_engine, train_engine
+from areal.engines import (
+    TorchGenerationEngine,
+    TorchTrainEngine,
+    engine_problems,
+    generation_engine,
+    torch_generation_engine,
+    train_engine,
+)
+from areal.engines.decode import SlotGenerationEngine
 from areal.errors import ConfigError
 from areal.graph.batch import Batch, Ragged
 from areal.graph.recipe import load_recipe
@@ -77,7 +85,7 @@ def test_the_factories_build_the_torch_engines_by_default_with_the_given_weights
     gen = generation_engine(config, checkpoint, load_tokenizer(checkpoint), weights=tmp_path / "v000003.safetensors",
                             version=3, decode=str)
     train = train_engine(config, lambda: load_model(checkpoint))
-    assert (type(gen), type(train)) == (TorchGenerationEngine, TorchTrainEngine)
+    assert (type(gen), type(train)) == (SlotGenerationEngine, TorchTrainEngine)  # the fixed decode step: a Qwen2
     assert gen.version == 3
     assert all(torch.equal(gen.model.state_dict()[k], v) for k, v in published.items())
     assert gen.refill_min_free == 32 // 4  # a quarter of the default batch
@@ -88,6 +96,31 @@ def test_the_factories_build_the_torch_engines_by_default_with_the_given_weights
     settings = (({"max_batch": 128}, 32), ({"max_batch": 3}, 1), ({"max_batch": 128, "refill_min_free": 5}, 5))
     for setting, rows in settings:
         assert GenerationConfig(**setting).refill_rows == rows
+
+
+def test_decode_step_picks_the_engine_and_a_model_the_lean_forward_does_not_know_keeps_hfs_forward(capsys, tmp_path):
+    import transformers
+
+    qwen2 = load_model(make_checkpoint(tmp_path / "ckpt"))
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
+    settings = dict(eos_token_id=1, pad_token_id=0)
+    assert type(torch_generation_engine(qwen2, GenerationConfig(decode_step="hf"), **settings)) is TorchGenerationEngine
+    engine = torch_generation_engine(qwen2, GenerationConfig(), **settings)
+    assert type(engine) is SlotGenerationEngine and not engine._step.graphs  # on a CPU, auto: no graphs
+    assert type(torch_generation_engine(gpt2, GenerationConfig(), **settings)) is TorchGenerationEngine
+    assert capsys.readouterr().err == ("areal: generation: the lean forward knows qwen2 and llama models, not 'gpt2'; "
+                                       "decoding with Hugging Face's forward (generation.decode_step=auto)\n")
+    with pytest.raises(ConfigError, match="generation.decode_step=\"fixed\": the lean forward knows qwen2 and llama "
+                                          "models, not 'gpt2'; decode_step=\"auto\" or \"hf\" decodes it"):
+        torch_generation_engine(gpt2, GenerationConfig(decode_step="fixed"), **settings)
+
+
+def test_cuda_graphs_on_are_refused_without_a_gpu_or_without_the_fixed_step(bare_machine):
+    assert engine_problems(RunConfig(generation={"cuda_graphs": "on"}), training=False) == [
+        'generation.cuda_graphs="on" needs the generator on a CUDA GPU (generation.device="auto" is cpu here); '
+        'cuda_graphs="auto" decodes eagerly on a CPU.']
+    with pytest.raises(ValueError, match='cuda_graphs="on" captures the fixed decode step; decode_step="hf" has none'):
+        GenerationConfig(cuda_graphs="on", decode_step="hf")
 
 
 def test_a_refill_larger_than_the_batch_is_refused_naming_both():

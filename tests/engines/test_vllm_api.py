@@ -14,8 +14,9 @@ import torch
 
 from areal import engines
 from areal.config import RunConfig
-from areal.engines.vllm_api import CALLS, SUPPORTED, Call, check, unsupported
-from areal.engines.vllm_generate import Sampling, VLLMBackend
+from areal.engines.lora.slots import vllm_lora_args
+from areal.engines.vllm.api import CALLS, SUPPORTED, Call, check, unsupported
+from areal.engines.vllm.generate import Sampling, VLLMBackend
 
 
 class _Recorder:
@@ -57,14 +58,16 @@ def test_every_vllm_call_the_backend_makes_is_in_the_checked_list(monkeypatch):
     backend.load_weights({"w": torch.ones(2)})
     backend.join_weight_group("127.0.0.1:1", 1, 2)
     backend.receive_weights()
-    for lora in ("add_lora", "remove_lora"):  # a LoRA policy's adapters, where the backend has them
-        if hasattr(backend, lora):
-            getattr(backend, lora)(1, *(["/adapters/v1"] if lora == "add_lora" else []))
+    lora = VLLMBackend("some/model", **vllm_lora_args(8, 1))  # a LoRA policy's engine: an adapter per version
+    lora.add_lora(1, "/adapters/v1")
+    lora.add_request("2.0", [3, 4], 8, Sampling(1.0, 1.0, 9), resumed=False, lora_id=1)
+    lora.remove_lora(1)
     declared = {(c.target, c.args, tuple(sorted(c.kwargs))) for c in CALLS}
     made = set(calls)
-    assert made - declared == set()  # a call made and not in vllm_api.CALLS would go unchecked on a real vLLM
+    assert made - declared == set()  # a call made and not in vllm.api.CALLS would go unchecked on a real vLLM
     assert {"EngineArgs", "LLMEngine.add_request", "LLMEngine.abort_request", "LLMEngine.step",
-            "LLMEngine.collective_rpc", "LLMEngine.reset_prefix_cache", "SamplingParams"} <= {t for t, _, _ in made}
+            "LLMEngine.collective_rpc", "LLMEngine.reset_prefix_cache", "SamplingParams", "LLMEngine.add_lora",
+            "LLMEngine.remove_lora", "lora.request.LoRARequest"} <= {t for t, _, _ in made}
 
 
 @dataclasses.dataclass

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from areal.engines.generation import GenRequest
-from areal.engines.vllm_generate import MISSING_VLLM, BackendOutput, Sampling, VLLMBackend, VLLMGenerationEngine
+from areal.engines.vllm.generate import MISSING_VLLM, BackendOutput, Sampling, VLLMBackend, VLLMGenerationEngine
 
 VOCAB = 50
 EOS = 0
@@ -33,12 +33,28 @@ class FakeBackend:
         self.calls: list[tuple] = []
         self.resumed: dict[str, bool] = {}  # id -> sent ahead of the requests not yet started
         self.late: list[BackendOutput] = []  # outputs to deliver at the next step (a stale one, in a test)
+        self.loras: dict[int, int] = {}  # registered adapter id -> the weight it samples with
+        self.lora_of: dict[str, int] = {}  # request id -> the adapter it was sent under
 
-    def add_request(self, request_id, token_ids, max_tokens, sampling, resumed):
+    def add_request(self, request_id, token_ids, max_tokens, sampling, resumed, lora_id=0):
         assert isinstance(sampling, Sampling)
-        self.calls.append(("add", request_id, list(token_ids), max_tokens))
+        self.calls.append(("add", request_id, list(token_ids), max_tokens) + ((lora_id,) if lora_id else ()))
         self.resumed[request_id] = resumed
         self.running[request_id] = (list(token_ids), max_tokens)
+        assert lora_id == 0 or lora_id in self.loras, f"request {request_id} under adapter {lora_id}, not registered"
+        self.lora_of[request_id] = lora_id
+
+    def add_lora(self, lora_id, path):  # the fake adapter moves the weight by its one B·A entry
+        from safetensors.torch import load_file
+
+        factors = load_file(f"{path}/adapter_model.safetensors")
+        a, b = (t for k, t in sorted(factors.items()))  # lora_A then lora_B
+        self.loras[lora_id] = self.weight + int((b @ a).item())
+        self.calls.append(("add_lora", lora_id))
+
+    def remove_lora(self, lora_id):
+        del self.loras[lora_id]
+        self.calls.append(("remove_lora", lora_id))
 
     def abort(self, request_ids):
         self.calls.append(("abort", sorted(request_ids)))
@@ -59,13 +75,14 @@ class FakeBackend:
     def step(self):
         outs, self.late = list(self.late), []
         for rid, (context, left) in list(self.running.items()):
-            tok = next_token(context, self.weight)
+            weight = self.loras[self.lora_of[rid]] if self.lora_of.get(rid) else self.weight
+            tok = next_token(context, weight)
             context.append(tok)
             done = left == 1
             self.running[rid] = (context, left - 1)
             if done:
                 del self.running[rid]
-            outs.append(BackendOutput(rid, [tok], [fake_logp(tok, self.weight)], finished=done))
+            outs.append(BackendOutput(rid, [tok], [fake_logp(tok, weight)], finished=done))
         return outs
 
 
@@ -236,8 +253,9 @@ def test_the_vllm_backend_schedules_by_priority_and_sends_a_resumed_request_firs
     made: dict = {}
     added: list[tuple[str, int]] = []
 
-    class Engine:
-        def add_request(self, request_id, prompt, params, priority=0):
+    class Engine:  # v1 LLMEngine.add_request's documented parameters, in their order
+        def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None, trace_headers=None,
+                        priority=0):
             added.append((request_id, priority))
 
     def engine_args(**kwargs):
@@ -255,3 +273,101 @@ def test_the_vllm_backend_schedules_by_priority_and_sends_a_resumed_request_firs
     backend.add_request("1.1", [3, 5], 3, sampling, resumed=True)
     assert made["scheduling_policy"] == "priority"
     assert added == [("1.0", 0), ("1.1", -1)]
+
+
+def _adapter(delta: int) -> dict:
+    """A LoRA adapter of one rank-1 factor pair whose B·A is `delta` (the fake backend adds it to its weight)."""
+    return {"w.weight::lora_A": torch.tensor([[1.0]]), "w.weight::lora_B": torch.tensor([[float(delta)]])}
+
+
+def test_each_lora_version_is_an_adapter_of_its_own_and_requests_in_flight_resume_under_it(tmp_path):
+    from areal.engines.lora.slots import AdapterSlots
+
+    backend = FakeBackend()
+    engine = VLLMGenerationEngine(backend, eos_token_id=EOS, max_new_tokens=6,
+                                  adapters=AdapterSlots(tmp_path, keep=2, base="the-base"))  # η = 1: 2 slots
+    engine.submit([GenRequest(1, [3, 1])])
+    engine.step(), engine.step()  # two tokens under the base (weight 1)
+    engine.load_adapter(_adapter(1), version=1)  # weight 1 + 1
+    engine.step()
+    engine.load_adapter(_adapter(2), version=2)  # weight 1 + 2
+    (res,) = engine.step() + engine.step() + engine.step()
+    out = res.output_ids.tolist()
+    context, expected = [3, 1], []
+    for weight in (1, 1, 2, 3, 3, 3):
+        expected.append(next_token(context + expected, weight))
+    assert out == expected and res.versions.tolist() == [0, 0, 1, 2, 2, 2]
+    assert res.logprobs.tolist() == pytest.approx([fake_logp(t, w) for t, w in zip(out, (1, 1, 2, 3, 3, 3))])
+    # the base never changes: each version is registered (id version + 1), then the request resumes under it
+    assert backend.calls == [
+        ("add", "1.0", [3, 1], 6), ("abort", ["1.0"]), ("add_lora", 2), ("add", "1.1", [3, 1] + out[:2], 4, 2),
+        ("abort", ["1.1"]), ("add_lora", 3), ("add", "1.2", [3, 1] + out[:3], 3, 3)]
+    engine.load_adapter(_adapter(3), version=3)  # a third version: the oldest of the η + 1 kept goes
+    assert backend.calls[-2:] == [("add_lora", 4), ("remove_lora", 2)] and set(backend.loras) == {3, 4}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v000002", "v000003"]
+
+
+def test_an_adapter_to_an_engine_started_without_lora_is_refused():
+    engine = VLLMGenerationEngine(FakeBackend(), eos_token_id=EOS)
+    with pytest.raises(ValueError, match="started without LoRA"):
+        engine.load_adapter(_adapter(1), version=1)
+
+
+def test_the_engine_holds_eta_plus_one_adapters_at_the_smallest_rank_vllm_serves_above_the_policys():
+    from areal.engines.lora.slots import vllm_lora_args
+
+    assert vllm_lora_args(8, staleness=1) == {"enable_lora": True, "max_loras": 2, "max_cpu_loras": 2,
+                                              "max_lora_rank": 8}
+    assert vllm_lora_args(12, staleness=3)["max_lora_rank"] == 16 and vllm_lora_args(12, 3)["max_loras"] == 4
+    with pytest.raises(ValueError, match="up to 512"):
+        vllm_lora_args(600, staleness=1)
+
+
+def test_the_vllm_backend_registers_each_adapter_as_a_lora_request_and_sends_requests_under_it(monkeypatch):
+    """What VLLMBackend asks of vLLM for LoRA, against a stand-in of its documented API: EngineArgs(enable_lora,
+    max_loras, max_cpu_loras, max_lora_rank), LoRARequest(lora_name, lora_int_id, lora_path), LLMEngine.add_lora /
+    remove_lora, and add_request(..., lora_request=...)."""
+    from dataclasses import dataclass
+
+    from areal.engines.lora.slots import vllm_lora_args
+
+    made: dict = {}
+    log: list = []
+
+    @dataclass(frozen=True)
+    class LoRARequest:
+        lora_name: str
+        lora_int_id: int
+        lora_path: str
+
+    class Engine:
+        def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None, trace_headers=None,
+                        priority=0):
+            log.append(("add", request_id, lora_request))
+
+        def add_lora(self, lora_request) -> bool:
+            assert lora_request.lora_int_id > 0  # vLLM's own check
+            log.append(("add_lora", lora_request))
+            return True
+
+        def remove_lora(self, lora_id) -> bool:
+            log.append(("remove_lora", lora_id))
+            return True
+
+    vllm = types.SimpleNamespace(EngineArgs=lambda **kwargs: made.update(kwargs) or kwargs,
+                                 SamplingParams=lambda **kw: kw,
+                                 LLMEngine=types.SimpleNamespace(from_engine_args=lambda args: Engine()))
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params",
+                        types.SimpleNamespace(RequestOutputKind=types.SimpleNamespace(DELTA="delta")))
+    monkeypatch.setitem(sys.modules, "vllm.lora", types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", types.SimpleNamespace(LoRARequest=LoRARequest))
+    backend = VLLMBackend("some/model", **vllm_lora_args(8, staleness=1))
+    assert {k: made[k] for k in ("enable_lora", "max_loras", "max_cpu_loras", "max_lora_rank")} == {
+        "enable_lora": True, "max_loras": 2, "max_cpu_loras": 2, "max_lora_rank": 8}
+    backend.add_lora(2, "/adapters/v000001")
+    backend.add_request("1.1", [3], 4, Sampling(1.0, 1.0, 0), resumed=True, lora_id=2)
+    backend.add_request("2.0", [3], 4, Sampling(1.0, 1.0, 0), resumed=False)  # no adapter: the base
+    backend.remove_lora(2)
+    request = LoRARequest(lora_name="areal-2", lora_int_id=2, lora_path="/adapters/v000001")
+    assert log == [("add_lora", request), ("add", "1.1", request), ("add", "2.0", None), ("remove_lora", 2)]

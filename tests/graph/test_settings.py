@@ -102,3 +102,17 @@ from areal import Float, Int, node  # noqa: E402  (the stand-in advantage the re
 @node(inputs={"group_id": Int["S"]}, outputs={"advantage": Float["S"]})
 def advantage(batch):
     return {}
+
+
+def test_lora_is_a_trainer_setting_by_argument_or_set_and_a_field_of_a_section_the_node_sets_is_refused(write_recipe):
+    recipe = load(write_recipe, "trainer.lora.rank=8")  # the section's: every trainer that sets no lora of its own
+    assert recipe.node_config("actor").trainer.lora.rank == 8
+    text = RECIPE.replace("OBJECTIVE", '"standard", lora={"rank": 4, "alpha": 8}').replace(
+        'g.add(reward("score", score))',
+        'g.add(reward("score", score))\nfrom tests.graph.test_settings import advantage\ng.add(advantage)')
+    path = write_recipe(text)
+    assert load_recipe(path, []).node_config("actor").trainer.lora.alpha == 8
+    assert load_recipe(path, ["nodes.actor.lora.rank=16"]).node_config("actor").trainer.lora.rank == 16
+    with pytest.raises(ConfigError, match=r"trainer\.lora\.rank=2: x\.py:\d+: node 'actor' \(ppo-update\) sets lora="
+                                          r"\{'rank': 4, 'alpha': 8\} itself, which wins over trainer\.lora\.rank"):
+        load_recipe(path, ["trainer.lora.rank=2"])

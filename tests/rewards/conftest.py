@@ -167,8 +167,8 @@ def path_scorer(path: str, **kw) -> CodeTests:
         pytest.skip(f"full sandbox unavailable here: {layers.describe()}")
     if path == "pooled" and layers.cgroup is None:
         pytest.skip(f"no worker cgroups here: {layers.cgroup_problem}")
-    scorer = CodeTests(memory_mb=256, workers=1, remember=0, pooled=path != "one-shot", allow_weaker=path == "plain",
-                       **{"timeout_s": 1.0, **kw})
+    scorer = CodeTests(workers=1, remember=0, pooled=path != "one-shot", allow_weaker=path == "plain",
+                       **{"timeout_s": 1.0, "memory_mb": 256, **kw})
     if path == "pooled, no cgroup":
         scorer._layers = dataclasses.replace(layers, cgroup=None, cgroup_problem="off for this test")
     elif path == "plain":

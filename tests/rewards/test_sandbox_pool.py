@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import errno
 import os
 import signal
 import subprocess
@@ -18,7 +20,7 @@ import pytest
 from areal.rewards import CodeTests, detect_layers
 from areal.rewards.sandbox import pool as sandbox_pool
 from areal.rewards.sandbox.limits import Limits
-from tests.rewards.conftest import host_pid_alive, job_pids, pids_with_marker, run_one, worker_pids
+from tests.rewards.conftest import host_pid_alive, job_pids, path_scorer, pids_with_marker, run_one, worker_pids
 
 MARKER = f"areal-pool-{uuid.uuid4().hex[:12]}"
 PLACES = ("/", "/tmp", "/dev", "/dev/shm", ".")
@@ -195,3 +197,68 @@ def test_starting_and_closing_sandboxes_leaves_no_zombie_for_the_init_to_reap(fu
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
     done = subprocess.run([sys.executable, "-c", ZOMBIE_COUNT], capture_output=True, text=True, timeout=60, env=env)
     assert (done.returncode, done.stdout.strip()) == (0, "0"), done.stderr[-2000:]
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat from its third field on (state, ppid, ...), [] once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
+def zombie(pid: int) -> bool:
+    return stat_fields(pid)[:1] == ["Z"]
+
+
+def parent_of(pid: int) -> int:
+    return int(stat_fields(pid)[1])
+
+
+def zombies_under(pid: int) -> list[int]:
+    """Descendants of `pid` that have exited and wait to be reaped."""
+    found, todo = [], [pid]
+    while todo:
+        below = children(todo.pop())
+        found += [child for child in below if zombie(child)]
+        todo += below
+    return found
+
+
+PTRACE_SEIZE, WALL = 0x4206, 0x40000000
+
+
+@pytest.mark.parametrize("path", ["pooled", "pooled, no cgroup"])
+def test_a_supervisor_that_exits_after_its_answer_is_reaped_without_waiting_for_the_next_job(path):
+    """The host traces the program's sleeper, so its job's PID 1 outlives the answer; once the host lets
+    it go, the supervisor exits, and the worker's server must reap it then, not at its next job."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    # 0.5 s: the answer comes after the test's backstop (2.5 s), a second, and 2 s waiting for PID 1
+    with path_scorer(path, timeout_s=0.5) as scorer, ThreadPoolExecutor(1) as caller:
+        run_one(scorer, "print(1)", ONE)  # a warm worker
+        (worker,) = worker_pids(scorer)
+        pending = caller.submit(run_one, scorer, SLEEPER, ONE)
+        seen: set[int] = set()
+        wait_for(lambda: seen.update(pids_with_marker(MARKER)) or seen)
+        (sleeper,) = seen
+        if libc.ptrace(PTRACE_SEIZE, sleeper, 0, 0) != 0:
+            err = ctypes.get_errno()
+            assert err == errno.EPERM, os.strerror(err)
+            pytest.skip("this process may not trace the sandbox's processes here")
+        try:
+            supervisor = parent_of(parent_of(sleeper))  # the sleeper's runner is PID 1 of its job
+            result = pending.result(timeout=60)
+            # the server has answered and made the next job's jail, while the supervisor still waits
+            (server,) = children(worker)
+            wait_for(lambda: any(c != supervisor and not zombie(c) for c in children(server)))
+        finally:
+            os.waitpid(sleeper, WALL)  # as its tracer: now the job's namespace can finish dying
+        assert (result.reward, result.reason) == (0.0, "timeout")
+        wait_for(lambda: job_pids() == set() and zombies_under(worker) == [])

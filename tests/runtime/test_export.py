@@ -63,3 +63,60 @@ def test_export_of_a_run_with_a_damaged_config_says_so(tmp_path):
     (run / "config.json").write_text('{"model": ')
     with pytest.raises(ConfigError, match=r"config.json is damaged \(Expecting value"):
         export_checkpoint(run, None, tmp_path / "out")
+
+
+def _lora_run(tmp_path):
+    """A run directory whose checkpoint holds a LoRA adapter (its factors, B scaled) on a local base, and the
+    policy it stands for (the base with B·A added)."""
+    from areal.engines.lora import save_adapter
+
+    base = make_checkpoint(tmp_path / "base")
+    run = tmp_path / "run"
+    staged = staging_dir(run, 3)
+    staged.mkdir(parents=True)
+    (run / "config.json").write_text(RunConfig(model=str(base)).model_dump_json())
+    policy, _ = load_policy(str(base))
+    g = torch.Generator().manual_seed(0)
+    adapter = {}
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight"):
+        out, inp = policy.state_dict()[name].shape
+        adapter[f"{name}::lora_A"] = torch.randn(2, inp, generator=g) * 0.1
+        adapter[f"{name}::lora_B"] = torch.randn(out, 2, generator=g) * 0.1
+    save_adapter(adapter, staged / "policy-actor.safetensors", base_sha256="cafe")
+    seal(staged, 3, {}, policies={})
+    with torch.no_grad():
+        for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight"):
+            policy.state_dict()[name].add_(adapter[f"{name}::lora_B"] @ adapter[f"{name}::lora_A"])
+    return run, base, policy.eval()
+
+
+def test_a_lora_run_exports_its_adapter_as_a_peft_directory_that_peft_and_areal_eval_load_as_the_policy(tmp_path):
+    import json
+
+    from peft import PeftModel
+
+    from areal.cli.evaluate import load_for_eval
+
+    run, base, policy = _lora_run(tmp_path)
+    out = export_checkpoint(run, None, tmp_path / "adapter")
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert (out / "adapter_model.safetensors").exists() and not (out / "model.safetensors").exists()
+    assert config["base_sha256"] == "cafe" and config["r"] == config["lora_alpha"] == 2
+    assert sorted(config["target_modules"]) == ["down_proj", "q_proj"]
+    ids = torch.randint(4, 90, (2, 12))
+    with torch.no_grad():
+        via_peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(out)).eval()
+        torch.testing.assert_close(via_peft(ids).logits, policy(ids).logits, rtol=1e-5, atol=1e-5)
+        evaluated, _, what = load_for_eval(str(out), None)
+        torch.testing.assert_close(evaluated(ids).logits, policy(ids).logits, rtol=1e-5, atol=1e-5)
+    assert what == str(out)
+
+
+def test_a_lora_run_exported_merged_is_an_ordinary_model_of_the_policy(tmp_path):
+    run, _, policy = _lora_run(tmp_path)
+    out = export_checkpoint(run, None, tmp_path / "merged", merged=True)
+    loaded = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    ids = torch.randint(4, 90, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, policy(ids).logits)
+    assert not (out / "adapter_config.json").exists()

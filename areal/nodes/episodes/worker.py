@@ -280,7 +280,8 @@ def local_runner(run: Any, config: Any, *, outputs: Mapping[str, PortType] | Non
 
     runner = EpisodeRunner(run, outputs or {}, endpoint=endpoint, timeout_s=timeout_s)
     runner.setup(SimpleNamespace(config=config, run_dir=None, version=0, resume_dir=None, weights_group=None,
-                                 replica=0, published_weights=lambda version: None, resumed_policy=lambda: weights,
+                                 lora_rank=0, replica=0, published_weights=lambda version: None,
+                                 resumed_policy=lambda: weights,
                                  report=report or (lambda kind, **fields: None)))
     return runner
 

@@ -10,6 +10,8 @@ the weights the update starts from. Objectives (RunConfig.trainer.objective):
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,10 +20,12 @@ from torch import Tensor
 from areal.engines.step_stats import Peak, Total, combined
 from areal.engines.torch_train import NonFiniteUpdate, TorchTrainEngine
 from areal.engines.trainer_settings import TrainSettings
+from areal.errors import ConfigError
 from areal.graph.batch import Batch, Ragged
 from areal.nodes.workers.policy import full_sequences, load_run_policy, save_weights
 
 TRAINERS: dict[str, TrainerNode] = {}
+BASE_FILE = "lora_base.json"  # a LoRA trainer's checkpoint part names its base here
 # the loss's numbers that are not token-weighted means: counted tokens add up, the largest weight is the largest
 STAT_KINDS = {"valid_tokens": Total, "capped_tokens": Total, "importance_weight_max": Peak}
 
@@ -37,6 +41,8 @@ class TrainerNode:
         self.objective = t.objective
         self.cap = t.behav_weight_cap
         self.minibatches = t.minibatches
+        self.lora = t.lora if t.lora.rank else None  # trains adapters: they alone are published and checkpointed
+        self.base_sha256 = ""  # LoRA: the hash of the base the adapters sit on
         self.engine = self._engine(config)
         # the proximal node's forward, kept for the update (TorchTrainEngine.sequence_logprobs)
         self.keeps_proximal_forward = isinstance(self.engine, TorchTrainEngine) and t.reuses_proximal_forward(
@@ -44,6 +50,7 @@ class TrainerNode:
         self.version = context.version
         if context.resume_dir is not None:
             folder = context.resume_dir / f"trainer-{context.node}"
+            self._check_base(folder)
             saved = self.engine.load(folder)
             if saved != self.version:
                 raise ValueError(f"{folder} holds version {saved} of '{context.node}', but the run resumes at "
@@ -54,7 +61,21 @@ class TrainerNode:
         """The model this node trains, in its engine (trainer.engine: torch, or FSDP, which shards it)."""
         from areal.engines import train_engine
 
-        return train_engine(config, lambda: load_run_policy(config)[0])  # emulated: loads none
+        def policy() -> Any:
+            model = load_run_policy(config)[0]
+            if self.lora is None:
+                return model
+            from areal.engines.lora.training import base_sha256, with_adapters
+
+            self.base_sha256 = base_sha256(model.state_dict())
+            return with_adapters(model, self.lora)
+
+        return train_engine(config, policy)  # emulated: loads none
+
+    @property
+    def weights_kind(self) -> str:
+        """What `policy_weights` holds: the whole policy ("full"), or a LoRA policy's adapters alone ("lora")."""
+        return "full" if self.lora is None else "lora"
 
     def __call__(self, batch: Batch) -> dict[str, float]:
         from areal.kernels.ppo import approx_prox_logp, decoupled_ppo_loss
@@ -121,8 +142,14 @@ class TrainerNode:
         self.version += 1
 
     def policy_weights(self) -> dict[str, Tensor]:
-        """The whole policy, on every rank (FSDP: a collective, gathered from the shards); never one with a NaN."""
-        weights = self.engine.state_dict()
+        """The whole policy, on every rank (FSDP: a collective, gathered from the shards), or a LoRA policy's adapters
+        alone (engines/lora/adapter.py); never one with a NaN."""
+        if self.lora is not None:
+            from areal.engines.lora.training import adapter_factors
+
+            weights = adapter_factors(self.engine.model)
+        else:
+            weights = self.engine.state_dict()
         broken = [name for name, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
         if broken:
             raise NonFiniteUpdate(f"version {self.version}: weights {', '.join(broken[:3])} hold NaN or inf; "
@@ -132,22 +159,45 @@ class TrainerNode:
     def save_weights(self, path: str | None) -> None:
         """Write the policy to `path`; None: only take part in gathering it (a trainer rank > 0)."""
         weights = self.policy_weights()
-        if path is not None:
+        if path is not None and self.lora is not None:
+            from areal.engines.lora import save_adapter
+
+            save_adapter(weights, path, self.base_sha256)
+        elif path is not None:
             save_weights(weights, path)
 
     def save_checkpoint(self, folder: str) -> None:
         self.engine.save(folder, self.version)
+        if self.lora is not None:  # the adapter's base, by hash: a resume onto another is refused
+            (Path(folder) / BASE_FILE).write_text(json.dumps({"base_sha256": self.base_sha256}) + "\n")
+
+    def _check_base(self, folder: Path) -> None:
+        """A LoRA checkpoint resumes only onto the base its adapters were trained on."""
+        if self.lora is None:
+            return
+        saved = json.loads((folder / BASE_FILE).read_text())["base_sha256"] if (folder / BASE_FILE).exists() else None
+        if saved != self.base_sha256:
+            raise ConfigError(f"{folder} holds LoRA adapters of a base whose weights hash to {saved}, but the run's "
+                              f"model hashes to {self.base_sha256}: resume with the model the adapters were "
+                              "trained on")
 
 
 class ProximalNode:
     """log-probs of the output tokens under a model: the colocated trainer's current weights (π_prox, one
-    forward pass over the batch before its update), or a frozen model loaded once (a KL reference)."""
+    forward pass over the batch before its update), or a frozen model loaded once (a KL reference), or, inside a
+    LoRA trainer, that trainer's model with its adapters disabled (the same reference, no second model)."""
 
     def __init__(self, model: str | None = None, frozen: bool | str = False, output: str = "prox_logp") -> None:
         self.model_name, self.frozen, self.output = model, frozen, output
         self.engine: Any = None
+        self.adapters_off = False  # frozen=True inside a LoRA trainer: its model with the adapters disabled
 
     def setup(self, context: Any) -> None:
+        if self.frozen is True and context.pool.role == "train":
+            # the compiler put this reference inside a LoRA trainer: its model with the adapters disabled is the
+            # run's starting model, so no second model is loaded
+            self.trainer_name, self.adapters_off = context.pool.name, True
+            return
         if self.frozen:
             from areal.engines.device import torch_device
 
@@ -161,12 +211,18 @@ class ProximalNode:
 
     def __call__(self, batch: Batch) -> dict[str, Any]:
         engine, keep = self.engine, False
+        sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])
+        if self.adapters_off:
+            engine = TRAINERS[self.trainer_name].engine
+            with engine.model.disable_adapter():  # a forward of its own, kept for nothing
+                logps = engine.sequence_logprobs(sequences)
+            return {self.output: Ragged.from_rows([lp[p - 1 :] for lp, p in zip(logps, prompt_lens)],
+                                                  dtype=torch.float32)}
         if engine is None:
             trainer = TRAINERS[self.trainer_name]
             if trainer.objective != "decoupled":  # the trainer's own objective, however it was set
                 return {self.output: batch["behav_logp"]}  # unused by the update: no forward pass needed
             engine, keep = trainer.engine, trainer.keeps_proximal_forward
-        sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])
         # kept: the update that follows backpropagates through this forward (only a TorchTrainEngine keeps one)
         logps = engine.sequence_logprobs(sequences, keep_for_update=True) if keep else engine.sequence_logprobs(
             sequences)

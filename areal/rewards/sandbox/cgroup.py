@@ -4,7 +4,10 @@ A worker runs one program at a time, so its cgroup bounds each job as a whole, k
 included (page tables, pipe and socket buffers), which the in-jail fallback (`job_meter.py`)
 cannot see: memory.max at the job's memory plus the worker's own, no swap, cpu.max of one CPU,
 pids.max. It is an outer layer: the runner's own limits still decide the verdict, and an OOM
-kill by the cgroup is reported to the verdict as the program's memory failure. Its CPU counter
+kill by the cgroup is reported to the verdict as the program's memory failure. What the kernel
+keeps charged to it after a job (the negative dentries of a program's failed lookups, issue #57)
+is measured after each job and reclaimed once it passes RECLAIM_ABOVE_BYTES, so it neither
+squeezes the next job nor stays charged to the host when the worker goes. Its CPU counter
 (v2 cpu.stat, v1 cpuacct.usage) is bound read-only into the jail, where the runner reads it as
 the job's CPU time: the kernel charges every process there, reaped by anyone or not.
 
@@ -36,6 +39,7 @@ WORKER_OVERHEAD_MB = 128  # the worker's server, supervisors and runner, next to
 WORKER_PROCESSES = 8  # bwrap, the server, a supervisor and a runner for this job and the next
 CPU_PERIOD_US = 100_000
 OPTIONAL = ("memory.swap.max", "memory.memsw.limit_in_bytes")  # absent without swap accounting
+RECLAIM_ABOVE_BYTES = 8 << 20  # kernel memory a job may leave charged to its worker before it is reclaimed
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,27 @@ class WorkerCgroup:
             if key == "oom_kill":
                 return int(value)
         return 0
+
+    def kernel_bytes(self) -> int:
+        """Kernel memory charged to this cgroup (v1: kmem usage; v2: slab), 0 where the kernel says none."""
+        memory = self.dirs["memory"]
+        if self.place.version == 1:
+            return int(next(iter(_lines(memory / "memory.kmem.usage_in_bytes")), "0"))
+        fields = dict(line.split()[:2] for line in _lines(memory / "memory.stat") if line.strip())
+        return int(fields.get("slab", 0))
+
+    def reclaim(self) -> None:
+        """Ask the kernel to free what it can of this cgroup's memory: reclaimable kernel objects (its
+        dentry and inode caches) and page cache; what its live processes hold stays (there is no swap)."""
+        memory = self.dirs["memory"]
+        try:
+            if self.place.version == 1:
+                (memory / "memory.force_empty").write_text("0")
+            else:
+                usage = int(next(iter(_lines(memory / "memory.current")), "0"))
+                (memory / "memory.reclaim").write_text(str(usage))
+        except OSError:
+            pass  # EAGAIN: less could be freed than asked; a kernel without the file frees nothing
 
     def remove(self) -> None:
         for directory in dict.fromkeys(self.dirs.values()):

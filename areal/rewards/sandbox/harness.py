@@ -10,25 +10,30 @@ memory. Why it still cannot write the verdict, nor stop the clock:
   closed in the child before the program runs;
 - this process is not dumpable, so the kernel refuses the program /proc/PID/fd, /proc/PID/mem,
   ptrace, process_vm_* and pidfd_getfd on it; the seccomp filter (`seccomp_filter.py`), which
-  this process installs on itself once per job and every test inherits, denies those calls too;
+  each test installs on itself before the program is even compiled, denies those calls too;
 - in the pooled path this process is PID 1 of the job's PID namespace, which the kernel shields
   from every signal its own namespace sends without a handler, SIGSTOP and SIGKILL included;
 - a test's time is judged on what was measured, not on when this process woke up: CPU seconds
-  of every process the test started, reaped or not (`job_meter.py`), and wall time minus the
-  time its first process waited for a CPU at its starting priority (so a neighbour's load does
-  not turn a correct program into a timeout, and a program that demotes itself gains nothing),
-  with a wall-clock backstop (`backstop_s`) for a machine so loaded that even that is unfair;
+  of every process the test started, reaped or not, and this process's own while it watched
+  (reading a stderr dripped a byte at a time is the program's doing: issue #57) (`job_meter.py`),
+  and wall time minus the time its first process waited for a CPU at its starting priority (so
+  a neighbour's load does not turn a correct program into a timeout, and a program that demotes
+  itself gains nothing), with a wall-clock backstop (`backstop_s`) for a machine so loaded that
+  even that is unfair;
 - nothing it runs can demote, pin or re-limit this process (the filter allows the scheduling and
   limit calls on the caller only), and the supervisor outside the namespace ends a test whose
   record is late, whatever happened to this process (`sandbox_server.py`).
 
-Each test runs in a child with rlimits, its input through a pipe, and the job's limits summed
-over all its processes (`job_meter.py`); the filter denies setsid, so all of them stay in this
-process's session, which is one CPU autogroup. When the test ends, every process it started is
-killed (as PID 1: everything in the namespace but this process, setsid or not; on the plain
-path, where this process is a subreaper, the session and this process's children) and reaped
-before the next test starts. A record says how a test ended in the program's terms; the host
-refuses any other status, so nothing from here can report a machinery failure.
+Each test runs in a child that takes a session of its own (one CPU autogroup, apart from this
+process's, so nothing it does to it slows the runner), then rlimits and the filter, which denies
+setsid from then on, then compiles the program (the compile is the program's work, under its
+limits: issue #57) and runs it, its input through a pipe, the job's limits summed over all its
+processes (`job_meter.py`), its stderr counted against the output cap. When the test ends,
+every process it started is killed (as PID 1: everything in the namespace but this process,
+setsid or not; on the plain path, where this process is a subreaper, the test's session and this
+process's children) and reaped before the next test starts. A record says how a test ended in
+the program's terms; the host refuses any other status, so nothing from here can report a
+machinery failure.
 
 Stdlib only, run from source next to its helpers `seccomp_filter`, `job_meter` and `harness_child`
 (what each forked test runs): the pooled worker (`sandbox_server.py`) calls `run_job` once per job,
@@ -47,13 +52,12 @@ import select
 import signal
 import sys
 import time
-import traceback
 
 import job_meter  # put in sys.modules by the boot code: this file runs only in the sandbox
 import seccomp_filter
 from harness_child import EXIT_BAD_RESULT, EXIT_CRASH, EXIT_MEMORY, run_program
 
-STDERR_TAIL_BYTES = 4096
+STDERR_TAIL_BYTES = 4096  # kept for the detail line; the whole of it counts against the output cap
 TICK_S = 0.05  # how often a running test's processes are measured
 CPUS = len(os.sched_getaffinity(0))  # a test cannot spend more CPU seconds than this per second
 PR_SET_DUMPABLE = 4
@@ -64,6 +68,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def main() -> None:
     """Plain-path entry: read one job from stdin, report on stdout, exit."""
+    first_for_the_oom_killer()
     job = json.loads(sys.stdin.buffer.read())
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
@@ -75,12 +80,9 @@ def main() -> None:
 def run_job(job: dict, channel: int, close_in_child: tuple[int, ...], scratch: tuple[str, ...]) -> None:
     """Run each test in a forked child and write one record per test to `channel`.
 
-    `scratch` are the job's own tmpfs mounts, whose files count against its memory.
+    `scratch` are the job's own tmpfs mounts, whose files count against its memory. The caller has
+    made this process `first_for_the_oom_killer`.
     """
-    # first in line for the OOM killer, with every process it forks, before the worker or the host
-    # (written while /proc/self is still ours: an undumpable process's belongs to root)
-    with open("/proc/self/oom_score_adj", "w") as f:
-        f.write("1000")
     _set_dumpable(False)  # before any child exists: see the module docstring
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     whole_namespace = os.getpid() == 1
@@ -89,12 +91,12 @@ def run_job(job: dict, channel: int, close_in_child: tuple[int, ...], scratch: t
     # a SIGCHLD ignored here would be inherited, and every test's children reaped by the kernel
     # uncounted; the filter then refuses any process of the job to set it
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    # opened before the filter, which allows unix sockets only; the plain path's would be the host's
+    # opened here, as the tests' filter allows unix sockets only; the plain path's would be the host's
     sockets = job_meter.UnixSockets() if whole_namespace else None
     close_in_child = (*close_in_child, *([sockets.fileno()] if sockets else []))
     if job["seccomp"]:
-        # once, here: every test's processes inherit it, and this process needs none of what it denies
-        seccomp_filter.install()
+        # built once, here: each forked test installs it on itself, after leaving this session
+        seccomp_filter.compiled()
 
     def emit(record: dict) -> None:
         data = (json.dumps(record) + "\n").encode()
@@ -103,18 +105,26 @@ def run_job(job: dict, channel: int, close_in_child: tuple[int, ...], scratch: t
 
     # 'ready' before the program is even compiled: from here on, whatever goes wrong is the program's
     emit({"event": "ready"})
-    try:
-        code = compile(job["code"], "<program>", "exec")
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
-        emit({"event": "syntax_error", "detail": _exception_line(exc)})
-        return
     meter = functools.partial(job_meter.JobMeter, whole_namespace=whole_namespace, scratch=scratch, sockets=sockets)
     cgroup_cpu = job.get("cgroup_cpu")  # the worker cgroup's CPU counter, where it has one
     for i, test_input in enumerate(job["inputs"]):
         clock = job_meter.CgroupCpu(cgroup_cpu) if cgroup_cpu else None
-        record = _run_test(code, test_input, job, close_in_child, functools.partial(meter, cgroup=clock))
+        record = _run_test(job["code"], test_input, job, close_in_child, functools.partial(meter, cgroup=clock))
+        if record["status"] == "syntax_error":
+            if i == 0:  # each test compiles the program: the first says it does not, for all of them
+                emit({"event": "syntax_error", "detail": record["detail"]})
+                return
+            record["status"] = "crash"  # cannot be: one source compiles one way (kept for safety)
         record["i"] = i
         emit(record)
+
+
+def first_for_the_oom_killer() -> None:
+    """This process, and every process it forks, first in line for the OOM killer, before the worker
+    or the host. Written while /proc/self is still writable and ours: an undumpable process's files
+    belong to root, and the job's own /proc is read-only."""
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
 
 
 def _set_dumpable(dumpable: bool) -> None:
@@ -126,32 +136,31 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
 
 
-def _exception_line(exc: BaseException) -> str:
-    if isinstance(exc, SyntaxError):
-        return f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1]
-
-
-def _run_test(code, test_input, job: dict, close_in_child: tuple[int, ...], meter_of) -> dict:
+def _run_test(source: str, test_input, job: dict, close_in_child: tuple[int, ...], meter_of) -> dict:
     """One test in a forked child; `meter_of(pid)` measures the processes it starts."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     res_r, res_w = os.pipe()
     stdin_r, stdin_w = os.pipe()  # fed by `_watch`: a pipe needs no call the filter denies
+    compile_r, compile_w = os.pipe()  # why the program did not compile, closed before it runs
     started = time.monotonic()
     pid = os.fork()
     if pid == 0:
         try:
-            for fd in (*close_in_child, out_r, err_r, res_r, stdin_w):
+            for fd in (*close_in_child, out_r, err_r, res_r, stdin_w, compile_r):
                 os.close(fd)
-            run_program(code, test_input, job, stdin_r, out_w, err_w, res_w)
+            run_program(source, test_input, job, stdin_r, out_w, err_w, res_w, compile_w)
         finally:
             os._exit(EXIT_CRASH)
-    for fd in (out_w, err_w, res_w, stdin_r):
+    for fd in (out_w, err_w, res_w, stdin_r, compile_w):
         os.close(fd)
     meter = meter_of(pid)
     stdin = str(test_input).encode() if job["kind"] == "stdio" else b""
-    return _watch(meter, started, (stdin_w, stdin), out_r, err_r, res_r, job)
+    record = _watch(meter, started, (stdin_w, stdin), out_r, err_r, res_r, job)
+    # every process that held its write end is gone by now
+    why = os.read(compile_r, 4096).decode("utf-8", "replace")
+    os.close(compile_r)
+    return {"status": "syntax_error", "detail": why} if why else record
 
 
 def _watch(
@@ -162,6 +171,7 @@ def _watch(
     cap, limit_s, backstop_s = job["max_output_bytes"], job["timeout_s"], job["backstop_s"]
     pidfd = os.pidfd_open(meter.pid)
     bufs = {out_r: bytearray(), err_r: bytearray(), res_r: bytearray()}
+    err_bytes = 0  # all it wrote to stderr, of which `bufs` keeps the tail
     poller = select.poll()
     for fd in (*bufs, pidfd):
         poller.register(fd, select.POLLIN)
@@ -196,8 +206,9 @@ def _watch(
                 continue
             bufs[fd] += chunk
             if fd == err_r:
+                err_bytes += len(chunk)
                 del bufs[fd][:-STDERR_TAIL_BYTES]
-            elif len(bufs[fd]) > cap:
+            if len(bufs[fd]) > cap or err_bytes > cap:
                 verdict = "output_limit"
     if verdict == "exited":
         # judged on what it used, not on when this process noticed: see the module docstring
@@ -206,6 +217,8 @@ def _watch(
             verdict, detail = "timeout", _wall_detail(elapsed, limit_s, backstop_s)
         elif elapsed * CPUS > limit_s and (cpu_s := meter.cpu_s(meter.processes())) > limit_s:
             verdict, detail = "timeout", _cpu_detail(cpu_s, limit_s)
+        elif (left := meter.dentry_bytes()) > job["memory_mb"] << 20:  # they outlive the test's processes
+            verdict, detail = "memory", _memory_detail(left, left, job["memory_mb"])
     wait_status = _end_test(meter)
     if pending:
         os.close(stdin_w)
@@ -257,9 +270,15 @@ def _over_limits(meter: job_meter.JobMeter, job: dict) -> tuple[str | None, str]
     pids = meter.processes()
     if (cpu_s := meter.cpu_s(pids)) > job["timeout_s"]:
         return "timeout", _cpu_detail(cpu_s, job["timeout_s"])
-    if (held := meter.memory_bytes(pids)) > job["memory_mb"] << 20:
-        return "memory", f"its processes and files held {held >> 20} MB, over the job's {job['memory_mb']} MB"
+    dentries = meter.dentry_bytes()
+    if (held := meter.memory_bytes(pids) + dentries) > job["memory_mb"] << 20:
+        return "memory", _memory_detail(held, dentries, job["memory_mb"])
     return None, ""
+
+
+def _memory_detail(held: int, dentries: int, memory_mb: int) -> str:
+    of_it = f" (the negative dentries its lookups left: {dentries >> 20} MB)" if dentries >> 20 else ""
+    return f"its processes and files held {held >> 20} MB{of_it}, over the job's {memory_mb} MB"
 
 
 def _end_test(meter: job_meter.JobMeter) -> int:

@@ -2,15 +2,16 @@
 
 The runner asks this every few tens of milliseconds while a test runs, so that a limit holds
 for the test as a whole, not per process: CPU seconds summed over every process (a hundred
-busy children spend the budget a hundred times faster), memory summed over every process plus
-the files on the job's tmpfs and the data queued on its unix sockets (kernel memory no process
-maps), and the time the test's first process waited for a CPU, which the wall clock should not
-charge to it (a neighbour's load must not turn a correct program into a timeout). It only
-measures; the harness decides and kills.
+busy children spend the budget a hundred times faster) and the runner's own while it watches
+(what it reads, the program wrote: issue #57), memory summed over every process plus the files
+on the job's tmpfs, the data queued on its unix sockets and the negative dentries its lookups
+left (kernel memory no process maps), and the time the test's first process waited for a CPU,
+which the wall clock should not charge to it (a neighbour's load must not turn a correct
+program into a timeout). It only measures; the harness decides and kills.
 
 "The test's processes" are every process of the job's PID namespace but the runner when the
-runner is its PID 1, else (the plain path, no namespace) the other processes in the runner's
-session, which the seccomp filter keeps them in, and the runner's children. Every process a
+runner is its PID 1, else (the plain path, no namespace) the processes in the test's session,
+which its first process opened and the seccomp filter keeps them in, and the runner's children. Every process a
 test ever started is counted, reaped or not: it is alive or a zombie (orphans go to the runner,
 PID 1 or a subreaper, which reaps only when the test ends), or a process of the test reaped it
 and holds its time in its own children's counters. The one way around that, a parent whose
@@ -29,6 +30,10 @@ import time
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 KIB = 1024
+DENTRY_STATE = "/proc/sys/fs/dentry-state"  # its fifth field counts the machine's negative dentries
+# what one negative dentry may hold: the dentry (192 bytes on x86_64) and a name of up to 255 bytes
+# kept apart (kmalloc-512); more than most take, so the count errs on the side of the host
+NEGATIVE_DENTRY_BYTES = 1024
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLMSG_ERROR, NLMSG_DONE = 4, 20, 2, 3
 NLM_F_REQUEST_DUMP = 0x301
 UDIAG_SHOW_MEMINFO, UNIX_DIAG_MEMINFO = 0x20, 5
@@ -85,20 +90,22 @@ def _meminfo(data: bytes, at: int, end: int) -> int:
 
 
 class CgroupCpu:
-    """The CPU time of the worker's cgroup since this test began, less the runner's own.
+    """The CPU time of the worker's cgroup since this test began, the runner's own included.
 
     The cgroup holds the job's processes, its runner, and the worker's server and supervisor, which
     wait while a test runs; the kernel charges it every process's time, whether that process is
-    alive, a zombie, or was reaped by anyone. `path` is its cpu.stat (v2, usage_usec) or
-    cpuacct.usage (v1, nanoseconds), bound read-only into the jail. Made before the test forks.
+    alive, a zombie, or was reaped by anyone. The runner's is the test's too: what it does while a
+    test runs (forking it, reading what it writes, measuring it) grows with what the program does.
+    `path` is its cpu.stat (v2, usage_usec) or cpuacct.usage (v1, nanoseconds), bound read-only
+    into the jail. Made before the test forks.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.start_ns, self.runner_start_s = self._usage_ns(), time.process_time()
+        self.start_ns = self._usage_ns()
 
     def spent_s(self) -> float:
-        return (self._usage_ns() - self.start_ns) / 1e9 - (time.process_time() - self.runner_start_s)
+        return (self._usage_ns() - self.start_ns) / 1e9
 
     def _usage_ns(self) -> int:
         data = _read(self.path) or b"0"
@@ -122,7 +129,9 @@ class JobMeter:
     ) -> None:
         self.pid, self.whole_namespace, self.scratch, self.sockets = pid, whole_namespace, scratch, sockets
         self.cgroup = cgroup
-        self.runner, self.session = os.getpid(), b"%d" % os.getsid(0)
+        self.runner, self.session = os.getpid(), b"%d" % pid  # the first process opens the test's session
+        self.runner_cpu_s = time.process_time()
+        self.negatives = _negative_dentries()
         runner = _stat(self.runner) or []
         self.priority = (runner[18], runner[40])  # (nice, policy): what the test's first process starts at
         self.runner_field = b"%d" % self.runner
@@ -136,19 +145,31 @@ class JobMeter:
         return [pid for pid in pids if pid != self.runner and self._ours(_stat(pid) or [b""] * 6)]
 
     def _ours(self, fields: list[bytes]) -> bool:
-        """On the plain path: in the runner's session, or its child (an orphan it adopted as subreaper)."""
+        """On the plain path: in the test's session, or the runner's child (an orphan it adopted as
+        subreaper, or the first process before it opened its session)."""
         return fields[5] == self.session or fields[3] == self.runner_field
 
     def cpu_s(self, pids: list[int]) -> float:
-        """CPU seconds of `pids`, with the children each has reaped (stat fields 14-17); where the
-        worker has a cgroup, its count if larger (see the module docstring)."""
+        """CPU seconds of `pids`, with the children each has reaped (stat fields 14-17), and the
+        runner's since the test began; where the worker has a cgroup, its count if larger (see the
+        module docstring)."""
         ticks = 0
         for pid in pids:
             fields = _stat(pid)
             if fields is not None:
                 ticks += sum(int(f) for f in fields[13:17])
-        counted = ticks / CLK_TCK
+        counted = ticks / CLK_TCK + time.process_time() - self.runner_cpu_s
         return counted if self.cgroup is None else max(counted, self.cgroup.spent_s())
+
+    def dentry_bytes(self) -> int:
+        """The negative dentries the machine gained since the test began, at NEGATIVE_DENTRY_BYTES each.
+
+        A failed lookup under a directory of the host's file systems (the read-only /usr) leaves one
+        in the host's cache, where it outlives the job; no per-process count sees them, and outside
+        a cgroup nothing charges them to the job. The count is the machine's: another process's
+        lookups while the test runs count too, which only a flood of them makes matter.
+        """
+        return max(_negative_dentries() - self.negatives, 0) * NEGATIVE_DENTRY_BYTES
 
     def memory_bytes(self, pids: list[int]) -> int:
         """Resident anonymous and shared memory of `pids`, plus the job's tmpfs files and socket queues.
@@ -170,12 +191,14 @@ class JobMeter:
         """Seconds the test's first process waited on a run queue while it ran at the runner's priority.
 
         Only a neighbour's load is forgiven: a process that lowered its own priority (nice, a
-        scheduling policy) queues by its own doing, so its count stops at the first sample that
-        sees it changed, and stays there (an unprivileged process cannot raise it back).
+        scheduling policy, its session's autogroup) queues by its own doing, so its count stops at
+        the first sample that sees it changed, and stays there (an unprivileged process cannot
+        raise its nice back; the jail's /proc is read-only, so only the plain path's program can
+        write its autogroup at all).
         """
         if not self.demoted:
             fields = _stat(self.pid)
-            if fields is None or (fields[18], fields[40]) != self.priority:
+            if fields is None or (fields[18], fields[40]) != self.priority or _autogroup_nice(self.pid) > 0:
                 self.demoted = True
             else:
                 sched = (_read(f"/proc/{self.pid}/schedstat") or b"").split()
@@ -195,6 +218,19 @@ def _read(path: str) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+def _negative_dentries() -> int:
+    fields = (_read(DENTRY_STATE) or b"").split()
+    return int(fields[4]) if len(fields) > 4 else 0
+
+
+def _autogroup_nice(pid: int) -> int:
+    """The nice of the autogroup of `pid`'s session ("/autogroup-N nice X"), 0 where there is none.
+
+    A new session's autogroup starts at 0, so anything above is the test's own doing."""
+    fields = (_read(f"/proc/{pid}/autogroup") or b"").split()
+    return int(fields[-1]) if len(fields) == 3 else 0
 
 
 def _stat(pid: int) -> list[bytes] | None:

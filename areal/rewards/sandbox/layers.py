@@ -26,7 +26,7 @@ from pathlib import Path
 
 from areal.errors import ArealError
 from areal.rewards.sandbox import seccomp_filter
-from areal.rewards.sandbox.cgroup import WORKER_OVERHEAD_MB, CgroupPlace, find_place
+from areal.rewards.sandbox.cgroup import RECLAIM_ABOVE_BYTES, WORKER_OVERHEAD_MB, CgroupPlace, find_place
 from areal.rewards.sandbox.launch import as_uid, boot_source, bwrap_argv
 from areal.rewards.sandbox.limits import Limits
 
@@ -86,7 +86,8 @@ class SandboxLayers:
             )
             verdict = ("the runner is PID 1 of the program's PID namespace and not dumpable; records carry only "
                        "program outcomes, compared with the expected outputs outside the sandbox")
-            processes = "every process a test starts, setsid or not, is killed with the rest of its PID namespace"
+            processes = ("every process a test starts, setsid or not, is killed with the rest of its PID namespace; "
+                         "the worker reaps each job's supervisor as it exits")
         else:
             isolation = f"plain subprocess as uid {self.uid}, own session, socket audit hook"
             verdict = "the runner is not dumpable; records carry only program outcomes, compared outside"
@@ -97,23 +98,26 @@ class SandboxLayers:
                        "hides its children's CPU time where no cgroup counts it")
         else:
             seccomp = (f"on: {', '.join(seccomp_filter.DENIED)}, clone with namespace flags, sockets other than "
-                       f"unix ones and F_SETPIPE_SZ denied; {', '.join(seccomp_filter.SELF_ONLY)} on the caller "
-                       "only; SIGCHLD may not be set (no child is reaped uncounted)")
+                       f"unix ones, F_SETPIPE_SZ and PR_SET_DUMPABLE denied; {', '.join(seccomp_filter.SELF_ONLY)} "
+                       "on the caller only; SIGCHLD may not be set (no child is reaped uncounted); installed by "
+                       "each test on itself")
         held = "tmpfs files and unix socket queues" if self.namespaces else "nothing else (no tmpfs of its own)"
         meter = (f"each test's processes (resident memory, a page shared after fork counted in each) and {held} "
                  f"summed every 50 ms, the test killed past {limits.memory_mb} MB")
         share = "one scheduling autogroup per job (setsid denied)" if not self.autogroup else (
             f"no shared autogroup ({self.autogroup}): N busy processes get N shares of the CPU"
         )
-        timing = (f"{limits.timeout_s:g} s of CPU over every process the test started, reaped or not, and of "
-                  f"wall time not spent queued for a CPU at its starting priority (backstop "
-                  f"{limits.backstop_s:g} s wall)")
+        timing = (f"{limits.timeout_s:g} s of CPU over every process the test started, reaped or not, and its "
+                  f"runner's while it watches, and of wall time not spent queued for a CPU at its starting priority "
+                  f"(backstop {limits.backstop_s:g} s wall)")
         watchdog = (f"the supervisor, outside the job's namespace, ends a test that has not reported after "
                     f"{limits.backstop_s + 1:g} s, and answers without waiting for a slow namespace to die"
                     if self.namespaces else "the host ends the job past its wall-clock budget")
         keeper = ("seccomp off: a program may demote it" if self.seccomp
                   else "no process of the job can change its scheduling or limits")
-        clock = f"the runner keeps it ({keeper}); {watchdog}; a test that overruns is a timeout, never a dropped sample"
+        clock = (f"the runner keeps it ({keeper}); {watchdog}; a test that overruns is a timeout, never a dropped "
+                 f"sample; the program is compiled in each test, under its limits, and its stderr counts against "
+                 f"the {limits.max_output_bytes >> 20} MB output cap")
         pipes = pipe_bytes_bound(limits) >> 20
         if self.cgroup is not None and self.namespaces:
             cgroup = (f"{self.cgroup.describe()}, one per worker: memory.max {limits.memory_mb + WORKER_OVERHEAD_MB} "
@@ -141,10 +145,30 @@ class SandboxLayers:
         )
         lines = [("code sandbox", isolation), ("verdict", verdict), ("processes", processes),
                  ("seccomp", seccomp), ("cgroup", cgroup), ("memory", memory), ("cpu", cpu), ("clock", clock),
-                 ("rlimits per process", rlimits), ("python", self.python)]
+                 ("kernel objects", self._kernel_objects(limits)), ("rlimits per process", rlimits),
+                 ("python", self.python)]
         if self.missing:
             lines.append(("missing", f"{', '.join(self.missing)} ({self.problem})"))
         return lines
+
+    def _kernel_objects(self, limits: Limits) -> str:
+        """What bounds the kernel resources a job could take that no cgroup or process count sees (#57)."""
+        if self.namespaces:
+            jail = "no pseudo-terminals (/dev/pts sealed empty) and a read-only /proc in each job"
+        else:
+            jail = ("the host's /dev and /proc: pseudo-terminals not sealed (kernel.pty.max is the machine's), and a "
+                    "program may lower its own autogroup's priority (its queue then counts as wall time)")
+        denied = ("Linux AIO, PR_SET_DUMPABLE, inotify, fanotify and POSIX timers denied" if not self.seccomp
+                  else "seccomp off: Linux AIO allowed (fs.aio-max-nr is the machine's), and inotify instances and "
+                  "POSIX timers (counted against the host user's limits)")
+        dentries = (f"the negative dentries the machine gains while a test runs count 1 KiB each against its "
+                    f"{limits.memory_mb} MB (another process's lookups meanwhile count too)")
+        if self.cgroup is not None and self.namespaces:
+            dentries += (f"; the kernel memory a job leaves charged to its worker's cgroup is measured after each "
+                         f"job and reclaimed past {RECLAIM_ABOVE_BYTES >> 20} MB")
+        else:
+            dentries += "; what a test leaves stays in the host's cache until memory pressure reclaims it"
+        return f"{jail}; {denied}; each test in a session and autogroup of its own, apart from its runner; {dentries}"
 
     def require(self, allow_weaker: bool) -> None:
         """Refuse to run untrusted code without every layer, unless the caller opted in."""

@@ -24,7 +24,7 @@ import struct
 import time
 import weakref
 
-from areal.rewards.sandbox.cgroup import WorkerCgroup
+from areal.rewards.sandbox.cgroup import RECLAIM_ABOVE_BYTES, WorkerCgroup
 from areal.rewards.sandbox.launch import CGROUP_CPU_IN_JAIL, JAIL_MODULES, boot_source
 from areal.rewards.sandbox.layers import SandboxLayers, SandboxRun
 from areal.rewards.sandbox.limits import Limits
@@ -58,7 +58,7 @@ class SandboxWorker:
     """One started bubblewrap running the server. Not thread-safe: the pool lends it out."""
 
     def __init__(self, layers: SandboxLayers, limits: Limits, source: str, reuse: bool = True) -> None:
-        self.cgroup = None
+        self.cgroup, self.kernel_floor = None, 0
         try:
             if layers.cgroup is not None:
                 self.cgroup = WorkerCgroup(layers.cgroup, limits.memory_mb, limits.max_processes)
@@ -78,6 +78,7 @@ class SandboxWorker:
             if self.cgroup is not None:
                 # after the hello, before any job: nothing a program starts is outside it
                 self.cgroup.adopt(self.pid)
+                self.kernel_floor = self.cgroup.kernel_bytes()
         except (WorkerFailure, OSError) as failure:
             self.kill()
             why = failure.detail if isinstance(failure, WorkerFailure) else str(failure)
@@ -91,9 +92,17 @@ class SandboxWorker:
         """Processes the kernel killed in the worker's cgroup for want of memory (0 without a cgroup)."""
         return 0 if self.cgroup is None else self.cgroup.oom_kills()
 
+    def settle(self) -> None:
+        """After a job: reclaim the kernel memory it left charged to the worker's cgroup (the negative
+        dentries of its lookups), once that passes RECLAIM_ABOVE_BYTES over what the worker started with."""
+        if self.cgroup is not None and self.cgroup.kernel_bytes() - self.kernel_floor > RECLAIM_ABOVE_BYTES:
+            self.cgroup.reclaim()
+            self.kernel_floor = max(self.kernel_floor, self.cgroup.kernel_bytes())
+
     def kill(self) -> None:
         self.sandbox.kill()
         if self.cgroup is not None:
+            self.settle()  # what it leaves would be charged to the host once the cgroup goes
             self.cgroup.remove()
 
     def _exchange(self, request: bytes, deadline: float, cap: int, late: str) -> dict:
@@ -189,6 +198,8 @@ class SandboxPool:
             oom_kills = worker.oom_kills()
             run = _run_from_reply(worker.run(payload, budget_s, _reply_cap(cap)))
             run.oom_killed = worker.oom_kills() > oom_kills
+            if self.reuse:
+                worker.settle()  # a worker used once settles as it is killed
             return run
         except WorkerFailure as failure:
             self._retire(worker)

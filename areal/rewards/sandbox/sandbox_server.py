@@ -3,7 +3,9 @@
 The one idea: the worker is reused, its processes and files never are. Per job the server forks
 a supervisor that unshares fresh user, PID, mount, IPC, network and UTS namespaces, seals the
 worker's file systems read-only under fresh tmpfs /tmp and /dev/shm (bounded in bytes and in
-files), and forks the runner as PID 1 of the new PID namespace. The runner mounts its own /proc,
+files) and an empty read-only /dev/pts (no pseudo-terminal: a filled tty buffer is host kernel
+memory no cgroup pays for), and forks the runner as PID 1 of the new PID namespace. The runner
+mounts its own /proc read-only (no program writes its autogroup, or any other /proc file),
 drops every capability, sets no_new_privs, then waits for its job and runs `harness.run_job`
 (per-test fork, rlimits, seccomp, limits summed over the test, everything killed between
 tests). The server builds each jail right after answering the previous job, so a job pays only
@@ -17,8 +19,9 @@ Every wait is bounded, so a job always gets an answer, and a slow one is a timeo
 broken worker: the supervisor gives each test until its wall-clock backstop (plus a little) to
 report, from outside the job's namespace where nothing the program does can slow its clock,
 and kills the job when a record is late; after the kill it waits at most KILL_WAIT_S for PID 1
-before answering (a namespace whose processes are slow to die finishes dying after the answer,
-and the server reaps its supervisor later).
+before answering (a namespace whose processes are slow to die finishes dying after the answer).
+The server reaps each supervisor as it exits, from its SIGCHLD handler, so none waits as a zombie
+for the next job (issue #57).
 
 Protocol on stdin/stdout: frames of a 4-byte big-endian length and a UTF-8 JSON object, never
 pickle: the worker's settings in and a hello out, then one job in and one answer out, repeated.
@@ -58,8 +61,10 @@ PR_SET_PDEATHSIG = 1
 # warm in the server, so a program's `import` of these costs a dict lookup in its forked child
 PRELOADED = ("bisect", "collections", "fractions", "functools", "heapq", "itertools", "math", "re", "string")
 SCRATCH = ("/tmp", "/dev/shm")  # the job's own tmpfs mounts: its files count against its memory
+SEALED = "/dev/pts"  # bubblewrap's devpts instance, covered by an empty read-only tmpfs in each job
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_exited: dict[int, int] = {}  # wait statuses the SIGCHLD handler collected, kept for the current jail's
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
@@ -81,16 +86,41 @@ def serve() -> None:
     if seccomp_filter.unsupported() is None:
         seccomp_filter.compiled()
     tmpfs = f"size={settings['tmpfs_bytes']},nr_inodes={settings['tmpfs_files']},mode=0700"
+    # a supervisor that answered may still wait for its job's PID 1: reaped whenever it exits
+    signal.signal(signal.SIGCHLD, _reap)
     jail = _prepare_jail(tmpfs, private=(inbox, outbox))
     _send(outbox, {"event": "hello"})
-    dying: list[int] = []  # supervisors that answered and still wait for their job's PID 1
     while (job := _receive(inbox)) is not None:
-        _send(outbox, _run(jail, job, dying))
+        _send(outbox, _run(jail, job))
         if not settings["reuse"]:
             return
-        dying = [pid for pid in dying if os.waitpid(pid, os.WNOHANG)[0] == 0]
         # the next job's jail is built while the pool reads this answer
         jail = _prepare_jail(tmpfs, private=(inbox, outbox))
+        for pid in list(_exited):  # one C call: the handler cannot run inside it
+            if pid != jail[0]:
+                _exited.pop(pid, None)
+
+
+def _reap(signum: int, frame: object) -> None:
+    """SIGCHLD: reap every child that has exited (supervisors, and runners whose supervisor died first)."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _exited[pid] = status
+
+
+def _wait(pid: int) -> int:
+    """The wait status of child `pid`, whether the SIGCHLD handler reaps it or this call does."""
+    while pid not in _exited:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except ChildProcessError:
+            pass  # the handler reaped it meanwhile: its status is in _exited
+    return _exited.pop(pid)
 
 
 def _receive(fd: int) -> bytes | None:
@@ -134,6 +164,7 @@ def _prepare_jail(tmpfs: str, private: tuple[int, ...]) -> tuple[int, int, int]:
     if pid == 0:
         status = 1
         try:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the supervisor waits for its runner itself
             for fd in (*private, job_w, reply_r):
                 os.close(fd)
             _supervise(tmpfs, job_r, reply_w)
@@ -147,11 +178,11 @@ def _prepare_jail(tmpfs: str, private: tuple[int, ...]) -> tuple[int, int, int]:
     return pid, job_w, reply_r
 
 
-def _run(jail: tuple[int, int, int], job: bytes, dying: list[int]) -> dict:
+def _run(jail: tuple[int, int, int], job: bytes) -> dict:
     """Hand the job to its waiting supervisor and relay its one reply; a crash is an error reply.
 
     The reply is whole once the supervisor closes its end; a supervisor still waiting then for its
-    job's PID 1 joins `dying`, to be reaped later."""
+    job's PID 1 is reaped by the SIGCHLD handler whenever it exits."""
     pid, job_w, reply_r = jail
     try:
         _write_all(job_w, job)
@@ -164,11 +195,9 @@ def _run(jail: tuple[int, int, int], job: bytes, dying: list[int]) -> dict:
     except ValueError:
         reply = None
     if isinstance(reply, dict):
-        dying.append(pid)
         return reply
     # no whole reply: the supervisor died, and its runner with it (PR_SET_PDEATHSIG), so this wait is short
-    _, wait_status = os.waitpid(pid, 0)
-    status = os.waitstatus_to_exitcode(wait_status)
+    status = os.waitstatus_to_exitcode(_wait(pid))
     return {"event": "error", "detail": f"job supervisor failed with exit status {status} (traceback on stderr)"}
 
 
@@ -234,6 +263,8 @@ def _seal_file_systems(tmpfs: str) -> None:
         _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     for path in SCRATCH:
         _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs)
+    if os.path.isdir(SEALED):  # /dev/ptmx is a link into it: no pseudo-terminal can be made
+        _mount("tmpfs", SEALED, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=2,mode=0555")
     os.chdir("/tmp")
 
 
@@ -242,7 +273,8 @@ def _runner(handoff_r: int, out_w: int, err_w: int) -> None:
     os.setsid()
     # PID 1 ignores a signal its own namespace sends only while the action is the default one
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    harness.first_for_the_oom_killer()  # through the worker's /proc, before ours hides it read-only
+    _mount("proc", "/proc", "proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _drop_capabilities()
     # lift the three above the targets first, so no dup2 overwrites one still to be moved
     lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD, 16) for fd in (err_w, out_w, handoff_r)]

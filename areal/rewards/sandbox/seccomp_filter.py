@@ -10,6 +10,14 @@ and closes what that check does not cover:
   SysV shared memory, message queues and semaphores, POSIX message queues;
 - kernel attack surface a test never needs: keyctl, bpf, userfaultfd, perf_event_open,
   io_uring, syslog;
+- Linux AIO (io_setup and the calls on its contexts): a context's events count against the
+  machine's fs.aio-max-nr, which no cgroup bounds; one job held all 65,536 (issue #57);
+- per-user kernel objects whose count the job's user namespace charges to the host's user:
+  inotify and fanotify instances (128 per user here, fs.inotify.max_user_instances: one job could
+  take them all from the trainer beside it) and POSIX timers (each holds a queued signal of the
+  user's RLIMIT_SIGPENDING); a test times itself with setitimer or the clock, which stay open;
+- becoming dumpable again (prctl PR_SET_DUMPABLE): a dumpable process owns its /proc files, and
+  could write its autogroup's nice (the jail's /proc is read-only as well);
 - leaving the jail's shape: mount and the new mount API, pivot_root, chroot, unshare, setns,
   and clone with any namespace flag (clone3 answers ENOSYS, so libc falls back to clone, whose
   flags a filter can read);
@@ -84,6 +92,16 @@ DENIED = {
     "vmsplice": (278, 75),
     "tee": (276, 77),
     "sendfile": (40, 71),
+    "io_setup": (206, 0),
+    "io_destroy": (207, 1),
+    "io_submit": (209, 2),
+    "io_cancel": (210, 3),
+    "io_getevents": (208, 4),
+    "io_pgetevents": (333, 292),
+    "inotify_init": (253, 26),  # aarch64 has inotify_init1 alone: its number twice
+    "inotify_init1": (294, 26),
+    "fanotify_init": (300, 262),
+    "timer_create": (222, 107),
 }
 CLONE = (56, 220)
 CLONE3 = (435, 435)
@@ -98,8 +116,10 @@ SELF_ONLY = {
 }
 RT_SIGACTION = (13, 134)
 FCNTL = (72, 25)
+PRCTL = (157, 167)
 SIGCHLD = 17
 F_SETPIPE_SZ = 1031
+PR_SET_DUMPABLE = 4
 # machine -> (AUDIT_ARCH_*, column in the tables above)
 ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
 X32_SYSCALL_BIT = 0x40000000
@@ -139,6 +159,7 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
             *[(BPF_JEQ, name, None, numbers[column]) for name, (numbers, _) in SELF_ONLY.items()],
             (BPF_JEQ, "rt_sigaction", None, RT_SIGACTION[column]),
             (BPF_JEQ, "fcntl", None, FCNTL[column]),
+            (BPF_JEQ, "prctl", None, PRCTL[column]),
             (BPF_JEQ, "enosys", None, CLONE3[column]),
             (BPF_JEQ, "clone", None, CLONE[column]),
             (BPF_JEQ, "socket", "allow", SOCKET[column]),
@@ -158,6 +179,7 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
             (BPF_JEQ, "allow", "deny", 0),
         ],
         "fcntl": [(BPF_LD_W_ABS, None, None, _arg(1)), (BPF_JEQ, "deny", "allow", F_SETPIPE_SZ)],
+        "prctl": [(BPF_LD_W_ABS, None, None, _arg(0)), (BPF_JEQ, "deny", "allow", PR_SET_DUMPABLE)],
         "allow": [(BPF_RET, None, None, RET_ALLOW)],
         "deny": [(BPF_RET, None, None, RET_ERRNO | errno.EPERM)],
         "enosys": [(BPF_RET, None, None, RET_ERRNO | errno.ENOSYS)],

@@ -6,7 +6,10 @@ Pools, in data order:
   any node given `pool=` start a pool of their own; a generate or episode node's pool is a stream
   pool (the worker steps it and hands it weights between steps);
 - a compute-logprob node of a trained model joins that trainer's pool, just before the update
-  (π_prox must come from the trainer's current weights, in the same process);
+  (π_prox must come from the trainer's current weights, in the same process); so does a frozen one
+  (`frozen=True`) when the only LoRA trainer trains the run's model: it is that trainer's model with the
+  adapters disabled, a reference that costs no second model; any node that reads what runs inside a
+  trainer's pool joins it too (nothing leaves a trainer's pool);
 - any other node joins the pool of its producers when they all live in one pool whose last node
   feeds it (a linear chain runs in one process); a node that joins branches, or that branches
   off the middle of a chain, starts its own, so independent branches run side by side.
@@ -32,9 +35,8 @@ from areal.graph.roles import SAMPLING_ROLES
 from areal.graph.settings import node_config
 from areal.runtime.compiler.cluster import control_endpoint, endpoints, free_port, weights_transport
 from areal.runtime.compiler.plan import Channel, Plan, PoolSpec
+from areal.runtime.compiler.pools import lora_trainers, node_pools
 from areal.runtime.staleness.policies import policy_named
-
-OWN_POOL_KINDS = ("generate", "reward")
 
 
 def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides: tuple[str, ...] = (),
@@ -42,7 +44,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
     run = Path(run_dir)
     order = graph.topological()
     bindings = _bindings(graph, order)
-    members = _pools(graph, order, bindings)
+    members = node_pools(graph, order, bindings, lora_trainers(graph, config))
     pool_of = {n: name for name, nodes in members.items() for n in nodes}
     reward_field = _reward_field(graph, config)
     solved_field = _named_output(graph, "eval.solved", config.eval.solved) if config.eval.solved else reward_field
@@ -79,6 +81,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
     _check_truncated(graph, config)
     routes = tuple((pool_of[trainer], pool_of[n.name]) for n in order for trainer in [graph.model_of(n)]
                    if trainer is not None and pool_of[n.name] != pool_of[trainer])
+    lora_rank = node_config(config, graph.nodes[policy]).trainer.lora.rank if policy in graph.nodes else 0
     episodes = [n for n in generators if n.role == "episode"]
     if config.staleness_policy == "recycle" and episodes:
         raise ConfigError(f"staleness_policy=recycle: {episodes[0].describe()} is an episode, which is not "
@@ -112,6 +115,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         staleness_policy=config.staleness_policy,
         recycle_keep_prefix=config.recycle_keep_prefix,
         drop_slack=config.drop_slack,
+        lora_rank=lora_rank,
     )
 
 
@@ -129,40 +133,6 @@ def _bindings(graph: Graph, order: list[Node]) -> list[tuple[str, str, str]]:
             elif resolved is not None:
                 found.append((n.name, port, f"{resolved[0].name}.{resolved[1]}"))
     return found
-
-
-def _pools(graph: Graph, order: list[Node], bindings: list[tuple[str, str, str]]) -> dict[str, list[str]]:
-    """Pool name -> its nodes in run order (see the module docstring for the rules)."""
-    members: dict[str, list[str]] = {}
-    pool_of: dict[str, str] = {}
-    for n in order:
-        trainer = graph.model_of(n) if n.kind == "compute-logprob" else None
-        producers = {f.partition(".")[0] for node, _, f in bindings if node == n.name and "." in f}
-        producer_pools = {pool_of[p] for p in producers if graph.nodes[p].kind != "source"}
-        if trainer is not None:
-            _only_read_by(graph, n, trainer)
-            name = trainer  # π_prox runs in its trainer's process (the pool is named after the trainer)
-        elif n.kind == "source" or n.role in (*SAMPLING_ROLES, "trainer") or n.kind in OWN_POOL_KINDS \
-                or n.pool is not None or n.spec.params.get("frozen") or len(producer_pools) != 1:
-            name = n.name
-        else:
-            (name,) = producer_pools
-            tip = members[name][-1]
-            head = graph.nodes[members[name][0]]
-            if tip not in producers or head.role == "trainer" or graph.nodes[tip].role == "trainer":
-                name = n.name  # it branches off the middle of a chain, or would follow an update: its own pool
-        members.setdefault(name, []).append(n.name)
-        pool_of[n.name] = name
-    return members
-
-
-def _only_read_by(graph: Graph, n: Node, trainer: str) -> None:
-    consumers = {e.dst for e in graph.edges() if e.src == n.name}
-    if consumers - {trainer}:
-        raise GraphError([
-            f"{n.describe()}: it runs inside trainer '{trainer}' (colocated, to see its current weights), "
-            f"so only '{trainer}' may read its outputs; read by: {', '.join(sorted(consumers))}"
-        ])
 
 
 def _route(fields_in: dict[tuple[str, str], list[str]], pool_of: dict[str, str], field: str, dst: str) -> None:

@@ -100,6 +100,7 @@ class Plan:
     recycle_keep_prefix: bool = False  # staleness_policy=recycle: re-queued groups train their older tokens
     drop_slack: int = 0  # staleness_policy=drop: groups the gate admits past its bound
     home_run_dir: str = ""  # a worker's plan on a node without the run directory: the run directory it mirrors
+    lora_rank: int = 0  # the policy's LoRA rank (its trainer's trainer.lora.rank): generators get adapters; 0: none
 
     # -- reading the plan ---------------------------------------------------------------
 

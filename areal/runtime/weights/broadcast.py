@@ -35,7 +35,7 @@ class BroadcastPublisher:
 
     def publish(self, version: int) -> Via | None:
         self._gathered = self.source.gather()
-        return None if self.source.rank_follower else Via(KIND)
+        return None if self.source.rank_follower else Via(KIND, weights=self.source.weights)
 
     def reported(self) -> None:
         if self.group is not None and self._gathered is not None:

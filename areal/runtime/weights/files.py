@@ -43,7 +43,7 @@ class FilesPublisher:
             # keep the newest; a file above this version is rolled-back work from before a resume
             if not version - source.keep < older <= version:
                 path.unlink(missing_ok=True)
-        return Via(KIND, str(final))
+        return Via(KIND, str(final), weights=source.weights)
 
     def reported(self) -> None:
         pass

@@ -84,7 +84,7 @@ class ShmPublisher:
         self.segments[version] = name
         for old in [v for v in self.segments if not version - self.source.keep < v <= version]:
             self._unlink(self.segments.pop(old))
-        return Via(KIND, name)
+        return Via(KIND, name, weights=self.source.weights)
 
     def reported(self) -> None:
         pass

@@ -83,7 +83,7 @@ class TcpPublisher:
             self.versions[version] = (index, tensors)
             for old in [v for v in self.versions if not version - self.source.keep < v <= version]:
                 del self.versions[old]
-        return Via(KIND, self.endpoint)
+        return Via(KIND, self.endpoint, weights=self.source.weights)
 
     def reported(self) -> None:
         pass

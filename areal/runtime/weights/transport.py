@@ -28,6 +28,7 @@ class Source:
     rank_follower: bool  # a trainer rank > 0: it only takes its part in gathering the weights
     gather: Callable[[], dict[str, Tensor]]  # the whole policy (FSDP: a collective on every rank)
     save: Callable[[str | None], None]  # the policy written to a file; None: only this rank's part of gathering
+    weights: str = "full"  # what gather and save give: the whole policy, or a LoRA policy's adapters ("lora")
 
     @property
     def keep(self) -> int:

@@ -38,6 +38,11 @@ class WorkerContext:
         return self.resume_dir / policy_name(self.pool.model) if self.resume_dir else None
 
     @property
+    def lora_rank(self) -> int:
+        """The rank of the LoRA adapters the policy publishes instead of its weights (0: full weights)."""
+        return self.plan.lora_rank
+
+    @property
     def worker_id(self) -> str:
         return f"{self.pool.name}[{self.replica}]"
 

@@ -40,7 +40,10 @@ class Join:
         if len(parts) < len(self.inputs):
             return None
         del self._parts[meta.group]
-        return merge({s: parts[s][0] for s in self.inputs}, self.levels), parts[self.inputs[0]][1]
+        metas = [parts[s][1] for s in self.inputs]
+        # the meta of a part that came through generation: it names the generator (a source's part does not)
+        return merge({s: parts[s][0] for s in self.inputs}, self.levels), next(
+            (m for m in metas if m.sampled_by is not None), metas[0])
 
     def ahead(self, src: str) -> bool:
         """Whether `src` is `capacity` groups ahead of another input: read it no more until that one catches up."""

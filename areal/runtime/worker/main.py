@@ -61,6 +61,7 @@ from areal.runtime.wire.channels import BatchReceiver, bind_address
 from areal.runtime.wire.codec import FrameTooLarge
 from areal.runtime.wire.control import ControlClient, Pulse
 from areal.runtime.wire.security import RunKey
+from areal.runtime.worker import mismatch
 from areal.runtime.worker.chain import Chain, NodeFailure, guard
 from areal.runtime.worker.context import WorkerContext
 from areal.runtime.worker.join import Join
@@ -144,13 +145,18 @@ class Worker(MapRole, StreamRole, TrainerRole):
         # trainer.truncated=mask, the trainer node's own setting: outputs cut at max_new_tokens leave its loss
         self.masks_truncated = self.pool.role == "train" and \
             recipe.node_config(self.nodes[-1].name).trainer.truncated == "mask"
+        # the mismatch alarm (mismatch.py): the policy's trainer, where it reads a proximal pass of its own weights
+        trainer_config = recipe.node_config(self.nodes[-1].name)
+        self.lag0_limit = mismatch.tolerance(trainer_config) if self.enforcing and mismatch.watched(
+            trainer_config, self.nodes, plan.binding(self.nodes[-1].name)) else None
 
     def _publisher(self) -> weights.Publisher:
         """How this trainer's new versions reach their followers (a broadcast's group forms here)."""
         node, trainer = self.nodes[-1], self.impls[-1]
         return weights.publisher(Source(
             model=self.pool.name, plan=self.plan, config=self.config, rank_follower=self.follower,
-            gather=partial(guard, node, trainer.policy_weights), save=partial(guard, node, trainer.save_weights)))
+            gather=partial(guard, node, trainer.policy_weights), save=partial(guard, node, trainer.save_weights),
+            weights=getattr(trainer, "weights_kind", "full")))  # a trainer of the researcher's own publishes full
 
     # -- the shell around the loops -----------------------------------------------------
 

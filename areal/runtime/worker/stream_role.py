@@ -7,6 +7,7 @@ methods read."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -55,6 +56,7 @@ class StreamRole:
                 if meta.group in submitted:
                     continue  # re-issued after a crash downstream while still in flight here: that copy answers
                 submitted[meta.group] = batch
+                meta = replace(meta, sampled_by=self.worker_id)  # whose weights sample it: the mismatch alarm's name
                 guard(head, gen.submit, self.chain.view(batch, self.plan.binding(head.name)), meta)
             if (running := gen.pending()) > 0:
                 start = time.monotonic()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import shutil
 import time
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ from areal.runtime.staleness.policies.enforce import checked_step, expired, with
 from areal.runtime.staleness.policies.loss_mask import loss_mask, with_truncated_masked
 from areal.runtime.storage.checkpoint import MANIFEST, staging_dir
 from areal.runtime.wire import messages as msg
+from areal.runtime.worker import mismatch
 from areal.runtime.worker.chain import guard
 
 log = logging.getLogger("areal.worker")
@@ -121,6 +123,9 @@ class TrainerRole:
             # what the loss reads, and the versions η is checked by even where the node declares none
             versions = {"versions": self.plan.versions_field} if self.enforcing else {}
             audit = self.chain.view(batch, {**versions, **binding})
+            if self.lag0_limit is not None and not self.follower:  # before any mask: every sampled token counts
+                stats |= mismatch.checked(audit, step, {m.group: m.sampled_by or "a generator" for m in groups or []},
+                                          self.config.generation.keeps_kv, self.lag0_limit)
             if self.masks_truncated:  # before the policy's mask: its count and its check see what the loss sees
                 audit, stats["truncated_masked"] = with_truncated_masked(audit)
             if self.enforcing:
@@ -142,7 +147,8 @@ class TrainerRole:
                 self.chain.log.trained(self.nodes[-1].name, step + 1, batch["sample_id"].tolist(),
                                        audit.get("versions"), mask)
             self.chain.busy_s += end - middle
-            stats |= {"prox_s": middle - start, "update_s": end - middle}
+            stats |= {"prox_s": middle - start, "update_s": end - middle,
+                      "trainer_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
         else:  # every sample of the step failed or was filtered: the version advances, the weights stay as they are
             guard(self.nodes[-1], trainer.empty_step)
         if self.trained_version != step + 1:

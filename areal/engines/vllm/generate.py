@@ -16,7 +16,7 @@ bookkeeping is `VLLMGenerationEngine`, pure Python over the small `Backend` Prot
 on CPU with a fake backend. `VLLMBackend` is the only code that touches vLLM, and imports it lazily.
 
 vLLM API targeted: the v1 `LLMEngine` of vLLM 0.11 to 0.33 (vllm/v1/engine/llm_engine.py; every call below is
-listed in vllm_api.py and checked against a real release by benchmarks/gpu/vllm_api.py):
+listed in api.py and checked against a real release by benchmarks/gpu/vllm_api.py):
 `LLMEngine.from_engine_args(EngineArgs(..., worker_extension_cls=..., scheduling_policy="priority"))`,
 `add_request(request_id: str, prompt: TokensPrompt, params: SamplingParams, priority: int)` (lower
 first), `abort_request(list[str])`, `step() -> list[RequestOutput]`, `collective_rpc(method, args=...)`
@@ -25,6 +25,10 @@ first), `abort_request(list[str])`, `step() -> list[RequestOutput]`, `collective
 vLLM's fused layers), and `reset_prefix_cache()`. Behaviour logprobs use `logprobs_mode=
 "processed_logprobs"` (after temperature), what the trainer's forward computes for the same tokens;
 with top_p < 1 vLLM's processed logprobs are also renormalised over the nucleus, unlike the torch engine.
+
+A LoRA policy's versions come as adapters (`load_adapter`): each is registered as a LoRA adapter of its own
+(engines/lora/slots.py: id version + 1, the newest η + 1 kept), and the same abort/resubmit moves every request
+in flight onto it: the base weights never change, and no request runs under an adapter that was removed.
 
 Not here: stop strings inside vLLM (the engine checks eos, stop sequences and stop strings itself,
 over the whole output, so a stop that straddles an interruption is still found).
@@ -40,6 +44,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from areal.engines.generation import FinishReason, GenRequest, GenResult, InFlight
+from areal.engines.lora.slots import AdapterSlots
 from areal.engines.sampling import (
     check_sampling,
     checked_request,
@@ -76,8 +81,11 @@ class Backend(Protocol):
     """The device side: a continuous-batching engine with abort and in-place weight loading."""
 
     def add_request(self, request_id: str, token_ids: list[int], max_tokens: int, sampling: Sampling,
-                    resumed: bool) -> None: ...  # resumed: ahead of every request not yet started
+                    resumed: bool, lora_id: int = 0) -> None: ...  # resumed: ahead of every request not yet
+    # started; lora_id: the LoRA adapter it samples with (0: none, the base)
     def abort(self, request_ids: list[str]) -> None: ...
+    def add_lora(self, lora_id: int, path: str) -> None: ...  # a PEFT directory, registered under lora_id > 0
+    def remove_lora(self, lora_id: int) -> None: ...
     def step(self) -> list[BackendOutput]: ...
     def load_weights(self, state_dict: dict[str, Tensor]) -> None: ...
     def join_weight_group(self, rendezvous: str, member: int, size: int) -> None: ...
@@ -110,7 +118,9 @@ class VLLMGenerationEngine:
         decode: Callable[[list[int]], str] | None = None,
         seed: int = 0,
         version: int = 0,
+        adapters: AdapterSlots | None = None,
     ) -> None:
+        """`adapters`: where a LoRA policy's adapters are written and how many stay registered (None: no LoRA)."""
         check_sampling("VLLMGenerationEngine", temperature, top_p, stop_strings, decode)
         self.backend = backend
         self.eos_token_id = eos_token_id
@@ -123,6 +133,8 @@ class VLLMGenerationEngine:
         self.seed = seed
         self.version = version
         self.interruptions = 0  # requests aborted and resubmitted by weight updates, for metrics
+        self.adapters = adapters
+        self.lora_id = 0  # the adapter every request is sent under (0: the base, no adapter)
         self._running: dict[str, _Request] = {}  # backend id of the current attempt -> request
 
     # ---- the GenerationEngine interface ------------------------------------------------------
@@ -145,6 +157,22 @@ class VLLMGenerationEngine:
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         """Abort everything in flight, load the weights into the live backend, resubmit with the tokens so far."""
         self._interrupted_by(lambda: self.backend.load_weights(state_dict), version)
+
+    def load_adapter(self, adapter: dict[str, Tensor], version: int) -> None:
+        """A LoRA policy's version: registered as an adapter of its own, every request in flight aborted and
+        resubmitted under it with its tokens so far; the adapters past the newest η + 1 removed."""
+        if self.adapters is None:
+            raise ValueError("VLLMGenerationEngine: a LoRA adapter arrived, but the engine was started without LoRA "
+                             "(the policy's trainer.lora.rank must be known when the generator starts)")
+        lora_id, path, retired = self.adapters.register(adapter, version)
+
+        def switch() -> None:
+            self.backend.add_lora(lora_id, str(path))
+            self.lora_id = lora_id
+            for old in retired:
+                self.backend.remove_lora(old)
+
+        self._interrupted_by(switch, version)
 
     def join_weight_group(self, rendezvous: str, member: int, size: int) -> None:
         """Make the backend's worker a member of the trainer's weights group (transport.weights=broadcast)."""
@@ -227,7 +255,7 @@ class VLLMGenerationEngine:
                                                                        len(req.output)))
         self._running[req.backend_id] = req
         self.backend.add_request(req.backend_id, context, req.limit - len(req.output), sampling,
-                                 resumed=req.attempt > 0)
+                                 resumed=req.attempt > 0, lora_id=self.lora_id)
 
     def _append(self, req: _Request, out: BackendOutput) -> FinishReason | None:
         """Record the new tokens one by one, stopping at the first that ends the request."""
@@ -294,14 +322,28 @@ class VLLMBackend:
             worker_extension_cls=f"{__name__}.WeightLoader", scheduling_policy="priority", **engine_args,
         )
         self.engine = vllm.LLMEngine.from_engine_args(args)
+        self._loras: dict[int, Any] = {}  # lora id -> its LoRARequest (engine_args' enable_lora: LoRA policies)
 
     def add_request(self, request_id: str, token_ids: list[int], max_tokens: int, sampling: Sampling,
-                    resumed: bool) -> None:
+                    resumed: bool, lora_id: int = 0) -> None:
         params = self._vllm.SamplingParams(
             max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
             logprobs=0, detokenize=False, output_kind=self._delta,
         )
-        self.engine.add_request(request_id, {"prompt_token_ids": token_ids}, params, priority=-1 if resumed else 0)
+        lora = self._loras[lora_id] if lora_id else None
+        self.engine.add_request(request_id, {"prompt_token_ids": token_ids}, params, lora_request=lora,
+                                priority=-1 if resumed else 0)
+
+    def add_lora(self, lora_id: int, path: str) -> None:
+        from vllm.lora.request import LoRARequest  # type: ignore[import-not-found]
+
+        self._loras[lora_id] = LoRARequest(lora_name=f"areal-{lora_id}", lora_int_id=lora_id, lora_path=path)
+        if not self.engine.add_lora(self._loras[lora_id]):
+            raise RuntimeError(f"vLLM refused LoRA adapter {lora_id} from {path}")
+
+    def remove_lora(self, lora_id: int) -> None:
+        self.engine.remove_lora(lora_id)
+        self._loras.pop(lora_id, None)
 
     def abort(self, request_ids: list[str]) -> None:
         self.engine.abort_request(request_ids)

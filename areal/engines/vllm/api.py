@@ -1,4 +1,4 @@
-"""What areal's vLLM backend (vllm_generate.py) calls of vLLM, written down as data, and the releases it was
+"""What areal's vLLM backend (generate.py) calls of vLLM, written down as data, and the releases it was
 checked against.
 
 vLLM's engine API moves between releases, and the backend runs only on a GPU, so a renamed argument would
@@ -38,13 +38,14 @@ class Call:
     use: str = ""  # what the backend uses it for
 
 
+_ENGINE = ("model", "dtype", "seed", "gpu_memory_utilization", "max_num_seqs", "skip_tokenizer_init", "logprobs_mode",
+           "worker_extension_cls", "scheduling_policy")
+_CHOICES = (("logprobs_mode", "processed_logprobs"), ("scheduling_policy", "priority"))
 CALLS = (
-    Call("EngineArgs", kwargs=("model", "dtype", "seed", "gpu_memory_utilization", "max_num_seqs",
-                               "skip_tokenizer_init", "logprobs_mode", "worker_extension_cls", "scheduling_policy"),
-         values=(("logprobs_mode", "processed_logprobs"), ("scheduling_policy", "priority")),
+    Call("EngineArgs", kwargs=_ENGINE, values=_CHOICES,
          use="the engine: token ids only, behaviour log-probs after temperature, resubmitted requests first"),
-    Call("EngineArgs", kwargs=("enable_lora", "max_loras", "max_cpu_loras", "max_lora_rank"),
-         use="LoRA policies: one adapter per version"),
+    Call("EngineArgs", kwargs=(*_ENGINE, "enable_lora", "max_loras", "max_cpu_loras", "max_lora_rank"),
+         values=_CHOICES, use="a LoRA policy's engine: one adapter per version (engines/lora/slots.py)"),
     Call("LLMEngine.from_engine_args", args=1),
     Call("LLMEngine.add_request", args=3, kwargs=("priority",), use="a request, ahead of new ones when resubmitted"),
     Call("LLMEngine.add_request", args=3, kwargs=("lora_request", "priority"), use="a request under an adapter"),

@@ -1,0 +1,88 @@
+"""The trainer's section: the optimiser, the PPO objective, LoRA and where the trainer runs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+
+from areal.config.section import DEVICE_PATTERN, Section
+
+
+class LoraConfig(Section):
+    """LoRA adapters on the trained policy (peft): only they train, and only they travel to the generators."""
+
+    rank: NonNegativeInt = Field(0, description="the adapters' rank r; 0: no LoRA, every weight trains")
+    alpha: PositiveFloat = Field(16.0, description="an adapter adds (alpha / rank)·B·A to its base weight")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on each adapter's input while training")
+    target_modules: list[str] | str = Field("all-linear", description="the linear layers that get adapters: their "
+                                            "names (q_proj, v_proj), or all-linear (every one but the output head)")
+
+
+class TrainerConfig(Section):
+    lr: PositiveFloat = Field(
+        3e-4, description="AdamW peak learning rate (the default suits the 0.8 M-param built-in; ~1e-6 for 0.5 B+)")
+    adam_betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (β1, β2)")
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: PositiveFloat = Field(1.0, description="max global grad norm")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip ε")
+    behav_weight_cap: PositiveFloat | None = Field(5.0, description="cap on π_prox/π_behav; tokens over it are masked")
+    truncated: Literal["train", "mask"] = Field(
+        "train", description="an output cut at generation.max_new_tokens: train it like any other, or mask every "
+        "token of it out of the loss (DAPO's overlong filtering: its reward judged an answer that never ended); "
+        "needs the generator's `truncated` output")
+    objective: Literal["decoupled", "standard", "decoupled-shortcut"] = Field(
+        "decoupled", description="decoupled PPO (AReaL), standard PPO, or decoupled with the proximal shortcut")
+    microbatch_tokens: PositiveInt = Field(4096, description="positions one micro-batch may hold: its rows x "
+                                           "the longest row (torch engine; FSDP counts real tokens)")
+    minibatches: PositiveInt = Field(1, description="optimizer steps per batch (PPO minibatches); one version")
+    reuse_proximal_forward: Literal["auto", "on", "off"] = Field(
+        "auto", description="with one minibatch, the update backpropagates through the proximal pass's forward "
+        "(the same weights, the same micro-batches) instead of running its own: one forward fewer a step, for "
+        "the batch's activations held between the two passes, and a model with dropout trains without it; "
+        "auto: on when the trainer runs on the CPU (torch engine)")
+    warmup_steps: NonNegativeInt = Field(20, description="linear lr warmup: Adam's first steps are sign-like and "
+                                         "move every weight by ~lr")
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    threads: PositiveInt = Field(1, description="torch threads of the trainer process")
+    engine: Literal["torch", "fsdp", "emulated"] = Field(
+        "torch", description="torch: one process; fsdp: FSDP2 over torch.distributed (gloo on CPU, NCCL on GPU); "
+        "emulated: modelled time on an emulated device, no model (the `emulation` section)"
+    )
+    ranks: PositiveInt = Field(1, description="data-parallel trainer processes (more than 1 needs engine=fsdp or "
+                               "emulated)")
+    lora: LoraConfig = Field(LoraConfig(), description="LoRA: train adapters of lora.rank > 0, not every weight")
+    lag0_tolerance: PositiveFloat | None = Field(
+        None, description="largest |log π_behav - log π_prox| of a token sampled and scored at one version before "
+        "the run stops: its generator samples another policy (docs/metrics.md); None: by dtype, inf: off")
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description="where the trainer's models live (the policy, "
+                        "a critic, a frozen reference): auto (a CUDA GPU when there is one, else the CPU), cpu, "
+                        "cuda or cuda:N; an FSDP rank on a GPU takes the GPU of its local rank")
+
+    @model_validator(mode="after")
+    def _ranks_need_fsdp(self) -> TrainerConfig:
+        if self.ranks > 1 and self.engine == "torch":
+            raise ValueError(f"ranks={self.ranks} trains data-parallel, which needs engine=fsdp (engine={self.engine})")
+        if self.lora.rank and self.engine != "torch":
+            raise ValueError(f"lora.rank={self.lora.rank} trains adapters on engine=torch only (engine={self.engine})")
+        return self
+
+    @model_validator(mode="after")
+    def _reuse_needs_one_proximal_forward(self) -> TrainerConfig:
+        if self.reuse_proximal_forward == "on" and self._no_single_proximal_forward():
+            raise ValueError(f"reuse_proximal_forward=on reuses the proximal pass's one forward over the batch, "
+                             f"which this trainer does not run as one: {', '.join(self._no_single_proximal_forward())}")
+        return self
+
+    def _no_single_proximal_forward(self) -> list[str]:
+        """The settings that keep the update from running on one proximal forward over the batch (the torch
+        engine's; FSDP and the emulated engine run their passes their own way, several minibatches one each)."""
+        needs = {"engine": (self.engine, "torch"), "minibatches": (self.minibatches, 1),
+                 "objective": (self.objective, "decoupled")}
+        return [f"{name}={got} (needs {want})" for name, (got, want) in needs.items() if got != want]
+
+    def reuses_proximal_forward(self, on_cpu: bool) -> bool:
+        """Whether the update backpropagates through the proximal pass's forward (reuse_proximal_forward)."""
+        wanted = self.reuse_proximal_forward == "on" or (self.reuse_proximal_forward == "auto" and on_cpu)
+        # LoRA dropout acts only in the update's own forward (the proximal pass runs in eval mode)
+        return wanted and not self._no_single_proximal_forward() and not (self.lora.rank and self.lora.dropout)

@@ -1,0 +1,185 @@
+/* The CPU float32 decode step's work between its matrix multiplies, one call each (see cpu_kernels.py).
+ *
+ * Torch ops at the tiny coder's size cost more to dispatch than to compute, and MKL's batched multiply of a
+ * slot's two query heads against its keys runs at a few GFLOP/s; these loops do the same arithmetic in one
+ * pass each: the residual add with the RMS norm, silu(gate) * up, and, per slot, the rotary embedding of q and
+ * k, the write of k and v into the slot's column, and attention over the slot's own filled columns only. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#define LANES 8
+
+/* e^x in float32 for any x: 2^k e^r with k = round(x / ln2), |r| <= ln2/2, and a degree-6 Taylor polynomial
+ * (relative error ~2e-7); plain arithmetic (rounding by the 1.5 * 2^23 trick, 2^k by building its bits), so the
+ * loops over it vectorize. */
+static inline float exp_f32(float x) {
+    x = x < 88.0f ? x : 88.0f;  /* if-converted into min/max (built with -fno-trapping-math) */
+    x = x > -87.0f ? x : -87.0f;
+    float k = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+    float r = x - k * 0.693145752f - k * 1.42860677e-6f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666667f + r * (0.0416666667f + r * (0.00833333333f
+              + r * 0.00138888889f)))));
+    int32_t bits = ((int32_t)k + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+static inline float sum(const float *a, int64_t d) {
+    float acc[LANES] = {0};
+    int64_t t = 0;
+    for (; t + LANES <= d; t += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += a[t + l];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; t < d; t++) s += a[t];
+    return s;
+}
+
+static inline float dot(const float *a, const float *b, int64_t d) {
+    float acc[LANES] = {0};
+    int64_t t = 0;
+    for (; t + LANES <= d; t += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += a[t + l] * b[t + l];
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; t < d; t++) s += a[t] * b[t];
+    return s;
+}
+
+/* scores[c] = scale * q . keys[c] for columns [from, to), keys rows of d floats. */
+static void scores(const float *q, const float *keys, int64_t from, int64_t to, int64_t d, float scale,
+                   float *out) {
+    int64_t c = from;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (d % 8 == 0) {  /* eight columns at a time: eight accumulators, reduced together by a tree of hadds */
+        __m256 scaled = _mm256_set1_ps(scale);
+        for (; c + 8 <= to; c += 8) {
+            __m256 a[8];
+            for (int l = 0; l < 8; l++) a[l] = _mm256_setzero_ps();
+            for (int64_t t = 0; t < d; t += 8) {
+                __m256 qv = _mm256_loadu_ps(q + t);
+                for (int l = 0; l < 8; l++) a[l] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + (c + l) * d + t), a[l]);
+            }
+            __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            __m256 total = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+            _mm256_storeu_ps(out + c, _mm256_mul_ps(total, scaled));
+        }
+    }
+#endif
+    for (; c < to; c++) out[c] = dot(q, keys + c * d, d) * scale;
+}
+
+/* o += sum over columns [from, to) of p[c] * values[c], values rows of d floats; o [d]. */
+static void weighted(const float *p, const float *values, int64_t from, int64_t to, int64_t d, float *o) {
+    int64_t t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; t + 32 <= d; t += 32) {  /* 32 outputs in four registers across the column loop */
+        __m256 o0 = _mm256_loadu_ps(o + t), o1 = _mm256_loadu_ps(o + t + 8);
+        __m256 o2 = _mm256_loadu_ps(o + t + 16), o3 = _mm256_loadu_ps(o + t + 24);
+        for (int64_t c = from; c < to; c++) {
+            const float *row = values + c * d + t;
+            __m256 w = _mm256_set1_ps(p[c]);
+            o0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row), o0);
+            o1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8), o1);
+            o2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 16), o2);
+            o3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 24), o3);
+        }
+        _mm256_storeu_ps(o + t, o0);
+        _mm256_storeu_ps(o + t + 8, o1);
+        _mm256_storeu_ps(o + t + 16, o2);
+        _mm256_storeu_ps(o + t + 24, o3);
+    }
+#endif
+    for (; t < d; t++) {
+        float acc = o[t];
+        for (int64_t c = from; c < to; c++) acc += p[c] * values[c * d + t];
+        o[t] = acc;
+    }
+}
+
+/* x += delta (when delta is not NULL), then out = weight * x / sqrt(mean(x^2) + eps), row by row: x, delta, out
+ * [n, dim] contiguous. */
+void add_rms_norm(float *x, const float *delta, const float *weight, float *out, int64_t n, int64_t dim,
+                  float eps) {
+    for (int64_t i = 0; i < n; i++) {
+        float *row = x + i * dim;
+        if (delta)
+            for (int64_t j = 0; j < dim; j++) row[j] += delta[i * dim + j];
+        float r = 1.0f / sqrtf(dot(row, row, dim) / (float)dim + eps);
+        for (int64_t j = 0; j < dim; j++) out[i * dim + j] = weight[j] * (row[j] * r);
+    }
+}
+
+/* out[i, j] = silu(gate_up[i, j]) * gate_up[i, inter + j]: gate_up [n, 2 inter], out [n, inter], contiguous. */
+void silu_mul(const float *gate_up, float *out, int64_t n, int64_t inter) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *g = gate_up + i * 2 * inter, *u = g + inter;
+        float *o = out + i * inter;
+        for (int64_t j = 0; j < inter; j++) o[j] = g[j] / (1.0f + exp_f32(-g[j])) * u[j];
+    }
+}
+
+static inline void rotate(float *x, const float *cos, const float *sin, int64_t d) {
+    int64_t half = d / 2;
+    for (int64_t t = 0; t < half; t++) {
+        float a = x[t], b = x[t + half];
+        x[t] = a * cos[t] - b * sin[t];
+        x[t + half] = b * cos[t + half] + a * sin[t + half];
+    }
+}
+
+/* For each row i < n, taken in `order` (NULL: 0..n-1), of slot b = slots[i] (NULL: b = i): rotate its q and k
+ * (row i of qkv [n, (heads + 2 kv heads) d], in place) by the tables' row positions[i], write k and v into column
+ * positions[i] of slot b (keys/values: slot b, kv head j, column c at b * slot_stride + j * head_stride + c * d),
+ * then attend with each q head over columns 0..positions[i] of its kv head; out [n, heads d]. Rows of one slot
+ * (a prefill's tokens) are taken in the order of their positions, so each sees the columns written before it.
+ * Columns below shared[i] are read from slot source[i], which holds the same values (a GRPO group's prompt,
+ * copied into each of its slots): rows that share a source are taken one after another, so those columns come
+ * from the cache once a group, not once a row (NULL: none shared). scratch holds (heads / kv heads) * (max
+ * position + 1) floats. */
+void rope_attend(float *qkv, const float *cos, const float *sin, const int64_t *positions, const int64_t *slots,
+                 const int64_t *order, const int64_t *source, const int64_t *shared, float *keys, float *values,
+                 float *out,
+                 float *scratch, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, int64_t slot_stride,
+                 int64_t head_stride, float scale) {
+    int64_t group = heads / kv_heads, width = (heads + 2 * kv_heads) * d;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t row = order ? order[i] : i, b = slots ? slots[row] : row, pos = positions[row], len = pos + 1;
+        int64_t from = source ? source[row] : b, cut = shared ? shared[row] : 0;
+        cut = cut < len ? cut : len;
+        float *q = qkv + row * width, *k = q + heads * d, *v = k + kv_heads * d;
+        const float *c = cos + pos * d, *s = sin + pos * d;
+        for (int64_t h = 0; h < heads + kv_heads; h++) rotate(q + h * d, c, s, d);
+        for (int64_t j = 0; j < kv_heads; j++) {
+            float *K = keys + b * slot_stride + j * head_stride, *V = values + b * slot_stride + j * head_stride;
+            const float *Kf = keys + from * slot_stride + j * head_stride;
+            const float *Vf = values + from * slot_stride + j * head_stride;
+            for (int64_t t = 0; t < d; t++) {
+                K[pos * d + t] = k[j * d + t];
+                V[pos * d + t] = v[j * d + t];
+            }
+            const float *Q = q + j * group * d;
+            for (int64_t g = 0; g < group; g++) {
+                scores(Q + g * d, Kf, 0, cut, d, scale, scratch + g * len);
+                scores(Q + g * d, K, cut, len, d, scale, scratch + g * len);
+            }
+            float *O = out + (row * heads + j * group) * d;
+            for (int64_t g = 0; g < group; g++) {
+                float *p = scratch + g * len, top = p[0];
+                for (int64_t col = 1; col < len; col++) top = p[col] > top ? p[col] : top;
+                for (int64_t col = 0; col < len; col++) p[col] = exp_f32(p[col] - top);
+                float inv = 1.0f / sum(p, len);
+                for (int64_t col = 0; col < len; col++) p[col] *= inv;
+                for (int64_t t = 0; t < d; t++) O[g * d + t] = 0.0f;
+            }
+            for (int64_t g = 0; g < group; g++) {
+                weighted(scratch + g * len, Vf, 0, cut, d, O + g * d);
+                weighted(scratch + g * len, V, cut, len, d, O + g * d);
+            }
+        }
+    }
+}

@@ -1,0 +1,255 @@
+"""Continuous-batching generation over a slot cache: what TorchGenerationEngine does, with a decode step of fixed
+shape.
+
+The requests, the sampling and everything a caller sees are those of areal/engines/torch_generate.py (read its
+module doc for refills, the prompt cache, weight updates, keep-kv and requeue); for the same requests and seed the
+tokens are the same. What differs is where the rows live: each running request owns a slot of `SlotKV`
+(preallocated for max_batch rows), so
+
+- a newcomer is written into a free slot: its prompt read by a prefill into that slot, or copied there from a kept
+  prompt (a GRPO group's other samples); nothing running is concatenated or re-padded;
+- a finished, aborted or re-queued row frees its slot; the others do not move;
+- a decode step (decode/step.py) feeds every slot its pending token at its own position, draws the next token
+  and its behaviour log-prob, and advances the slot state, in one call, eager or replayed from a CUDA graph;
+- new weights are written into the same parameter storage (decode/lean.py); unless keep-kv, the next step re-reads
+  the running rows into their slots: each distinct prompt once (kept for its newcomers), copied to the rows that
+  share it, then every row's output but its pending token.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Unpack
+
+import torch
+from torch import Tensor
+
+from areal.engines.decode.cpu_kernels import Shared
+from areal.engines.decode.lean import LeanForward
+from areal.engines.decode.requests import KeptPrompts, Request, right_padded, stop_pattern
+from areal.engines.decode.slots import SlotKV
+from areal.engines.decode.step import DecodeStep, Forward
+from areal.engines.generation import FinishReason, GenRequest, GenResult
+from areal.engines.request_queue import EngineSettings, QueuedEngine, split_newcomers
+from areal.engines.sampling import request_uniforms, sample_tokens
+
+
+class SlotGenerationEngine(QueuedEngine):
+    """Continuous-batching generation over a slot cache; driven one `step()` at a time (the GenerationEngine
+    Protocol). `forward` replaces the lean forward of `model` (a benchmark's stub); `graphs` captures the decode
+    step in CUDA graphs."""
+
+    def __init__(self, model: Any, *, graphs: bool = False, forward: Forward | None = None, capture: Any = None,
+                 **settings: Unpack[EngineSettings]) -> None:
+        super().__init__(model, **settings)
+        self.forward: Forward = forward if forward is not None else LeanForward(model)
+        f = self.forward
+        self.device = f.device
+        self.cache = SlotKV(layers=f.num_layers, kv_heads=f.kv_heads, head_dim=f.head_dim, slots=self.max_batch,
+                            dtype=f.dtype, device=f.device, uniforms=self.max_new_tokens)
+        f.reserve(self.cache.columns)
+        self._step = DecodeStep(f, self.cache, temperature=self.temperature, top_p=self.top_p, graphs=graphs,
+                                capture=capture)
+        self._rows: list[Request | None] = [None] * self.max_batch  # slot i runs _rows[i]
+        # which read wrote each slot's prompt columns: slots of one source hold the same values (a group's prompt)
+        self._source = [0] * self.max_batch
+        self._sources = 0
+        self._share = getattr(self.forward, "kernels", None) is not None  # only the CPU kernels read it
+        self._prompts = KeptPrompts(self.max_batch)
+        self._texts: dict[tuple[int, ...], str] = {}  # decoded windows of the last tokens, for the stop strings
+
+    # ---- the engine's own half (request_queue.py has the rest of the Protocol) ----------------------------------
+
+    def _queued(self, request: GenRequest, prompt: Tensor, limit: int, stops: list[str]) -> Request:
+        return Request(request_id=request.request_id, prompt=prompt, limit=limit, stops=stops,
+                       uniforms=request_uniforms(self.seed, request.request_id, limit),
+                       stop_pattern=stop_pattern(tuple(stops)), stop_window=max(map(len, stops), default=0))
+
+    @torch.no_grad()
+    def step(self) -> list[GenResult]:
+        """Re-read the running rows if the weights changed, admit waiting requests if slots allow, then one decode
+        step for every running row."""
+        finished: list[GenResult] = []
+        if self._stale:
+            start = time.perf_counter()
+            self._rebuild()
+            self.timings_s["rebuild"] += time.perf_counter() - start
+        free = self.cache.free
+        if self._waiting and (free >= self.refill_min_free or free == self.max_batch):
+            start = time.perf_counter()
+            finished += self._admit([self._waiting.popleft() for _ in range(min(free, len(self._waiting)))])
+            self.timings_s["prefill"] += time.perf_counter() - start
+        if self.cache.high:
+            start = time.perf_counter()
+            finished += self._decode()
+            self.timings_s["decode"] += time.perf_counter() - start
+        return finished
+
+    # ---- internals --------------------------------------------------------------------------------------------
+
+    def _running(self) -> list[Request]:
+        return [r for r in self._rows if r is not None]
+
+    def _take(self, ids: set[int]) -> list[Request]:
+        """Free the slots of these running requests; the requests, in slot order."""
+        slots = [i for i, r in enumerate(self._rows) if r is not None and r.request_id in ids]
+        taken = [self._rows[i] for i in slots]
+        for i in slots:
+            self._rows[i] = None
+        self.cache.release(slots)
+        return [r for r in taken if r is not None]
+
+    def _reserve(self, columns: int, uniforms: int = 0) -> None:
+        if self.cache.reserve(columns, uniforms):
+            self.forward.reserve(self.cache.columns)
+
+    def _extend(self, slots: list[int], rows: list[list[int]], starts: list[int]) -> Tensor:
+        """The forward over token chunks written into these slots from `starts`; each row's last logits."""
+        ids, lengths = right_padded(rows, self.pad_token_id, self.device)
+        self._reserve(max(starts) + ids.shape[1])
+        index = torch.tensor(slots, dtype=torch.int64).to(self.device)
+        return self.forward.extend(self.cache.kv, index, ids, torch.tensor(starts, dtype=torch.int64).to(
+            self.device), lengths)
+
+    def _admit(self, admit: list[Request]) -> list[GenResult]:
+        """Newcomers into free slots: the first of a prompt not kept reads it in one forward with the others that
+        need one (a re-queued request its prompt and output), the rest copy its rows; then each draws a token."""
+        fresh, copies = split_newcomers(admit, self._prompts.keys())
+        # take the kept prompts the copies need before the fresh reads are kept: those could push them out
+        held = {r.prompt_key: self._prompts.get(r.prompt_key) for r in copies if r.prompt_key in self._prompts}
+        ordered = fresh + copies
+        slots = self.cache.take(len(ordered))
+        self._reserve(max(r.prompt_len + r.limit for r in ordered), max(r.limit for r in ordered))
+        logits = []
+        if fresh:
+            read = self._extend(slots[: len(fresh)], [r.tokens() for r in fresh], [0] * len(fresh))
+            for row, (slot, r) in enumerate(zip(slots, fresh, strict=False)):
+                self._source[slot] = self._new_source()
+                if not r.output:  # a prompt alone: later requests of the same prompt copy it
+                    self._prompts.remember(r.prompt_key, self.cache.rows(slot, r.prompt_len), read[row].clone(),
+                                           self._source[slot])
+            logits.append(read)
+        for slot, r in zip(slots[len(fresh) :], copies, strict=True):
+            rows, kept_logits, self._source[slot] = held.get(r.prompt_key) or self._prompts.get(r.prompt_key)
+            self.cache.put_rows(slot, rows)
+            logits.append(kept_logits[None])
+        tokens, reasons = self._sample_into(ordered, torch.cat(logits))
+        finished, ended = [], []
+        for slot, r, reason in zip(slots, ordered, reasons, strict=True):
+            if reason is None:
+                self._rows[slot] = r
+            else:
+                finished.append(r.result(reason))
+                ended.append(slot)
+        self.cache.release(ended)
+        going = [(slot, r, t) for slot, r, t, reason in zip(slots, ordered, tokens, reasons, strict=True)
+                 if reason is None]
+        if going:
+            self.cache.start([s for s, _, _ in going], [t for _, _, t in going],
+                             [r.prompt_len + len(r.output) - 1 for _, r, _ in going],
+                             [len(r.output) for _, r, _ in going], [r.uniforms for _, r, _ in going])
+        return finished
+
+    def _rebuild(self) -> None:
+        """After a weight update, the running rows' K/V under the new weights: each distinct prompt read once into
+        the slot of its first row (and kept for the group's newcomers), copied to the other rows of that prompt,
+        then every row's output but its pending token read over it."""
+        self._stale = False
+        running = [(slot, r) for slot, r in enumerate(self._rows) if r is not None]
+        if not running:
+            return
+        readers: dict[tuple[int, ...], int] = {}
+        for slot, r in running:
+            readers.setdefault(r.prompt_key, slot)
+        reader_rows = [self._rows[slot] for slot in readers.values()]
+        read = self._extend(list(readers.values()), [r.prompt.tolist() for r in reader_rows if r is not None],
+                            [0] * len(readers))
+        for row, (key, slot) in enumerate(readers.items()):
+            self._source[slot] = self._new_source()
+            self._prompts.remember(key, self.cache.rows(slot, len(key)), read[row].clone(), self._source[slot])
+        for key, reader in readers.items():
+            sharing = [slot for slot, r in running if r.prompt_key == key and slot != reader]
+            if sharing:
+                self.cache.copy_rows(reader, sharing, len(key))
+                for slot in sharing:
+                    self._source[slot] = self._source[reader]
+        outputs = [(slot, r) for slot, r in running if len(r.output) > 1]
+        if outputs:
+            self._extend([slot for slot, _ in outputs], [r.output[:-1] for _, r in outputs],
+                         [len(r.prompt) for _, r in outputs])
+
+    def _decode(self) -> list[GenResult]:
+        rows, high = self._rows, self.cache.high
+        width = 0 if self._step.graphs else int(self.cache.positions[:high].max()) + 1  # graphs read every column
+        tokens, logp = self._step(high, width, self._shared(high) if self._share else None)
+        finished, ended, version, eos = [], [], self.version, self.eos_token_id
+        plain = not self.stop_sequences  # then a row without stop strings ends at eos or its length only
+        for slot, token, lp in zip(range(high), tokens.tolist(), logp.tolist(), strict=True):
+            r = rows[slot]
+            if r is None:
+                continue
+            out = r.output
+            out.append(token)
+            r.logprobs.append(lp)
+            r.versions.append(version)
+            if plain and r.stop_pattern is None:  # the common case, inline: one row costs a few list ops
+                reason = "eos" if token == eos else ("length" if len(out) >= r.limit else None)
+            else:
+                reason = self._ended(r)
+            if reason is not None:
+                finished.append(r.result(reason))
+                ended.append(slot)
+                rows[slot] = None
+        self.cache.release(ended)
+        return finished
+
+    def _new_source(self) -> int:
+        self._sources += 1
+        return self._sources
+
+    def _shared(self, high: int) -> Shared:
+        """For the CPU kernels: each slot's first slot of its source, the prompt columns they share, and an order
+        of the slots that takes a source's slots one after another."""
+        first: dict[int, int] = {}
+        source, columns = list(range(high)), [0] * high
+        for slot, r in enumerate(self._rows[:high]):
+            if r is not None:
+                source[slot] = first.setdefault(self._source[slot], slot)
+                columns[slot] = r.prompt_len
+        order = sorted(range(high), key=source.__getitem__)
+        return Shared(*(torch.tensor(x, dtype=torch.int64) for x in (order, source, columns)))
+
+    def _sample_into(self, rows: list[Request], logits: Tensor) -> tuple[list[int], list[FinishReason | None]]:
+        """Draw one token a row from `logits`, append it (with logprob and version) to its request; who finished."""
+        u = torch.tensor([r.uniforms[len(r.output)] for r in rows], dtype=torch.float64).to(self.device)
+        tokens, logp = sample_tokens(logits, u, temperature=self.temperature, top_p=self.top_p)
+        reasons: list[FinishReason | None] = []
+        drawn = tokens.tolist()
+        for r, token, lp in zip(rows, drawn, logp.tolist(), strict=True):
+            r.output.append(token)
+            r.logprobs.append(lp)
+            r.versions.append(self.version)
+            reasons.append(self._ended(r))
+        return drawn, reasons
+
+    def _ended(self, r: Request) -> FinishReason | None:
+        """Why a row ends at its last token, or None: sampling.finish_reason's rules in its order (eos, a stop
+        sequence, a stop string in the decoded last tokens, the length), with the stop strings searched at once."""
+        out = r.output
+        if out[-1] == self.eos_token_id:
+            return "eos"
+        if self.stop_sequences and any(len(s) <= len(out) and out[-len(s) :] == s for s in self.stop_sequences):
+            return "stop"
+        if r.stop_pattern is not None and r.stop_pattern.search(self._text(tuple(out[-r.stop_window :]))):
+            return "stop"
+        return "length" if len(out) >= r.limit else None
+
+    def _text(self, window: tuple[int, ...]) -> str:
+        """decode(window), remembered: a group's rows often write the same tokens, so the same windows recur."""
+        text = self._texts.get(window)
+        if text is None:
+            if len(self._texts) >= 1 << 16:  # bounded: a long run's windows do not pile up
+                self._texts.clear()
+            assert self.decode is not None  # a request with stop strings was refused without one
+            text = self._texts[window] = self.decode(list(window))
+        return text

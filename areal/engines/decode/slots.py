@@ -1,0 +1,106 @@
+"""The slot cache: K/V and per-slot decode state for `max_batch` rows, allocated once and written in place.
+
+Slot i holds one request's K/V in columns 0..positions[i]-1 and the token it feeds next at positions[i]. A
+newcomer takes the lowest free slot and its prompt's K/V are written there (by a prefill, or copied from a kept
+prompt); a finished row just frees its slot. Nothing running is concatenated, re-padded or copied, so a decode
+step's cost does not depend on how many rows came and went. The decode step runs over slots 0..`high`-1, free
+ones among them (their results are ignored), and reads each slot only up to its own filled length.
+
+Columns grow (by doubling) when a request needs more than the cache holds; each growth bumps `generation`, so
+whatever captured the old tensors (CUDA graphs) knows to capture again.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class SlotKV:
+    """K/V [layers, 2, slots, kv heads, columns, head dim] and the decode state of each slot (on `device`)."""
+
+    def __init__(self, *, layers: int, kv_heads: int, head_dim: int, slots: int, dtype: torch.dtype,
+                 device: torch.device, columns: int = 64, uniforms: int = 64) -> None:
+        self._shape = (layers, 2, slots, kv_heads, head_dim)
+        self.dtype, self.device = dtype, device
+        self.kv = self._empty(columns)
+        self.slots = slots
+        self.generation = 0  # bumped whenever a tensor below is reallocated
+        long = dict(dtype=torch.int64, device=device)
+        self.pending = torch.zeros(slots, **long)  # the token each slot feeds next
+        self.positions = torch.zeros(slots, **long)  # its position = the slot's filled columns
+        self.produced = torch.zeros(slots, **long)  # output tokens sampled so far (index of the next uniform)
+        self.live = torch.zeros(slots, **long)  # 1 where a request runs, 0 where the slot is free
+        self.uniforms = torch.zeros(slots, uniforms, dtype=torch.float64, device=device)  # each request's stream
+        self._free = list(range(slots))  # kept sorted: newcomers take the lowest
+        self.high = 0  # one past the highest slot in use
+
+    def _empty(self, columns: int) -> Tensor:
+        layers, two, slots, kv_heads, head_dim = self._shape
+        return torch.zeros(layers, two, slots, kv_heads, columns, head_dim, dtype=self.dtype, device=self.device)
+
+    @property
+    def columns(self) -> int:
+        return self.kv.shape[4]
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def reserve(self, columns: int, uniforms: int) -> bool:
+        """Room for `columns` positions a slot and `uniforms` draws a request; True when something was reallocated."""
+        grown = False
+        if columns > self.columns:
+            wider = self._empty(max(columns, 2 * self.columns))
+            wider[..., : self.columns, :] = self.kv
+            self.kv, grown = wider, True
+        if uniforms > self.uniforms.shape[1]:
+            wider_u = torch.zeros(self.slots, max(uniforms, 2 * self.uniforms.shape[1]), dtype=torch.float64,
+                                  device=self.device)
+            wider_u[:, : self.uniforms.shape[1]] = self.uniforms
+            self.uniforms, grown = wider_u, True
+        self.generation += grown
+        return grown
+
+    def take(self, count: int) -> list[int]:
+        """The `count` lowest free slots, now in use."""
+        taken, self._free = self._free[:count], self._free[count:]
+        self.high = max([self.high, *(s + 1 for s in taken)])
+        return taken
+
+    def release(self, slots: list[int]) -> None:
+        """Free these slots; their state is zeroed so a free slot decodes harmlessly (its results ignored)."""
+        if not slots:
+            return
+        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        for state in (self.pending, self.positions, self.produced, self.live):
+            state.index_fill_(0, index, 0)
+        self._free = sorted(self._free + slots)
+        in_use = set(range(self.slots)) - set(self._free)
+        self.high = max(in_use) + 1 if in_use else 0
+
+    def start(self, slots: list[int], pending: list[int], positions: list[int], produced: list[int],
+              uniforms: list[list[float]]) -> None:
+        """Set the decode state of newly filled slots: the token each feeds next, its position, its draws."""
+        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        for state, values in ((self.pending, pending), (self.positions, positions), (self.produced, produced)):
+            state[index] = torch.tensor(values, dtype=torch.int64).to(self.device)
+        self.live[index] = 1
+        width = max(map(len, uniforms))
+        table = torch.zeros(len(slots), width, dtype=torch.float64)
+        for row, draws in enumerate(uniforms):
+            table[row, : len(draws)] = torch.tensor(draws, dtype=torch.float64)
+        self.uniforms[index, :width] = table.to(self.device)
+
+    def put_rows(self, slot: int, rows: Tensor) -> None:
+        """Write a prompt's K/V ([layers, 2, kv heads, length, head dim]) into a slot's first columns."""
+        self.kv[:, :, slot, :, : rows.shape[3]] = rows
+
+    def rows(self, slot: int, length: int) -> Tensor:
+        """A copy of a slot's first `length` columns of K/V: [layers, 2, kv heads, length, head dim]."""
+        return self.kv[:, :, slot, :, :length].clone()
+
+    def copy_rows(self, source: int, targets: list[int], length: int) -> None:
+        """Copy a slot's first `length` columns into other slots (a prompt shared by a group)."""
+        index = torch.tensor(targets, dtype=torch.int64, device=self.device)
+        self.kv[:, :, index, :, :length] = self.kv[:, :, source : source + 1, :, :length]

@@ -1,0 +1,117 @@
+"""The slot engine against today's engine, the slots it keeps, and its decode step replayed from captured graphs
+(a CUDA graph's logic with the capture faked on the CPU: what a graph would replay is the step run again)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from areal.engines import GenRequest, GenResult, TorchGenerationEngine
+from areal.engines.decode import SlotGenerationEngine
+from areal.engines.decode.step import ladder
+
+
+def grouped_requests(seed: int = 7, groups: int = 6, group: int = 4) -> list[GenRequest]:
+    """GRPO-like requests: `groups` prompts of 2-11 tokens, each shared by `group` requests of 1-24 new tokens."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, 100, (int(torch.randint(2, 12, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(groups)]
+    return [GenRequest(i, prompts[i // group], int(torch.randint(1, 25, (1,), generator=g)))
+            for i in range(groups * group)]
+
+
+def run_with_updates(engine, old, new, requests: list[GenRequest], at=(5, 11)) -> dict[int, GenResult]:
+    """Step to the end; new weights after step at[0], the old ones back after at[1] (versions 5 and 11)."""
+    engine.submit(requests)
+    done, steps = {}, 0
+    while engine.pending():
+        done |= {r.request_id: r for r in engine.step()}
+        steps += 1
+        if steps in at:
+            engine.update_weights((new if steps == at[0] else old).state_dict(), steps)
+    return done
+
+
+def assert_same_results(a: dict[int, GenResult], b: dict[int, GenResult], atol: float) -> None:
+    assert sorted(a) == sorted(b)
+    for i in a:
+        assert a[i].output_ids.tolist() == b[i].output_ids.tolist(), f"request {i}"
+        assert a[i].versions.tolist() == b[i].versions.tolist() and a[i].finish_reason == b[i].finish_reason
+        assert (a[i].logprobs.double() - b[i].logprobs.double()).abs().max() <= atol
+
+
+@pytest.mark.parametrize("keep_kv", [False, True])
+def test_the_same_requests_give_todays_tokens_through_refills_and_weight_updates(make_model, keep_kv):
+    old, new = make_model(0).double(), make_model(1).double()
+    requests = grouped_requests()
+    runs = [run_with_updates(engine_class(copy.deepcopy(old), eos_token_id=5, pad_token_id=0, max_batch=7,
+                                          refill_min_free=2, top_p=0.9, keep_kv_on_update=keep_kv), old, new, requests)
+            for engine_class in (TorchGenerationEngine, SlotGenerationEngine)]
+    assert_same_results(*runs, atol=1e-6)  # float32 log-probs of float64 logits that agree to rounding
+    assert {v for r in runs[1].values() for v in r.versions.tolist()} == {0, 5, 11}  # updates landed mid-run
+    assert any(r.finish_reason == "eos" for r in runs[1].values())
+
+
+def test_a_newcomer_takes_the_lowest_free_slot_and_no_running_row_moves(make_model):
+    engine = SlotGenerationEngine(make_model(0), eos_token_id=100, pad_token_id=0, max_batch=4)
+    engine.submit([GenRequest(i, [3, 4, 5], n) for i, n in enumerate([3, 9, 4, 9, 9])])
+    engine.step()  # 0..3 in slots 0..3 (a token from the prefill, one from the decode); 4 waits
+    slot_of = {r.request_id: slot for slot, r in enumerate(engine._rows) if r is not None}
+    assert slot_of == {0: 0, 1: 1, 2: 2, 3: 3}
+    engine.step()  # 0 ends (3 tokens): slot 0 is free, slot 3 still the highest in use
+    assert engine._rows[0] is None and engine.cache.high == 4
+    engine.step()  # 4 is admitted into slot 0; 2 ends in this step's decode
+    assert [r.request_id if r else None for r in engine._rows] == [4, 1, None, 3]
+
+
+def test_rows_longer_than_the_cache_grow_it_mid_run_and_decode_on_as_today(make_model):
+    model = make_model(0).double()
+    short = [GenRequest(i, [7, 8, 9], 6) for i in range(3)]
+    long = [GenRequest(9, list(range(1, 41)), 60)]  # 100 columns: more than the 64 the cache starts with
+    results = []
+    for engine_class in (TorchGenerationEngine, SlotGenerationEngine):
+        engine = engine_class(model, eos_token_id=100, pad_token_id=0, max_batch=2, max_new_tokens=60)
+        engine.submit(short + long)
+        done = {}
+        while engine.pending():
+            done |= {r.request_id: r for r in engine.step()}
+        results.append(done)
+    assert engine.cache.columns >= 100
+    assert_same_results(*results, atol=1e-6)
+
+
+def faked_capture(captures: list[int]):
+    """A capture that runs the step (the warm-up) and returns a replay that runs it again: on the CPU, what
+    replaying a CUDA graph of the step would compute."""
+    def capture(run, pool):
+        captures.append(1)
+        run()
+        return run
+    return capture
+
+
+def test_the_step_replayed_at_ladder_sizes_gives_the_eager_tokens_and_captures_each_size_once(make_model):
+    old, new = make_model(0).double(), make_model(1).double()
+    requests = grouped_requests(seed=3)
+    eager = run_with_updates(SlotGenerationEngine(copy.deepcopy(old), eos_token_id=5, pad_token_id=0, max_batch=7,
+                                                  refill_min_free=2), old, new, requests)
+    captures: list[int] = []
+    engine = SlotGenerationEngine(copy.deepcopy(old), eos_token_id=5, pad_token_id=0, max_batch=7, refill_min_free=2,
+                                  graphs=True, capture=faked_capture(captures))
+    replayed = run_with_updates(engine, old, new, requests)
+    assert_same_results(eager, replayed, atol=1e-6)  # padded rows and the whole cache width change nothing
+    assert engine._step.sizes == [1, 2, 4, 7] and 2 <= len(captures) <= 4  # each size at most once
+    before = len(captures)
+    engine.submit([GenRequest(99, list(range(1, 50)), 40)])  # 89 columns: the cache grows, graphs are dropped
+    while engine.pending():
+        engine.step()
+    assert engine.cache.columns >= 89 and len(captures) == before + 1
+
+
+def test_the_ladder_pads_a_step_by_at_most_a_third_past_eight_rows():
+    assert ladder(7) == [1, 2, 4, 7]
+    assert ladder(128) == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
+    assert ladder(100) == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 100]
+
