@@ -1,4 +1,5 @@
-"""Publishing a policy and loading it into a follower's model: files vs shared memory vs broadcast (gloo here).
+"""Publishing a policy and loading it into a follower's model: files vs shared memory vs broadcast (gloo here) vs
+tcp (ZeroMQ, the follower fetching from the trainer).
 
     python benchmarks/bench_weights.py                   # the built-in tiny model and a Qwen2-0.5B-shaped one
     python benchmarks/bench_weights.py --models tiny     # a quick run
@@ -7,7 +8,9 @@ Each route is the runtime's own transport (areal/runtime/weights/: `TRANSPORTS[k
 publisher in one process and a follower in another, as in a run:
 - files: the trainer writes vNNNNNN.safetensors (temp file, then rename) and the follower reads it;
 - shm: the trainer writes the tensors once into a shared-memory segment and the follower maps it;
-- broadcast: the trainer sends the tensors over the weights group (gloo on CPU) and the follower receives them.
+- broadcast: the trainer sends the tensors over the weights group (gloo on CPU) and the follower receives them;
+- tcp: the trainer keeps the tensors in memory and the follower fetches them over a CURVE-armed ZeroMQ socket, as a
+  run does across machines (the choice between ZeroMQ and gloo for weights without a shared disk rests on this row).
 A round is timed from the trainer starting to publish to the follower's model holding the new weights
 (`load_state_dict`); "publish" is the trainer's part (written and, for a broadcast, sent), "load" the
 follower's. Best of ROUNDS after one untimed round (a broadcast's first carries the layout). The 0.5B
@@ -29,11 +32,12 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from areal.runtime.weights import TRANSPORTS, WeightUpdate, receive
+from areal.runtime.weights import TRANSPORTS, WeightUpdate, arm, receive
 from areal.runtime.weights.transport import Source
+from areal.runtime.wire.security import RunKey
 
 ROUNDS = 3
-ROUTES = ("files", "shm", "broadcast")
+ROUTES = ("files", "shm", "broadcast", "tcp")
 
 
 def make_model(name: str) -> torch.nn.Module:
@@ -70,11 +74,13 @@ def _plan(run_dir: str, port: int) -> Any:
                            weights_rendezvous=f"127.0.0.1:{port}", weights_members=lambda: members)
 
 
-def _trainer(route: str, model_name: str, run_dir: str, port: int, told: Any, loaded: Any, out: Any) -> None:
+def _trainer(route: str, model_name: str, run_dir: str, port: int, told: Any, loaded: Any, out: Any,
+             key: tuple[bytes, bytes]) -> None:
     torch.set_num_threads(1)
+    arm(RunKey(*key))  # tcp: the run's key, as every TCP socket of a run has
     state = make_model(model_name).state_dict()
     config = SimpleNamespace(sampling_lag=0, generation=SimpleNamespace(engine="torch"),
-                             transport=SimpleNamespace(weights=route))
+                             transport=SimpleNamespace(weights=route, host="127.0.0.1"))
     source = Source(model="actor", plan=_plan(run_dir, port), config=config, rank_follower=False,
                     gather=lambda: state, save=lambda path: _save(state, path))
     publisher = TRANSPORTS[route].publisher(source)  # a broadcast's group forms here: its first send
@@ -100,8 +106,9 @@ def _save(state: dict[str, torch.Tensor], path: str | None) -> None:
         save_weights(state, path)
 
 
-def _follower(route: str, model_name: str, port: int, told: Any, loaded: Any) -> None:
+def _follower(route: str, model_name: str, port: int, told: Any, loaded: Any, key: tuple[bytes, bytes]) -> None:
     torch.set_num_threads(1)
+    arm(RunKey(*key))
     group = None
     follower = _Follower(make_model(model_name))
     if route == "broadcast":
@@ -124,9 +131,11 @@ def time_route(route: str, model_name: str, run_dir: Path) -> tuple[float, float
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     told, loaded, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    follower = ctx.Process(target=_follower, args=(route, model_name, port, told, loaded))
+    made = RunKey.create()
+    key = (made.public, made.secret)
+    follower = ctx.Process(target=_follower, args=(route, model_name, port, told, loaded, key))
     follower.start()
-    trainer = ctx.Process(target=_trainer, args=(route, model_name, str(run_dir), port, told, loaded, out))
+    trainer = ctx.Process(target=_trainer, args=(route, model_name, str(run_dir), port, told, loaded, out, key))
     trainer.start()
     try:
         rows = out.get(timeout=1800)
@@ -139,23 +148,24 @@ def time_route(route: str, model_name: str, run_dir: Path) -> tuple[float, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny", "qwen2-0.5b"], choices=["tiny", "qwen2-0.5b"])
+    parser.add_argument("--routes", nargs="+", default=list(ROUTES), choices=ROUTES)
     args = parser.parse_args()
     print(f"best of {ROUNDS} publishes, one follower; seconds from the trainer starting to publish to the "
           "follower's model holding the weights")
     print(f"{'model':>11} {'params':>12} {'MiB':>6} {'route':>10} {'publish s':>10} {'load s':>8} {'total s':>8} "
-          f"{'files / route':>14}")
+          f"{args.routes[0] + ' / route':>14}")
     for name in args.models:
         state = make_model(name).state_dict()
         params = sum(t.numel() for t in state.values())
         mib = sum(t.numel() * t.element_size() for t in state.values()) / 2**20
         del state
         totals = {}
-        for route in ROUTES:
+        for route in args.routes:
             with tempfile.TemporaryDirectory(prefix="areal-bench-weights-") as tmp:
                 publish, load, total = time_route(route, name, Path(tmp))
             totals[route] = total
             print(f"{name:>11} {params:>12,} {mib:>6.0f} {route:>10} {publish:>10.3f} {load:>8.3f} {total:>8.3f} "
-                  f"{totals['files'] / total:>13.2f}x", flush=True)
+                  f"{totals[args.routes[0]] / total:>13.2f}x", flush=True)
 
 
 if __name__ == "__main__":

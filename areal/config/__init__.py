@@ -110,7 +110,7 @@ class RunConfig(Section):
     def _lora_adapters_load_from_files_under_vllm(self) -> RunConfig:
         if self.trainer.lora.rank and self.generation.engine == "vllm" and self.transport.weights == "broadcast":
             raise ValueError("LoRA under generation.engine=vllm loads each adapter from a file as a LoRA request: "
-                             "use transport.weights=files or shm (an adapter is a few MB)")
+                             "use transport.weights=files, shm or tcp (an adapter is a few MB)")
         return self
 
     @model_validator(mode="after")
@@ -131,7 +131,14 @@ class RunConfig(Section):
             raise ValueError("transport.host=node binds on each Ray node's IP, which needs cluster.backend=ray")
         if self.transport.weights == "broadcast":
             raise ValueError("transport.host=node: the weights group (transport.weights=broadcast) still meets on "
-                             "one machine; use transport.weights=files across nodes")
+                             "one machine; use transport.weights=auto (or tcp, or files) across nodes")
+        return self
+
+    @model_validator(mode="after")
+    def _unshared_dir_keeps_no_files(self) -> RunConfig:
+        if not self.cluster.shared_dir and self.transport.weights in ("files", "broadcast"):
+            raise ValueError(f"cluster.shared_dir=false: transport.weights={self.transport.weights} needs the run "
+                             "directory (or one machine) on every node; use transport.weights=auto or tcp")
         return self
 
     @property

@@ -17,6 +17,7 @@ May import: areal.kernels, areal.models (and the leaves areal.config, areal.over
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -33,6 +34,7 @@ from areal.engines.generation import GenRequest, GenResult
 from areal.engines.torch_generate import TorchGenerationEngine
 from areal.engines.torch_train import LossFn, MicroBatch, TorchTrainEngine
 from areal.engines.trainer_settings import TrainSettings
+from areal.engines.vllm.api import unsupported
 from areal.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -108,6 +110,8 @@ def engine_problems(config: RunConfig, *, generation: bool = True, training: boo
             them = "them" if len(missing) > 1 else "it"
             problems.append(f'generation.engine="vllm" needs {" and ".join(missing)}; '
                             f'generation.engine="torch" runs without {them}.')
+        else:  # a release whose engine API the backend was not checked against (engines/vllm/api.py)
+            problems.append(unsupported(_package_version("vllm")))
     if training and config.trainer.engine == "fsdp" and not torch.distributed.is_available():
         problems.append('trainer.engine="fsdp" needs a torch built with torch.distributed (this one has none); '
                         'trainer.engine="torch" runs without it.')
@@ -184,7 +188,7 @@ def torch_generation_engine(model: PreTrainedModel, gen: GenerationConfig, **set
 
 def _vllm_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any, weights: Path | None,
                      version: int, decode: Callable[[list[int]], str], lora_rank: int = 0) -> GenerationEngine:
-    from areal.engines.vllm_generate import VLLMBackend, VLLMGenerationEngine
+    from areal.engines.vllm.generate import VLLMBackend, VLLMGenerationEngine
 
     adapters, lora_args = None, {}
     if lora_rank:  # adapters as LoRA requests, the newest η + 1 versions registered (engines/lora/slots.py)
@@ -269,6 +273,10 @@ def train_settings(config: RunConfig) -> TrainSettings:
 
 def _has_package(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
+
+
+def _package_version(name: str) -> str:
+    return importlib.metadata.version(name)
 
 
 def _has_cuda() -> bool:

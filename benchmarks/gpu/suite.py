@@ -39,6 +39,7 @@ SECTIONS = (
     Section("recipe", "recipe", "code_rl", 170),
     Section("training fsdp", "training", "fsdp", 60),
     Section("weights", "weights", "", 90),
+    Section("vllm api", "vllm_api", "", 60),  # every vLLM call the backend makes, against the installed release
 )
 FALLBACK = Section("recipe", "recipe", "math_rl", 150)
 

@@ -95,7 +95,15 @@ def _recipe(r: dict) -> list[str]:
     return lines + _table(header, body) + [""]
 
 
-RENDERERS = {"generation": _generation, "weights": _weights, "recipe": _recipe}
+def _vllm_api(r: dict) -> list[str]:
+    supported = " to ".join(r["supported"])
+    if r.get("vllm") is None:
+        return [f"## vLLM's API: {r.get('skipped', 'not checked')} (supported: {supported})", ""]
+    lines = [f"## vLLM's API: every call of the backend against vLLM {r['vllm']} (supported: {supported})", ""]
+    return lines + _table(["call", "check"], ([what, why] for what, why in r["rows"].items())) + [""]
+
+
+RENDERERS = {"generation": _generation, "weights": _weights, "recipe": _recipe, "vllm api": _vllm_api}
 
 
 def render(results: dict[str, dict]) -> str:

@@ -35,6 +35,8 @@ def test_every_section_runs_on_the_cpu_and_its_tables_say_what_was_measured(tmp_
     weights = results["weights"]["rows"]
     assert set(weights) == {"files", "broadcast-gloo"}  # NCCL is tried only on a GPU
     assert all(r["latency_s"] > 0 and r["gb_per_s"] > 0 for r in weights.values())
+    api = results["vllm api"]  # vLLM is checked where it is installed; the project's environment has none
+    assert api["vllm"] is None and "not installed" in api["skipped"] and "## vLLM's API: vLLM is not" in tables
 
 
 

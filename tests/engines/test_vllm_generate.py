@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from areal.engines.generation import GenRequest
-from areal.engines.vllm_generate import MISSING_VLLM, BackendOutput, Sampling, VLLMBackend, VLLMGenerationEngine
+from areal.engines.vllm.generate import MISSING_VLLM, BackendOutput, Sampling, VLLMBackend, VLLMGenerationEngine
 
 VOCAB = 50
 EOS = 0

@@ -54,7 +54,7 @@ def test_a_lora_run_publishes_its_adapter_alone_and_its_generator_samples_what_t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("transport", ["files", "shm", "broadcast"])
+@pytest.mark.parametrize("transport", ["files", "shm", "broadcast", "tcp"])
 @pytest.mark.parametrize("lora", [0, 4])
 def test_a_clean_run_never_trips_the_alarm_on_any_transport_with_or_without_lora(tmp_path, transport, lora):
     _clean(tmp_path, f"transport.weights={transport}", f"trainer.lora.rank={lora}")

@@ -100,7 +100,7 @@ def test_missing_ray_says_how_to_get_it(monkeypatch):
 def test_transport_host_node_needs_ray_and_weights_as_files():
     with pytest.raises(ConfigError, match="transport.host=node binds on each Ray node's IP, which needs cluster"):
         apply_overrides(RunConfig(), ["transport.host=node"])
-    with pytest.raises(ConfigError, match="still meets on one machine; use transport.weights=files"):
+    with pytest.raises(ConfigError, match="still meets on one machine; use transport.weights=auto"):
         apply_overrides(RunConfig(), ["transport.host=node", "cluster.backend=ray", "transport.weights=broadcast"])
 
 

@@ -87,7 +87,7 @@ def test_the_trainer_the_followers_the_version_table_and_the_checkpoint_name_the
 
 def test_weights_sent_by_a_transport_this_process_lacks_are_refused_naming_it_and_the_known_ones():
     update = weights.WeightUpdate(model="actor", version=3, via=weights.Via("rdma", "qp-7"))
-    with pytest.raises(weights.UnknownTransport, match=r"'rdma'.*\(it has files, broadcast, shm\)"):
+    with pytest.raises(weights.UnknownTransport, match=r"'rdma'.*\(it has files, broadcast, shm, tcp\)"):
         weights.receive(update, follower=None)
     with pytest.raises(weights.UnknownTransport, match="'rdma'"):
         weights.collective(update.via)

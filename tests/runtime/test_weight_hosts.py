@@ -46,6 +46,13 @@ class _Landed:
     node: str
     pid: int = 0
 
+    @property
+    def host(self) -> str:
+        return self.node
+
+    def waiting(self) -> None:
+        return None
+
     def poll(self) -> int:
         return 0
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import socket
 from pathlib import Path
 
 from areal.config import RunConfig
@@ -34,11 +33,10 @@ from areal.graph.graph import Graph
 from areal.graph.node import IMPLICIT_INPUTS, Node
 from areal.graph.roles import SAMPLING_ROLES
 from areal.graph.settings import node_config
-from areal.runtime.compiler.cluster import import_ray
+from areal.runtime.compiler.cluster import control_endpoint, endpoints, free_port, weights_transport
 from areal.runtime.compiler.plan import Channel, Plan, PoolSpec
 from areal.runtime.compiler.pools import lora_trainers, node_pools
 from areal.runtime.staleness.policies import policy_named
-from areal.runtime.wire.channels import ipc_endpoint
 
 
 def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides: tuple[str, ...] = (),
@@ -74,7 +72,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
     by_name = {p.name: p for p in pools}
     inputs_count = {dst: sum(1 for _, d in fields_in if d == dst) for dst in members}
     channels = tuple(
-        Channel(src, dst, tuple(sorted(set(fields))), _endpoints(run, src, by_name[dst], config),
+        Channel(src, dst, tuple(sorted(set(fields))), endpoints(run, src, by_name[dst], config),
                 "by_group" if inputs_count[dst] > 1 and by_name[dst].role != "train" and by_name[dst].replicas > 1
                 else "balance")
         for (src, dst), fields in fields_in.items()
@@ -97,7 +95,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         pools=tuple(pools),
         channels=channels,
         bindings=tuple(bindings),
-        control_endpoint=_control_endpoint(run, config),
+        control_endpoint=control_endpoint(run, config),
         weights_routes=tuple(dict.fromkeys(routes)),
         weights_dir=str(run / "weights"),
         high_water_mark=config.transport.high_water_mark,
@@ -108,8 +106,8 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
         reward_field=reward_field,
         solved_field=solved_field,
         solved_at=config.eval.solved_at,
-        weights_rendezvous=f"127.0.0.1:{_free_port()}" if policy and config.transport.weights == "broadcast" else "",
-        weights_transport=config.transport.weights,
+        weights_rendezvous=f"127.0.0.1:{free_port()}" if policy and config.transport.weights == "broadcast" else "",
+        weights_transport=weights_transport(config),
         secured=config.transport.kind == "tcp" or config.cluster.backend == "ray",
         colocated=tuple(p.nodes for p in pools if len(p.nodes) > 1),
         staleness=config.staleness,
@@ -266,17 +264,19 @@ def _pool(name: str, members: list[Node], graph: Graph, config: RunConfig, level
         threads=threads,
         level=level,
         gather_groups=config.batch_size if role == "train" else 1,
-        rendezvous=f"127.0.0.1:{_free_port()}" if role == "train" and replicas > 1 else "",
+        rendezvous=f"127.0.0.1:{free_port()}" if role == "train" and replicas > 1 else "",
         gpus=config.gpus.get(name, _default_gpus(role, config)),
         model=trainer_node.name if trainer_node is not None else followed,
     )
 
 
 def _check_names(config: RunConfig, pools: list[PoolSpec]) -> None:
-    unknown = sorted(set(config.gpus) - {p.name for p in pools})
-    if unknown:
-        raise ConfigError(f"gpus: no pool named {', '.join(map(repr, unknown))}; "
-                          f"the pools are {', '.join(p.name for p in pools[1:])}")
+    for setting, named in (("gpus", config.gpus), ("cluster.resources", config.cluster.resources),
+                           ("cluster.strategies", config.cluster.strategies)):
+        unknown = sorted(set(named) - {p.name for p in pools})
+        if unknown:
+            raise ConfigError(f"{setting}: no pool named {', '.join(map(repr, unknown))}; "
+                              f"the pools are {', '.join(p.name for p in pools[1:])}")
     placed = {p.name for p in pools if p.role not in ("source", "train")}
     unplaced = sorted(set(config.placement) - placed)
     if unplaced:
@@ -332,35 +332,3 @@ def _default_gpus(role: str, config: RunConfig) -> int:
 
 
 # -- endpoints ----------------------------------------------------------------------------------------
-
-
-def _endpoints(run: Path, src: str, dst: PoolSpec, config: RunConfig) -> tuple[str, ...]:
-    """One endpoint per receiving replica (a trainer's rank 0 receives for all its ranks)."""
-    count = 1 if dst.role == "train" else dst.replicas
-    return tuple(_endpoint(run, f"{src}-{dst.name}-{r}", config) for r in range(count))
-
-
-def _endpoint(run: Path, name: str, config: RunConfig) -> str:
-    """A data endpoint. Under Ray a worker may land on any node and start in any order, so it binds a
-    free port there and tells the controller, which wires its neighbours to it (`tcp://HOST:*`)."""
-    if config.cluster.backend == "ray":
-        return f"tcp://{config.transport.host}:*"
-    if config.transport.kind == "tcp":
-        return f"tcp://{config.transport.host}:{_free_port()}"
-    return ipc_endpoint(run / "sockets", name)
-
-
-def _control_endpoint(run: Path, config: RunConfig) -> str:
-    """The controller's endpoint: on this machine, reachable from the nodes. A TCP port is left to the
-    controller's bind (`:*`), which writes the concrete one into plan.json before any worker starts."""
-    if config.transport.host == "node":
-        return f"tcp://{import_ray().util.get_node_ip_address()}:*"
-    if config.transport.kind == "tcp" or config.cluster.backend == "ray":
-        return f"tcp://{config.transport.host}:*"
-    return ipc_endpoint(run / "sockets", "control")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -33,6 +33,8 @@ WEIGHTS_WAYS = {
     "files": "via {weights_dir}",
     "broadcast": "by process-group broadcast ({rendezvous})",
     "shm": "through a shared-memory segment per version, on the trainer's machine",
+    "tcp": "fetched by each follower from the trainer over TCP, no disk",
+    "auto": "via {weights_dir} on one node, over TCP to other nodes (decided as the workers land)",
 }
 
 
@@ -97,6 +99,7 @@ class Plan:
     staleness_policy: str = "strict"  # what η bounds beyond admission (runtime/policies)
     recycle_keep_prefix: bool = False  # staleness_policy=recycle: re-queued groups train their older tokens
     drop_slack: int = 0  # staleness_policy=drop: groups the gate admits past its bound
+    home_run_dir: str = ""  # a worker's plan on a node without the run directory: the run directory it mirrors
     lora_rank: int = 0  # the policy's LoRA rank (its trainer's trainer.lora.rank): generators get adapters; 0: none
 
     # -- reading the plan ---------------------------------------------------------------

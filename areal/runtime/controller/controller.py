@@ -27,7 +27,7 @@ from areal.graph.meta import GroupMeta
 from areal.runtime.compiler.plan import Plan
 from areal.runtime.controller.accounting import Accounting
 from areal.runtime.controller.faults import Restarts
-from areal.runtime.controller.placement import launcher_for, worker_spec
+from areal.runtime.controller.placement import launcher_for, weights_landing, worker_spec
 from areal.runtime.controller.recovery import WorkerRecovery
 from areal.runtime.controller.reports import WorkerReports
 from areal.runtime.controller.run_state import RunState, WorkerProcess
@@ -42,7 +42,7 @@ from areal.runtime.staleness.policies import policy_named
 from areal.runtime.storage.checkpoint import Sealing, final_dir, staging_dir
 from areal.runtime.storage.resume import RECIPE_COPY
 from areal.runtime.storage.rundir import RunDirLock, WriteFailed, write_atomically, writing
-from areal.runtime.weights.hosts import require_one_host
+from areal.runtime.weights.hosts import auto_transport, require_one_host
 from areal.runtime.weights.versions import Versions
 from areal.runtime.wire import messages as msg
 from areal.runtime.wire.channels import is_dynamic, private_folder
@@ -146,6 +146,10 @@ class Controller(WorkerReports, WorkerRecovery):
                 key.write(self.run_dir)
         self.control = ControlServer(self.plan.control_endpoint, key)
         self.plan = dataclasses.replace(self.plan, control_endpoint=self.control.endpoint)
+        if self.plan.weights_transport == "auto":  # Ray: decided by where the pools' replicas are reserved
+            landed = weights_landing(self.plan, self.config.cluster)
+            self.plan = dataclasses.replace(self.plan, weights_transport=auto_transport(
+                self.plan, landed, self.config.cluster.shared_dir))
         self.source_out = {c.dst: Outbox(c, self.plan, key) for c in self.plan.outputs_of(self.source_node.name)}
         self.wiring = Wiring(self.plan, self.source_node.name, self.source_out, self.control.send)
         error: BaseException | None = None
@@ -192,15 +196,21 @@ class Controller(WorkerReports, WorkerRecovery):
             raise RunError(f"cannot start {worker_id}: {err.strerror} ({err.filename or log_path}); a run needs "
                            f"its directory {self.run_dir} writable to the end") from None
         self.workers[worker_id] = WorkerProcess(worker_id, pool, replica, process, log_path)
-        require_one_host(self.plan,  # shm: before a follower could ask for a segment
-                         [(w.pool, w.replica, w.process.node) for w in self.workers.values()])
+        self._check_hosts()
+
+    def _check_hosts(self) -> None:
+        """shm: every follower on its trainer's host, checked as each lands, before it could ask for a segment."""
+        require_one_host(self.plan, [(w.pool, w.replica, w.process.host) for w in self.workers.values()
+                                     if w.process.host])
 
     def _await_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not all(w.ready for w in self.workers.values()):
             if time.monotonic() > deadline:
                 late = [w.worker_id for w in self.workers.values() if not w.ready]
-                raise RunError(f"workers not ready after {READY_TIMEOUT_S:.0f} s: {', '.join(late)}")
+                waits = [why for w in self.workers.values() if (why := w.process.waiting())]
+                raise RunError(f"workers not ready after {READY_TIMEOUT_S:.0f} s: {', '.join(late)}"
+                               + "".join(f"\n  {why}" for why in waits))
             self._listen(200)
             self._check_processes()
 
@@ -335,8 +345,11 @@ class Controller(WorkerReports, WorkerRecovery):
 
     def _on_ready(self, worker: WorkerProcess, m: msg.Ready) -> None:
         worker.ready = True
-        if self._dynamic:
-            self.wiring.wire(worker, m.endpoints, self.workers.values())
+        self._check_hosts()  # under Ray its host is known once Ray placed it
+        # a replacement under Ray: groups dealt to its predecessor's endpoint while it was down (a lost node may
+        # take minutes to come back) went with the disconnect, after the census at its death; a census again
+        if self._dynamic and self.wiring.wire(worker, m.endpoints, self.workers.values()) and not self._stopping:
+            self._census()
         self.versions.catch_up(worker, self.control.send)
 
     def _on_heartbeat(self, worker: WorkerProcess, m: msg.Heartbeat | msg.Stopped) -> None:
@@ -364,6 +377,7 @@ HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], Non
     msg.SamplesNoted: Controller._on_noted,
     msg.HeldOutScored: Controller._on_eval,
     msg.CheckpointWritten: Controller._on_checkpoint,
+    msg.FileWritten: Controller._on_file,
     msg.DuplicateDropped: Controller._on_duplicate,
     msg.BatchRefused: Controller._on_rejected,
     msg.NodeMetrics: Controller._on_metrics,

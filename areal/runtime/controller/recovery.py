@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("areal.controller")
 
+WAIT_NOTE_S = 10.0  # a worker not started this long says what it waits for, and again after as long
+
 
 class WorkerRecovery:
     """The controller's recovery from a dead worker (see the module's docstring)."""
@@ -73,6 +75,8 @@ class WorkerRecovery:
         now = time.monotonic()
         for w in list(self.workers.values()):
             code = w.process.poll()
+            if code is None and not w.ready and now - w.noted_wait > WAIT_NOTE_S:
+                self._note_wait(w, now)
             if code is None and w.ready and now - w.last_seen > self.config.faults.dead_after_s:
                 why = f"was silent for {now - w.last_seen:.0f} s (no heartbeat)"
                 w.process.kill()
@@ -82,6 +86,14 @@ class WorkerRecovery:
             else:
                 continue
             self._on_worker_death(w, why)
+
+    def _note_wait(self, w: WorkerProcess, now: float) -> None:
+        """Say, once a while, what a worker that has not started waits for (Ray: a node with room for it)."""
+        why = w.process.waiting()
+        if why is not None and now - w.started_at > WAIT_NOTE_S:
+            w.noted_wait = now
+            log.warning("%s", why)
+            self.metrics.write({"kind": "waiting", "worker": w.worker_id, "why": why, "wall_s": self._elapsed()})
 
     def _on_worker_death(self, w: WorkerProcess, why: str) -> None:
         """Restart the worker and re-issue what it may have held, or stop the run naming the node."""

@@ -1,7 +1,8 @@
 """What the controller does with the workers' reports of work: published versions and their step records,
-failed, filtered, dropped, recycled and noted samples, held-out scores, checkpoints, refused batches, node metrics and
-errors. A mixin of `Controller` (controller.py), which holds the run's state these handlers update;
-`HANDLERS` there maps each message class to its handler.
+failed, filtered, dropped, recycled and noted samples, held-out scores, checkpoints, refused batches, node metrics,
+errors, and the files a worker on a node without the run directory writes. A mixin of `Controller`
+(controller.py), which holds the run's state these handlers update; `HANDLERS` there maps each message class to
+its handler.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from areal.errors import RunError
+from areal.runtime.storage import mirror
+from areal.runtime.storage.rundir import writing
 from areal.runtime.wire import messages as msg
 from areal.runtime.wire.commands import ForgetBelow
 
@@ -123,6 +126,15 @@ class WorkerReports:
 
     def _on_checkpoint(self, worker: WorkerProcess, m: msg.CheckpointWritten) -> None:
         self.sealing.part_written(m.path, m.model, m.version, m.next_group, m.consumed, self._checkpoint_state)
+
+    def _on_file(self, worker: WorkerProcess, m: msg.FileWritten) -> None:
+        """A piece of a file written in a worker's copy of the run directory (storage/mirror.py), into the run
+        directory; a checkpoint part's pieces come before its report, so it is whole when it is sealed."""
+        try:
+            with writing(self.run_dir / m.path, self.run_dir):
+                mirror.write(self.run_dir, mirror.Piece(m.path, m.data, m.fresh))
+        except ValueError as err:
+            log.warning("%s: %s", worker.worker_id, err)
 
     def _checkpoint_state(self, start: int) -> dict[str, Any]:
         """What a resume needs of the controller, as of group `start` (the first not every trainer trained)."""

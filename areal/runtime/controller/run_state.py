@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal.runtime.controller.placement import WorkerHandle
+from areal.runtime.controller.launchers import WorkerHandle
 
 
 @dataclass
@@ -28,6 +28,8 @@ class WorkerProcess:
     last_error: str | None = None
     fatal: bool = False  # its error is one a restart would repeat (a node that broke its contract)
     holding: set[int] = field(default_factory=set)  # groups a trainer has gathered, not yet trained
+    started_at: float = field(default_factory=time.monotonic)
+    noted_wait: float = 0.0  # when it last said what it waits for (not started yet: Ray has no room for it)
 
 
 @dataclass

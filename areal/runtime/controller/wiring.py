@@ -27,13 +27,19 @@ class Wiring:
         self.send = send  # ControlServer.send
         self.listening: dict[tuple[str, str], str] = {}  # (worker id, input channel's source) -> endpoint bound
 
-    def wire(self, worker: Wired, endpoints: dict[str, str], workers: Iterable[Wired]) -> None:
+    def wire(self, worker: Wired, endpoints: dict[str, str], workers: Iterable[Wired]) -> bool:
         """Point each sender of `worker`'s inputs at the endpoint it bound (instead of the one of the process
-        it replaces), and `worker` at every endpoint its outputs' receivers have bound."""
+        it replaces), and `worker` at every endpoint its outputs' receivers have bound.
+
+        True when `worker` replaced a process: what its senders dealt to the old endpoint since that one died
+        is dropped with the disconnect, so the caller must re-issue it (the replacement binds a new port, where
+        a local worker binds the same endpoint again and gets what was queued for it)."""
         workers = list(workers)
+        replaced = False
         for src, endpoint in endpoints.items():
             old = self.listening.get((worker.worker_id, src))
             self.listening[(worker.worker_id, src)] = endpoint
+            replaced |= old is not None
             if src == self.source:
                 outbox = self.source_out[worker.pool]
                 if old is not None:
@@ -49,3 +55,4 @@ class Wiring:
                 bound = self.listening.get((receiver.worker_id, worker.pool))
                 if receiver.pool == channel.dst and bound is not None:
                     self.send(worker.worker_id, Rewire(channel=channel.dst, replica=receiver.replica, connect=bound))
+        return replaced

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal.runtime.weights import broadcast, files, shm
+from areal.runtime.weights import broadcast, files, shm, tcp
 from areal.runtime.weights.transport import Publisher, Source, Transport
+from areal.runtime.wire.security import RunKey
 from areal.runtime.wire.weight_update import Via, WeightUpdate
 
 TRANSPORTS: dict[str, Transport] = {
     files.KIND: files.TRANSPORT,
     broadcast.KIND: broadcast.TRANSPORT,
     shm.KIND: shm.TRANSPORT,
+    tcp.KIND: tcp.TRANSPORT,
 }
 
 
@@ -33,6 +35,11 @@ def transport_of(via: Via) -> Transport:
         raise UnknownTransport(f"weights came by transport {via.kind!r}, which this areal does not have "
                                f"(it has {', '.join(TRANSPORTS)})")
     return transport
+
+
+def arm(key: RunKey | None) -> None:
+    """The run's key, for a transport that opens sockets of its own (tcp): a worker arms it once, as it starts."""
+    tcp.use_run_key(key)
 
 
 def collective(via: Via | None) -> bool:
@@ -51,5 +58,5 @@ def receive(update: WeightUpdate, follower: Any) -> bool:
     return update.via is None or transport_of(update.via).receive(update.via, follower, update.version)
 
 
-__all__ = ["TRANSPORTS", "Publisher", "Source", "UnknownTransport", "Via", "WeightUpdate", "collective", "publisher",
-           "receive", "transport_of"]
+__all__ = ["TRANSPORTS", "Publisher", "Source", "UnknownTransport", "Via", "WeightUpdate", "arm", "collective",
+           "publisher", "receive", "transport_of"]

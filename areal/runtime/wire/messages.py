@@ -136,6 +136,13 @@ class CheckpointWritten(Message):
     consumed: list[int] = []  # groups above next_group the trainer consumed (a policy that trains out of order)
 
 
+class FileWritten(Message):
+    KIND: ClassVar[str] = "file"  # a piece of a file written in a worker's copy of the run directory (storage/mirror)
+    path: str  # relative to the run directory
+    data: bytes = b""
+    fresh: bool = False  # the file starts with this piece
+
+
 class DuplicateDropped(Message):
     KIND: ClassVar[str] = "duplicate"
     group: int
@@ -163,8 +170,8 @@ class WorkerError(Message):
 
 KINDS: dict[str, type[Message]] = {cls.KIND: cls for cls in (
     Alive, Ready, Heartbeat, Census, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesDropped,
-    GroupsRecycled, SamplesNoted, HeldOutScored, CheckpointWritten, DuplicateDropped, BatchRefused, NodeMetrics,
-    WorkerError)}
+    GroupsRecycled, SamplesNoted, HeldOutScored, CheckpointWritten, FileWritten, DuplicateDropped, BatchRefused,
+    NodeMetrics, WorkerError)}
 
 
 def parse(raw: Mapping[str, Any], sender: str) -> Message:

@@ -32,7 +32,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from areal.runtime.compiler.plan import Plan
 from areal.runtime.records.sample_log import SampleLog
 from areal.runtime.records.spans import Spans
 from areal.runtime.staleness.policies import policy_named
+from areal.runtime.storage.mirror import Mirror, Piece
 from areal.runtime.weights import WeightUpdate
 from areal.runtime.weights.transport import Source
 from areal.runtime.wire import commands as cmd
@@ -89,6 +90,9 @@ class Worker(MapRole, StreamRole, TrainerRole):
         self.worker_id = f"{pool_name}[{replica}]"
         self.control = control
         self.key = run_key(plan)
+        weights.arm(self.key)
+        # on a node without the run directory: a copy of it here, whose new records, spans and log go back
+        self.mirror = Mirror(plan.run_dir, plan.home_run_dir, self.worker_id) if plan.home_run_dir else None
         recipe = load_recipe(plan.recipe, plan.overrides)
         self.config: RunConfig = recipe.config
         self.nodes: list[Node] = [recipe.graph.nodes[name] for name in self.pool.nodes]
@@ -168,7 +172,14 @@ class Worker(MapRole, StreamRole, TrainerRole):
             self.spans.close()
             if self.publisher is not None:
                 self.publisher.close()
+        self.send_files()
         self.control.send(msg.Stopped(**self.counts))
+
+    def send_files(self, pieces: Iterable[Piece] | None = None) -> None:
+        """On a node without the run directory: what grew in its copy (or `pieces`), to the controller."""
+        if self.mirror is not None:
+            for piece in self.mirror.changes() if pieces is None else pieces:
+                self.control.send(msg.FileWritten(path=piece.path, data=piece.data, fresh=piece.fresh))
 
     def _wait(self, timeout_ms: int) -> None:
         self.poller.poll(timeout_ms)
@@ -177,12 +188,13 @@ class Worker(MapRole, StreamRole, TrainerRole):
         if now - self._last_beat >= self.config.faults.heartbeat_s:
             busy = (self.chain.busy_s - self._busy_at_beat) / max(now - self._last_beat, 1e-9)
             self.control.send(msg.Heartbeat(busy=busy, holding=sorted(self.holding), **self.counts))
+            self.send_files()
             self._last_beat, self._busy_at_beat = now, self.chain.busy_s
 
     def _commands(self) -> None:
         """Carry out the controller's commands, each parsed where it enters (a malformed one stops the worker)."""
         while (raw := self.control.recv(0)) is not None:
-            command = cmd.parse(raw)
+            command = cmd.parse(raw if self.mirror is None else self.mirror.localised(raw))
             COMMANDS[type(command)](self, command)
 
     def _on_stop(self, command: cmd.Stop) -> None:
@@ -300,6 +312,8 @@ def main(argv: list[str]) -> int:
         control.send(msg.WorkerError(node=node, message=text, traceback=traceback.format_exc(), fatal=fatal))
         return 1
     finally:
+        if worker is not None:
+            worker.send_files()  # the log's last lines, the traceback among them
         control.close()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import resource
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -185,9 +186,14 @@ class TrainerRole:
             guard(self.nodes[-1], trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
         self.publisher.checkpoint(folder)
         if not self.follower:
+            if self.mirror is not None:  # no run directory on this node: the part goes to the controller first,
+                self.send_files()  # after the records of every step it holds (a lost node loses only later ones)
+                self.send_files(self.mirror.tree(folder))
             self.control.send(msg.CheckpointWritten(model=self.pool.name, version=self.trained_version,
-                                                    path=str(folder), next_group=self.next_group,
-                                                    consumed=sorted(self.consumed)))
+                                                    path=self.mirror.homeward(folder) if self.mirror else str(folder),
+                                                    next_group=self.next_group, consumed=sorted(self.consumed)))
+            if self.mirror is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def _follow_loop(self) -> None:
         """A trainer rank > 0: rank 0's orders, in its order, so every collective meets its peers."""

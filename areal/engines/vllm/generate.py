@@ -15,7 +15,8 @@ requests out at every update nor keeps a re-queued group waiting while its token
 bookkeeping is `VLLMGenerationEngine`, pure Python over the small `Backend` Protocol, so it is tested
 on CPU with a fake backend. `VLLMBackend` is the only code that touches vLLM, and imports it lazily.
 
-vLLM API targeted: the v1 `LLMEngine` of vLLM 0.11-0.20 (docs.vllm.ai, vllm/v1/engine/llm_engine.py):
+vLLM API targeted: the v1 `LLMEngine` of vLLM 0.11 to 0.33 (vllm/v1/engine/llm_engine.py; every call below is
+listed in api.py and checked against a real release by benchmarks/gpu/vllm_api.py):
 `LLMEngine.from_engine_args(EngineArgs(..., worker_extension_cls=..., scheduling_policy="priority"))`,
 `add_request(request_id: str, prompt: TokensPrompt, params: SamplingParams, priority: int)` (lower
 first), `abort_request(list[str])`, `step() -> list[RequestOutput]`, `collective_rpc(method, args=...)`
