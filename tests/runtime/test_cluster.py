@@ -108,7 +108,6 @@ def test_three_nodes_train_once_by_sample_id_with_weights_over_tcp_and_every_fil
     assert processes == 4 and spans > 0  # areal trace shows the whole cluster
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_lost_generator_node_is_waited_for_said_so_and_its_replacement_used(tmp_path, cluster):
     """The node with a rollout and a score replica goes at once: the replicas wait for room, the run says what for,
@@ -148,7 +147,6 @@ def test_a_lost_generator_node_is_waited_for_said_so_and_its_replacement_used(tm
     assert again and controller.accounting.reissued >= len(again) // G
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_trainers_node_lost_stops_with_a_checkpoint_that_resumes_on_another_cluster_shape(tmp_path, cluster):
     def lose_trainer(controller) -> None:
