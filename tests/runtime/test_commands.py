@@ -83,6 +83,7 @@ def _worker(*raw: dict[str, Any]) -> Worker:
     worker.pool = SimpleNamespace(role="map")  # type: ignore[assignment]
     worker.join, worker.stopping, worker.census = Join(), False, None  # type: ignore[assignment]
     worker._latest_weights = {}
+    worker.mirror = None  # the run directory is this machine's
     return worker
 
 

@@ -32,6 +32,7 @@ EVERY_KIND = [  # every field away from its default
     msg.SamplesNoted(node="rollout", sample_ids=[5], reasons=["length"]),
     msg.HeldOutScored(round=1, task_ids=["t1"], rewards=[1.0], solved=[True], sample_ids=[900]),
     msg.CheckpointWritten(model="actor", version=4, path="/run/checkpoints/.staging", next_group=9, consumed=[11]),
+    msg.FileWritten(path="samples/rollout[0].jsonl", data=b'{"sample_id": 3}\n', fresh=True),
     msg.DuplicateDropped(group=7),
     msg.BatchRefused(groups=[8], reason="header says int64[4]"),
     msg.NodeMetrics(values={"score/mean": 0.5}),
