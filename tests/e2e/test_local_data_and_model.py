@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,9 @@ def test_recipe_runs_on_a_local_checkpoint_and_a_jsonl_file_with_a_bad_record(tm
            "--set", "steps=2", "--set", "batch_size=2", "--set", "group_size=2",
            "--set", "generation.max_new_tokens=8", "--set", "eval.tasks=100", "--set", "eval.samples=2",
            "--set", "checkpoint.interval_steps=0"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    # a cache of its own: the sandbox's layers are said once per machine, and this machine may have said them
+    env = {**os.environ, "AREAL_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x["kind"] == "step"]
