@@ -74,6 +74,10 @@ def _generated_lines(run: Path) -> Counter[int]:
                    for line in map(json.loads, path.read_text().splitlines()) if "outputs" in line)
 
 
+def _steps(run: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r.get("kind") == "step"]
+
+
 def _loaded_versions(run: Path, worker: str) -> list[int]:
     lines = map(json.loads, (run / "spans" / f"{worker}.jsonl").read_text().splitlines())
     return [span["args"]["version"] for span in lines if span["name"] == "load weights"]
@@ -97,6 +101,12 @@ def test_three_nodes_train_once_by_sample_id_with_weights_over_tcp_and_every_fil
     assert json.loads((run / "plan.json").read_text())["weights_transport"] == "tcp"
     assert not list((run / "weights").rglob("*.safetensors"))
     assert all(max(_loaded_versions(run, f"rollout-{r}")) >= 2 for r in (0, 1))
+    # the bytes the trainer sent them, in its step records: whole versions (8 bytes each: the emulated trainer's
+    # step counter), never more than the generators' loads took
+    sent = [round(s["weights_sent_mib"] * 2**20) for s in _steps(run)]
+    loads = sum(len(_loaded_versions(run, f"rollout-{r}")) for r in (0, 1))
+    if recipe == "emulated_rl.py":
+        assert sent == sorted(sent) and 0 < sent[-1] <= 8 * loads and sent[-1] % 8 == 0
     # records, spans and logs of every worker reached the run directory from the nodes' copies
     workers = ["rollout-0", "rollout-1", "score-0", "actor-0"]
     assert {p.stem for p in (run / "samples").glob("*.jsonl")} == {*workers, "controller"}
@@ -148,7 +158,8 @@ def test_a_lost_generator_node_is_waited_for_said_so_and_its_replacement_used(tm
 
 
 @pytest.mark.timeout(600)
-def test_the_trainers_node_lost_stops_with_a_checkpoint_that_resumes_on_another_cluster_shape(tmp_path, cluster):
+def test_the_trainers_node_lost_stops_with_a_checkpoint_that_resumes_on_another_cluster_shape(tmp_path, cluster,
+                                                                                              caplog):
     def lose_trainer(controller) -> None:
         if controller.state.version >= 4 and cluster.train in cluster.sim.worker_nodes:
             cluster.sim.remove_node(cluster.train)
@@ -159,6 +170,8 @@ def test_the_trainers_node_lost_stops_with_a_checkpoint_that_resumes_on_another_
     with pytest.raises(RunError, match=r"(?s)worker actor\[0\] exited.*the trainer holds the optimizer state: "
                                        rf"continue with `areal run --resume {run}`"):
         controller.run()
+    # the generators stopped when told, none killed: one waiting for a version from the lost trainer gives it up
+    assert not [r for r in caplog.records if r.getMessage().startswith("killing rollout")]
     point = resume_point(run)
     assert point.checkpoint is not None and int(point.checkpoint.name.removeprefix("step-")) >= 2
     first = _trained_lines(run)

@@ -1,9 +1,11 @@
 """transport.weights=tcp: a follower fetches exactly the tensors the trainer published, every dtype and shape; the
 trainer keeps only the versions a follower may still ask for and says which is newest; a client without the run's
-key is answered nothing; a trainer that does not answer is an error naming it. Everything on 127.0.0.1."""
+key is answered nothing; a trainer that does not answer is an error naming it, and a follower told to stop while it
+waits gives up at once, keeping what it holds. Everything on 127.0.0.1."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 import zmq
 
 from areal.errors import RunError
-from areal.runtime.weights import TRANSPORTS, arm
+from areal.runtime.weights import TRANSPORTS, Via, arm
 from areal.runtime.weights.tcp import KIND, TcpPublisher, fetch, receive
 from areal.runtime.weights.transport import Source
 from areal.runtime.wire.security import RunKey
@@ -57,6 +59,7 @@ def test_the_follower_gets_exactly_the_tensors_the_trainer_published(unarmed):
         assert torch.equal(fetch(via.where, 1)["embed"], got["embed"])
         total = sum(t.numel() * t.element_size() for t in weights.values())
         assert publisher.served_bytes == {1: 2 * total}  # two fetches of version 1
+        assert publisher.sent_bytes() == 2 * total  # what the step records report as weights_sent_mib
     finally:
         publisher.close()
 
@@ -110,3 +113,24 @@ def test_a_closed_publisher_stops_serving_and_frees_its_versions(unarmed):
     assert publisher.versions == {} and not publisher._thread.is_alive()
     with pytest.raises(RunError, match="did not answer"):
         fetch(via.where, 1, timeout_s=0.5)
+
+
+def test_a_follower_told_to_stop_while_the_trainer_is_silent_gives_up_at_once_and_keeps_its_weights(unarmed):
+    asked = []
+
+    def stop_asked() -> bool:  # the worker's commands: a Stop arrives at the third look
+        asked.append(time.monotonic())
+        return len(asked) >= 3
+
+    silent = zmq.Context.instance().socket(zmq.ROUTER)  # a trainer on a lost node: nothing answers
+    try:
+        silent.bind("tcp://127.0.0.1:*")
+        endpoint = silent.getsockopt_string(zmq.LAST_ENDPOINT)
+        arm(None, stop_asked)
+        follower = _Follower()
+        start = time.monotonic()
+        assert not receive(Via(KIND, endpoint), follower, 3)  # not loaded: the follower holds what it held
+        assert follower.loaded == {} and len(asked) == 3
+        assert time.monotonic() - start < 5.0  # not the 300 s a silent trainer is otherwise given
+    finally:
+        silent.close(linger=0)

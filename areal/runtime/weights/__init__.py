@@ -9,6 +9,7 @@ areal.runtime.compiler (and the leaves areal.config, areal.overrides, areal.erro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from areal.runtime.weights import broadcast, files, shm, tcp
@@ -37,9 +38,10 @@ def transport_of(via: Via) -> Transport:
     return transport
 
 
-def arm(key: RunKey | None) -> None:
-    """The run's key, for a transport that opens sockets of its own (tcp): a worker arms it once, as it starts."""
-    tcp.use_run_key(key)
+def arm(key: RunKey | None, stop_asked: Callable[[], bool] | None = None) -> None:
+    """The run's key, for a transport that opens sockets of its own (tcp), and how it learns, while waiting for
+    the trainer, that the worker was told to stop: a worker arms it once, as it starts."""
+    tcp.use_run_key(key, stop_asked)
 
 
 def collective(via: Via | None) -> bool:

@@ -42,6 +42,9 @@ class BroadcastPublisher:
             self.group.send(self._gathered)
         self._gathered = None
 
+    def sent_bytes(self) -> None:
+        return None
+
     def checkpoint(self, folder: Path) -> None:
         # no weights file to copy: the checkpoint's policy (export, resume) is written here
         self.source.save(None if self.source.rank_follower else str(folder / policy_name(self.source.model)))

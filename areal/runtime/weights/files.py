@@ -48,6 +48,9 @@ class FilesPublisher:
     def reported(self) -> None:
         pass
 
+    def sent_bytes(self) -> None:
+        return None
+
     def checkpoint(self, folder: Path) -> None:
         pass  # the controller copies the published file into the checkpoint as it seals it
 

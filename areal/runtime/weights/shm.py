@@ -89,6 +89,9 @@ class ShmPublisher:
     def reported(self) -> None:
         pass
 
+    def sent_bytes(self) -> None:
+        return None
+
     def checkpoint(self, folder: Path) -> None:
         self.source.save(None if self.source.rank_follower else str(folder / policy_name(self.source.model)))
 

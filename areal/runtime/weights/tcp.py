@@ -12,17 +12,21 @@ is encrypted and a stranger is answered nothing.
 
 A follower that asks for a version the trainer has since dropped (it published `keep` newer ones) is told the
 newest it holds and keeps what it has: that version's update follows. A trainer that does not answer within
-`ANSWER_TIMEOUT_S` is an error naming its endpoint. Chosen over torch.distributed (gloo) by shape more than by
-speed: gloo's group is fixed when it forms, so a restarted follower, or one on a node added later, could not join
-it; benchmarks/bench_weights.py times both routes (its `tcp` and `broadcast` rows, docs/benchmarks.md). The
-checkpoint gets the policy as a file, written by the trainer (no published file exists to copy).
+`ANSWER_TIMEOUT_S` is an error naming its endpoint. A follower told to stop while it waits (its trainer's node
+lost, the run ending) gives up the fetch at once and keeps what it holds, rather than wait out that timeout. Chosen
+over torch.distributed (gloo) by shape more than by speed: gloo's group is fixed when it forms, so a restarted
+follower, or one on a node added later, could not join it; benchmarks/bench_weights.py times both routes (its `tcp`
+and `broadcast` rows, docs/benchmarks.md). The checkpoint gets the policy as a file, written by the trainer (no
+published file exists to copy).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import msgpack  # type: ignore[import-untyped]
@@ -40,21 +44,24 @@ from areal.runtime.wire.weight_update import Via
 
 KIND = "tcp"
 ANSWER_TIMEOUT_S = 300.0  # a version of a large model takes a while at the far end of a slow link
-POLL_MS = 200  # how often the serving thread looks whether it should stop
+POLL_MS = 200  # how often the serving thread, and a waiting follower, look whether they should stop
 logger = logging.getLogger(__name__)
 _keys: list[RunKey] = []  # the run's key in this process (a worker arms it once: `use_run_key`)
+_stop_asked: list[Callable[[], bool]] = []  # the worker's "was I told to stop?" (armed with the key)
 
 
-def use_run_key(key: RunKey | None) -> None:
-    """The key this process's sockets present (the run's, read from its run directory); None: loopback, unarmed."""
+def use_run_key(key: RunKey | None, stop_asked: Callable[[], bool] | None = None) -> None:
+    """The key this process's sockets present (the run's, read from its run directory; None: loopback, unarmed),
+    and what a fetch asks while it waits, to give up when the worker is told to stop."""
     _keys[:] = [key] if key is not None else []
+    _stop_asked[:] = [stop_asked] if stop_asked is not None else []
 
 
 class TcpPublisher:
     def __init__(self, source: Source) -> None:
         self.source = source
         self.versions: dict[int, tuple[bytes, list[Tensor]]] = {}  # version -> (index, tensors), the newest `keep`
-        self.served_bytes: dict[int, int] = {}  # version -> bytes sent to followers (benchmarks read it)
+        self.served_bytes: dict[int, int] = {}  # version -> bytes sent to followers (the step records' sum)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.endpoint = ""
@@ -88,6 +95,10 @@ class TcpPublisher:
     def reported(self) -> None:
         pass
 
+    def sent_bytes(self) -> int:
+        with self._lock:
+            return sum(self.served_bytes.values())
+
     def checkpoint(self, folder: Path) -> None:
         self.source.save(None if self.source.rank_follower else str(folder / policy_name(self.source.model)))
 
@@ -119,15 +130,17 @@ class TcpPublisher:
                 index, tensors = held
                 frames = [t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"" for t in tensors]
                 socket.send_multipart([peer, index, *frames], copy=False)
-                self.served_bytes[version] = self.served_bytes.get(version, 0) + sum(
-                    t.numel() * t.element_size() for t in tensors)
+                with self._lock:
+                    self.served_bytes[version] = self.served_bytes.get(version, 0) + sum(
+                        t.numel() * t.element_size() for t in tensors)
         finally:
             socket.close(linger=0)
 
 
 def receive(via: Via, follower: Follower, version: int) -> bool:
     """Fetch `version` from the trainer at `via.where` and load it. False if the trainer has dropped it since (it
-    published `keep` newer versions): the newest's update follows, and the follower keeps what it holds."""
+    published `keep` newer versions: the newest's update follows) or the worker was told to stop meanwhile: the
+    follower keeps what it holds."""
     state = fetch(via.where, version)
     if state is None:
         return False
@@ -136,7 +149,8 @@ def receive(via: Via, follower: Follower, version: int) -> bool:
 
 
 def fetch(endpoint: str, version: int, timeout_s: float = ANSWER_TIMEOUT_S) -> dict[str, Tensor] | None:
-    """Version `version`'s tensors from the trainer serving at `endpoint`; None when it holds only newer ones."""
+    """Version `version`'s tensors from the trainer serving at `endpoint`; None when it holds only newer ones, or
+    when the worker is told to stop while it waits."""
     socket = zmq.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     try:
@@ -144,8 +158,15 @@ def fetch(endpoint: str, version: int, timeout_s: float = ANSWER_TIMEOUT_S) -> d
             _keys[0].dial(socket)
         socket.connect(endpoint)
         socket.send(msgpack.packb({"version": version}))
-        if not socket.poll(int(timeout_s * 1000)):
-            raise RunError(f"weights v{version}: the trainer at {endpoint} did not answer within {timeout_s:.0f} s")
+        deadline = time.monotonic() + timeout_s
+        while not socket.poll(max(0, min(POLL_MS, int((deadline - time.monotonic()) * 1000)))):
+            if _stop_asked and _stop_asked[0]():
+                logger.info("weights v%d: told to stop while waiting for the trainer at %s; keeping what it holds",
+                            version, endpoint)
+                return None
+            if time.monotonic() >= deadline:
+                raise RunError(f"weights v{version}: the trainer at {endpoint} did not answer within "
+                               f"{timeout_s:.0f} s")
         frames = socket.recv_multipart(copy=False)
     finally:
         socket.close(linger=0)

@@ -45,6 +45,11 @@ class Publisher(Protocol):
         """The controller has been told of the version (a broadcast sends it now: the followers join)."""
         ...
 
+    def sent_bytes(self) -> int | None:
+        """Bytes sent to followers over the network so far; None where the transport cannot count them (files and
+        shared memory are read where they lie; a broadcast's bytes are gloo's)."""
+        ...
+
     def checkpoint(self, folder: Path) -> None:
         """This transport's part of a checkpoint: the policy file, where no published file is copied."""
         ...

@@ -90,7 +90,7 @@ class Worker(MapRole, StreamRole, TrainerRole):
         self.worker_id = f"{pool_name}[{replica}]"
         self.control = control
         self.key = run_key(plan)
-        weights.arm(self.key)
+        weights.arm(self.key, self._stop_asked)
         # on a node without the run directory: a copy of it here, whose new records, spans and log go back
         self.mirror = Mirror(plan.run_dir, plan.home_run_dir, self.worker_id) if plan.home_run_dir else None
         recipe = load_recipe(plan.recipe, plan.overrides)
@@ -196,6 +196,11 @@ class Worker(MapRole, StreamRole, TrainerRole):
         while (raw := self.control.recv(0)) is not None:
             command = cmd.parse(raw if self.mirror is None else self.mirror.localised(raw))
             COMMANDS[type(command)](self, command)
+
+    def _stop_asked(self) -> bool:
+        """Asked while the worker waits outside its loop (a weights fetch): its commands carried out, stopping?"""
+        self._commands()
+        return self.stopping
 
     def _on_stop(self, command: cmd.Stop) -> None:
         self.stopping = True

@@ -156,6 +156,8 @@ class TrainerRole:
                                     f"(from {step} it went to {self.trained_version})")
         with self.spans.timed("publish", "publish weights", version=self.trained_version):
             via = self.publisher.publish(self.trained_version)
+        if (sent := self.publisher.sent_bytes()) is not None:
+            stats["weights_sent_mib"] = sent / 2**20
         self.spans.add("step", "train step", began, time.monotonic(), version=self.trained_version,
                        samples=batch.size if batch is not None else 0)
         if self.follower:
