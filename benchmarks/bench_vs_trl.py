@@ -282,13 +282,27 @@ def summary(by_seed: list[list[Outcome]], margin: float) -> str:
                        "standard error of the gain):", *_grid(head, body)])
 
 
+def finished(path: Path, etas: list[int]) -> list[Outcome] | None:
+    """The outcomes a finished seed left under --out, if its arms are this invocation's (else an error)."""
+    if not path.exists():
+        return None
+    outcomes = [Outcome(**o) for o in json.loads(path.read_text())]
+    arms = [o.name for o in outcomes[1:]]
+    wanted = ["areal sync", *(f"areal async η={eta}" for eta in etas)]
+    if arms != wanted:
+        raise SystemExit(f"{path} holds the arms {arms}, this run asks for {wanted}: give another --out, or the "
+                         f"--etas it ran with")
+    return outcomes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small smoke configuration (a few minutes)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--etas", type=int, nargs="+", default=list(ETAS), help="the async arms' staleness bounds")
     parser.add_argument("--samples", type=int, default=8, help="the one evaluator's samples of each held-out task")
-    parser.add_argument("--out", type=Path, help="folder for the runs (default: a new temp folder)")
+    parser.add_argument("--out", type=Path, help="folder for the runs (default: a new temp folder); a seed finished "
+                        "there already is read back, not run again")
     parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
     parser.add_argument("--margin", type=float, default=0.10, help="threshold = warm-start pass@1 + margin")
     args = parser.parse_args()
@@ -302,6 +316,11 @@ def main() -> None:
           f"{root}", flush=True)
     by_seed = []
     for seed in args.seeds:
+        done = finished(root / f"seed-{seed}" / "outcomes.json", args.etas)
+        if done is not None:  # a seed an earlier invocation finished under --out: read, not run again
+            print(f"seed {seed}: read from {root / f'seed-{seed}' / 'outcomes.json'}", flush=True)
+            by_seed.append(done)
+            continue
         warm = heldout_pass(None, samples, seed, GENERATION)
         print(f"seed {seed}: warm start {warm['pass@1']:.3f} ± {warm['pass@1_se']:.3f} "
               f"({warm['seconds']:.0f} s to score)", flush=True)

@@ -31,6 +31,23 @@ def test_areal_overrides_validate_and_pin_the_shared_settings(mode: str) -> None
     assert config.max_minutes is None
 
 
+def test_a_seed_finished_under_out_is_read_back_and_one_with_other_arms_is_refused(tmp_path: Path) -> None:
+    import json
+    from dataclasses import asdict
+
+    rounds = [{"version": 0, "wall_s": 0.0, "pass@1": 0.2, "se": 0.01}]
+    outcomes = [bench.Outcome(name, 96, 9.5, 200.0, [], rounds=rounds)
+                for name in ("TRL 1.16.0", "areal sync", "areal async η=2")]
+    path = tmp_path / "seed-1" / "outcomes.json"
+    assert bench.finished(path, [2]) is None  # not run yet
+    path.parent.mkdir()
+    path.write_text(json.dumps([asdict(o) for o in outcomes]))
+    assert bench.finished(path, [2]) == outcomes
+    with pytest.raises(SystemExit, match=r"holds the arms \['areal sync', 'areal async η=2'\], this run asks for "
+                                         r"\['areal sync', 'areal async η=1', 'areal async η=2'\]"):
+        bench.finished(path, [1, 2])
+
+
 def test_time_to_threshold_takes_the_first_round_in_time_order() -> None:
     rounds = [{"version": 20, "wall_s": 30.0, "pass@1": 0.4}, {"version": 10, "wall_s": 12.0, "pass@1": 0.3},
               {"version": 0, "wall_s": 1.0, "pass@1": 0.1}]
