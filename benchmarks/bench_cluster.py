@@ -10,7 +10,7 @@ this machine, named 127.0.0.1, so the runs share its cores and differ only in wh
   (benchmarks/scale_model.py, as bench_scale.py's scaling table).
 - **lost**: the three-node run losing the node of one generator and one reward replica at version 2, a node
   added back when the run says what its replicas wait for: seconds from the loss to the run's next step, to the
-  run saying so, and to the replaced generator's first sample.
+  run saying so, and to the replaced generator's first sample, and the steps trained meanwhile.
 - **bytes**: the code recipe (the tiny coder) on three nodes, one run per transport that crosses hosts: the size
   of a version, the versions after v0 the generators on other nodes loaded (their spans), and the bytes moved
   across hosts per version: counted by the trainer for tcp (`weights_sent_mib`), the version's size times the
@@ -115,6 +115,7 @@ def lost(args: argparse.Namespace, tmp: Path) -> list[str]:
                 if "new" in marks and "sample" not in marks and all(
                         w.process.host == marks["new"] and w.counts.get("samples", 0) > 0 for w in replaced):
                     marks["sample"] = now
+                    marks["meanwhile"] = controller.state.version - marks["at"]  # steps with one generator fewer
 
         settings = [*emulated(args), *SPREAD, f"steps={max(args.steps, 8)}",
                     f'placement={{"rollout": {GENERATORS}, "score": 2}}',
@@ -127,7 +128,8 @@ def lost(args: argparse.Namespace, tmp: Path) -> list[str]:
 
     return [f"lost {', '.join(marks['replicas'])} at version {marks['at']}: next step after {since('step')} s, "
             f"the run said what they wait for after {since('said')} s (a node was added then), the replaced "
-            f"generator's first sample after {since('sample')} s"]
+            f"generator's first sample after {since('sample')} s; {marks.get('meanwhile', '?')} steps trained "
+            f"meanwhile"]
 
 
 def bytes_moved(args: argparse.Namespace, tmp: Path) -> list[str]:
