@@ -37,7 +37,6 @@ from typing import Any
 import bench_scale
 
 ROOT = Path(__file__).resolve().parents[1]
-GROUP = 8
 GENERATORS = 2
 THREE_NODES = [(2, {"gen": 2}), (2, {"gen": 2}), (2, {"train": 2})]  # (CPUs, custom resources) of each node
 ONE_NODE = [(6, {"gen": GENERATORS, "train": 2})]  # as many CPUs, and both kinds of room, on one node
@@ -48,9 +47,9 @@ CODE = ["batch_size=2", "group_size=2", "generation.max_new_tokens=16", "eval.ta
 
 
 @contextmanager
-def simulated(nodes: list[tuple[int, dict[str, float]]]) -> Iterator[Any]:
+def simulated(nodes: list[tuple[int, dict[str, float]]]) -> Iterator[tuple[Any, list[Any]]]:
     """A head with no CPUs and one worker node per entry of `nodes` (its CPUs and custom resources), on
-    127.0.0.1, with this process connected to it."""
+    127.0.0.1, with this process connected to it: the cluster, and its worker nodes in `nodes`' order."""
     import ray
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
@@ -60,9 +59,9 @@ def simulated(nodes: list[tuple[int, dict[str, float]]]) -> Iterator[Any]:
     sim = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False,
                                                         "node_ip_address": "127.0.0.1"})
     try:
-        sim.nodes_added = [add_node(sim, *node) for node in nodes]
+        added = [add_node(sim, *node) for node in nodes]
         ray.init(address=sim.address, log_to_driver=False)
-        yield sim
+        yield sim, added
     finally:
         ray.shutdown()
         sim.shutdown()
@@ -97,11 +96,11 @@ def lost(args: argparse.Namespace, tmp: Path) -> list[str]:
     from areal.cli.run import build_controller
 
     marks: dict[str, Any] = {}
-    with simulated(THREE_NODES) as sim:
+    with simulated(THREE_NODES) as (sim, added):
         def lose_and_replace(controller: Any) -> None:  # in the controller's loop: Ray adds nodes from here
             now = time.monotonic()
             if "lost" not in marks and controller.state.version >= 2:
-                node = sim.nodes_added[1]
+                node = added[1]
                 marks.update(lost=now, at=controller.state.version, replicas=[
                     w.worker_id for w in controller.workers.values() if w.process.host == node.node_id])
                 sim.remove_node(node)
@@ -117,7 +116,7 @@ def lost(args: argparse.Namespace, tmp: Path) -> list[str]:
                     marks["sample"] = now
                     marks["meanwhile"] = controller.state.version - marks["at"]  # steps with one generator fewer
 
-        settings = [*emulated(args), *SPREAD, f"steps={max(args.steps, 8)}",
+        settings = [*emulated(args), f"steps={max(args.steps, 8)}",
                     f'placement={{"rollout": {GENERATORS}, "score": 2}}',
                     'cluster.resources={"rollout": {"gen": 1}, "score": {"gen": 1}, "actor": {"train": 1}}',
                     'cluster.strategies={"rollout": "STRICT_SPREAD", "score": "STRICT_SPREAD"}']

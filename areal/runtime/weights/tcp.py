@@ -61,7 +61,7 @@ class TcpPublisher:
     def __init__(self, source: Source) -> None:
         self.source = source
         self.versions: dict[int, tuple[bytes, list[Tensor]]] = {}  # version -> (index, tensors), the newest `keep`
-        self.served_bytes: dict[int, int] = {}  # version -> bytes sent to followers (the step records' sum)
+        self.served_bytes = 0  # sent to followers, every fetch of every version (the step records' weights_sent_mib)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.endpoint = ""
@@ -96,8 +96,7 @@ class TcpPublisher:
         pass
 
     def sent_bytes(self) -> int:
-        with self._lock:
-            return sum(self.served_bytes.values())
+        return self.served_bytes  # an int, written by the serving thread alone
 
     def checkpoint(self, folder: Path) -> None:
         self.source.save(None if self.source.rank_follower else str(folder / policy_name(self.source.model)))
@@ -130,9 +129,7 @@ class TcpPublisher:
                 index, tensors = held
                 frames = [t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"" for t in tensors]
                 socket.send_multipart([peer, index, *frames], copy=False)
-                with self._lock:
-                    self.served_bytes[version] = self.served_bytes.get(version, 0) + sum(
-                        t.numel() * t.element_size() for t in tensors)
+                self.served_bytes += sum(t.numel() * t.element_size() for t in tensors)
         finally:
             socket.close(linger=0)
 
