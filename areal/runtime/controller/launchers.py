@@ -2,23 +2,30 @@
 `WorkerHandle` the controller can poll and kill, wherever the worker runs), and the launcher of local child
 processes. Ray's launcher is ray_launcher.py; placement.py picks one.
 
-`LocalLauncher` starts a child process in its own session, killed with its whole group, and told by Linux to
-die when the controller dies; whatever it started dies with it (its guard, reaper.py).
+`LocalLauncher` forks each worker from a fork server (areal/runtime/worker/forkserver.py) that has imported what
+workers import, so a run pays torch's import once, not once per worker and restart. Each worker runs in its own
+session, killed with its whole group, and dies when the controller dies (the fork server does, and takes its
+children with it); whatever a worker started dies with it (its guard, reaper.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from areal.errors import RunError
 from areal.runtime.compiler.plan import Plan
 
 KILL_WAIT_S = 10.0
+START_TIMEOUT_S = 300.0  # the fork server's imports, on a loaded machine
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class WorkerHandle(Protocol):
 
 class Launcher(Protocol):
     def start(self, spec: WorkerSpec) -> WorkerHandle: ...
+    def close(self) -> None: ...  # the run is over: release what starting workers needed
 
 
 def worker_spec(plan: Plan, plan_path: Path, pool: str, replica: int, version: int, resume_dir: Path | None,
@@ -74,37 +82,138 @@ def worker_spec(plan: Plan, plan_path: Path, pool: str, replica: int, version: i
 # ---- local processes -------------------------------------------------------------------------------
 
 
-class LocalHandle:
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
-        self.process = process
-        self.pid = process.pid
+class ForkServer:
+    """The controller's end of a fork server (areal/runtime/worker/forkserver.py): one process that has imported
+    what workers import, asked over a pipe to fork each worker, and telling back each one's pid and exit."""
+
+    def __init__(self, log_path: Path) -> None:
+        replies, reply_end = os.pipe()
+        with open(log_path, "ab") as log:
+            # its own session, out of reach of the terminal's ^C like the workers; dies with the controller
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "areal.runtime.worker.forkserver", str(reply_end)], stdin=subprocess.PIPE,
+                stdout=log, stderr=subprocess.STDOUT, pass_fds=(reply_end,), start_new_session=True,
+                preexec_fn=_die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        os.close(reply_end)
+        self.log_path = log_path
+        self._replies = replies
+        self._unread = b""
+        self._asked = 0
+        self._pids: dict[int, int] = {}  # request id -> the child's pid
+        self._exits: dict[int, int] = {}  # pid -> exit status, until its handle takes it
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def start(self, module: str, args: tuple[str, ...], log_path: Path, env: dict[str, str]) -> ForkedHandle:
+        """Fork `python -m module args` with its output on `log_path`; waits for its pid (the first start waits
+        for the server's imports)."""
+        self._asked += 1
+        request = {"id": self._asked, "module": module, "args": list(args), "log": str(log_path), "env": env,
+                   "cwd": os.getcwd()}
+        try:
+            assert self.process.stdin is not None
+            self.process.stdin.write((json.dumps(request) + "\n").encode())
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died: said below, with its log
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self._asked not in self._pids:
+            if not self.alive() or time.monotonic() > deadline:
+                self.close()
+                raise RunError(f"the fork server that starts local workers {self._why_not()}; see {self.log_path}")
+            self.read_replies(0.2)
+        return ForkedHandle(self, self._pids.pop(self._asked))
+
+    def exit_status(self, pid: int) -> int | None:
+        """The child's exit status once it ended (SIGKILL's if the server died: its children died with it)."""
+        self.read_replies(0.0)
+        if pid in self._exits:
+            return self._exits.pop(pid)
+        return None if self.alive() else -signal.SIGKILL
+
+    def close(self) -> None:
+        """End of file on its stdin ends it; its children end with it."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            try:
+                self.process.stdin.close()
+            except BrokenPipeError:
+                pass
+        try:
+            self.process.wait(timeout=KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=KILL_WAIT_S)
+        if self._replies >= 0:
+            os.close(self._replies)
+            self._replies = -1
+
+    def _why_not(self) -> str:
+        code = self.process.poll()
+        return f"exited with code {code}" if code is not None else f"gave no pid within {START_TIMEOUT_S:.0f} s"
+
+    def read_replies(self, timeout: float) -> None:
+        if self._replies < 0 or not select.select([self._replies], [], [], timeout)[0]:
+            return
+        data = os.read(self._replies, 1 << 16)
+        *lines, self._unread = (self._unread + data).split(b"\n")
+        for line in lines:
+            reply = json.loads(line)
+            if "pid" in reply:
+                self._pids[reply["id"]] = reply["pid"]
+                self._exits.pop(reply["pid"], None)  # an earlier child's pid, reused
+            else:
+                self._exits[reply["exit"]] = reply["status"]
+
+
+class ForkedHandle:
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self.server = server
+        self.pid = pid
         self.node = self.host = "local"
+        self._status: int | None = None
 
     def poll(self) -> int | None:
-        return self.process.poll()
+        if self._status is None:
+            self._status = self.server.exit_status(self.pid)
+        return self._status
 
     def waiting(self) -> str | None:
         return None  # a local process starts at once
 
     def kill(self) -> None:
-        """Kill the worker's whole session (it and the processes it started) by its pid."""
+        """Kill the worker's whole session (it and the processes it started) by its pid; wait for its exit."""
+        if self.poll() is not None:
+            return
         try:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            os.killpg(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        self.process.wait(timeout=KILL_WAIT_S)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while self.poll() is None and time.monotonic() < deadline:
+            self.server.read_replies(0.1)
 
 
 class LocalLauncher:
-    def start(self, spec: WorkerSpec) -> LocalHandle:
-        argv = [sys.executable, "-m", "areal.runtime.worker.main", *spec.args]
-        with open(spec.log_path, "ab") as out:
-            # own session: the worker and whatever it starts (sandbox processes) die together
-            # and die with the controller: a kill -9 of the run must not leave workers behind
-            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True, preexec_fn=_die_with_parent,
-                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        return LocalHandle(process)
+    """Local workers, forked by a fork server the launcher starts with its first worker and ends in `close`."""
+
+    def __init__(self) -> None:
+        self._server: ForkServer | None = None
+
+    def start(self, spec: WorkerSpec) -> ForkedHandle:
+        with open(spec.log_path, "ab"):
+            pass  # a log the worker could not write fails here, in the controller, naming the file
+        if self._server is None or not self._server.alive():
+            self._server = ForkServer(spec.log_path.parent / "forkserver.log")
+        # own session: the worker and whatever it starts (sandbox processes) die together
+        # and die with the controller: a kill -9 of the run must not leave workers behind
+        return self._server.start("areal.runtime.worker.main", spec.args, spec.log_path,
+                                  {**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
 
 
 def _die_with_parent() -> None:

@@ -20,8 +20,8 @@ from pathlib import Path
 from areal.config import ClusterConfig
 from areal.runtime.compiler.plan import Plan
 from areal.runtime.controller.launchers import (
+    ForkedHandle,
     Launcher,
-    LocalHandle,
     LocalLauncher,
     WorkerHandle,
     WorkerSpec,
@@ -29,7 +29,7 @@ from areal.runtime.controller.launchers import (
 )
 from areal.runtime.controller.ray_launcher import RayHandle, RayLauncher, check_endpoints, ray_session
 
-__all__ = ["Launcher", "LocalHandle", "LocalLauncher", "RayHandle", "RayLauncher", "WorkerHandle", "WorkerSpec",
+__all__ = ["Launcher", "ForkedHandle", "LocalLauncher", "RayHandle", "RayLauncher", "WorkerHandle", "WorkerSpec",
            "check_endpoints", "lands_on", "launcher_for", "weights_landing", "worker_spec"]
 
 

@@ -1,0 +1,140 @@
+"""Local workers forked from a run's fork server: each is what a freshly started `python -m` process would be, its
+exit status comes back, and it dies with its session, its server and the controller."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from areal.errors import RunError
+from areal.runtime.controller.launchers import ForkServer
+
+PROBE = textwrap.dedent("""
+    import json, os, random, signal, subprocess, sys
+
+    def main(argv):
+        what, code = argv
+        print(json.dumps({"argv": argv, "leads_session": os.getsid(0) == os.getpid(), "env": os.environ.get("PROBE"),
+                          "draw": random.random(), "stdin": sys.stdin.read(),
+                          "sigchld_default": signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL,
+                          "cwd": os.getcwd()}), flush=True)
+        print("said on stderr", file=sys.stderr, flush=True)
+        if what == "child":  # a worker that started a process of its own, like a sandbox
+            child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+            print(json.dumps({"child": child.pid}), flush=True)
+        if what in ("child", "wait"):
+            signal.pause()
+        return int(code)
+""")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the tests that share it: each start pays the imports once."""
+    home = tmp_path_factory.mktemp("forkserver")
+    (home / "probe_worker.py").write_text(PROBE)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(home)  # the server runs with -m: its working directory is on its path
+        fork_server = ForkServer(home / "forkserver.log")
+    yield fork_server
+    fork_server.close()
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def wait_for(pid: int, timeout_s: float) -> bool:
+    """True once the process has exited (a pidfd turns readable), whoever its parent is."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout_s)[0])
+    finally:
+        os.close(fd)
+
+
+def status_within(handle, timeout_s: float) -> int | None:
+    if wait_for(handle.pid, timeout_s):
+        for _ in range(100):  # the server reaps it and says so right after it exits
+            if handle.poll() is not None:
+                return handle.poll()
+            handle.server.read_replies(0.1)
+    return handle.poll()
+
+
+def test_each_forked_worker_is_a_new_process_with_its_log_environment_and_exit_status(server, tmp_path, monkeypatch):
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # where the controller is when it asks, not where the server started
+    env = {**os.environ, "PROBE": "given"}
+    first = server.start("probe_worker", ("exit", "3"), tmp_path / "a.log", env)
+    second = server.start("probe_worker", ("exit", "5"), tmp_path / "b.log", {**env, "PROBE": "other"})
+    assert (status_within(first, 60), status_within(second, 60)) == (3, 5)
+    a, b = lines(tmp_path / "a.log")[0], lines(tmp_path / "b.log")[0]
+    assert (a["argv"], a["env"], b["env"]) == (["exit", "3"], "given", "other")
+    assert a["leads_session"] and b["leads_session"] and a["sigchld_default"] and a["stdin"] == ""
+    assert a["draw"] != b["draw"]  # seeded afresh, not the server's sequence twice
+    assert a["cwd"] == str(tmp_path / "elsewhere")
+    assert "said on stderr" in (tmp_path / "a.log").read_text()
+    assert first.pid not in {os.getpid(), server.process.pid} and first.pid != second.pid
+
+
+def test_kill_ends_the_workers_whole_session_and_reports_sigkill(server, tmp_path):
+    handle = server.start("probe_worker", ("child", "0"), tmp_path / "w.log", dict(os.environ))
+    for _ in range(600):
+        if (tmp_path / "w.log").exists() and any("child" in line for line in lines(tmp_path / "w.log")):
+            break
+        server.read_replies(0.1)
+    child = next(line["child"] for line in lines(tmp_path / "w.log") if "child" in line)
+    assert handle.poll() is None
+    handle.kill()
+    assert handle.poll() == -signal.SIGKILL
+    assert wait_for(child, 10.0)  # the worker's own child went down with it
+
+
+def test_a_worker_dies_with_its_fork_server_and_the_server_with_the_controller(tmp_path):
+    (tmp_path / "probe_worker.py").write_text(PROBE)
+    # a controller of its own, in a process this test can kill: it starts a server, forks a worker, says both pids
+    controller = textwrap.dedent(f"""
+        import json, os, sys
+        from pathlib import Path
+        from areal.runtime.controller.launchers import ForkServer
+        server = ForkServer(Path({str(tmp_path)!r}) / "forkserver.log")
+        worker = server.start("probe_worker", ("wait", "0"), Path({str(tmp_path)!r}) / "w.log", dict(os.environ))
+        print(json.dumps({{"server": server.process.pid, "worker": worker.pid}}), flush=True)
+        sys.stdin.read()
+    """)
+    process = subprocess.Popen([sys.executable, "-c", controller], cwd=tmp_path, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        pids = json.loads(process.stdout.readline())
+        assert not wait_for(pids["worker"], 0.2)
+        process.kill()
+        assert wait_for(pids["server"], 30.0) and wait_for(pids["worker"], 30.0)
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def test_a_worker_whose_module_cannot_be_imported_exits_1_with_the_error_in_its_log(server, tmp_path):
+    handle = server.start("no_such_worker_module", (), tmp_path / "w.log", dict(os.environ))
+    assert status_within(handle, 60) == 1
+    assert "No module named 'no_such_worker_module'" in (tmp_path / "w.log").read_text()
+    assert server.alive()  # the server goes on forking
+
+
+def test_a_fork_server_that_cannot_start_is_said_with_its_log(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # exits at once, as a broken install would
+    with pytest.raises(RunError, match=r"fork server that starts local workers exited with code 1; see .*forkserver"):
+        ForkServer(tmp_path / "forkserver.log").start("probe_worker", (), tmp_path / "w.log", dict(os.environ))
