@@ -39,11 +39,7 @@ PROBE = textwrap.dedent("""
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One server for the tests that share it: each start pays the imports once."""
-    home = tmp_path_factory.mktemp("forkserver")
-    (home / "probe_worker.py").write_text(PROBE)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(home)  # the server runs with -m: its working directory is on its path
-        fork_server = ForkServer(home / "forkserver.log")
+    fork_server = ForkServer()
     yield fork_server
     fork_server.close()
 
@@ -73,9 +69,15 @@ def status_within(handle, timeout_s: float) -> int | None:
     return handle.poll()
 
 
-def test_each_forked_worker_is_a_new_process_with_its_log_environment_and_exit_status(server, tmp_path, monkeypatch):
-    (tmp_path / "elsewhere").mkdir()
-    monkeypatch.chdir(tmp_path / "elsewhere")  # where the controller is when it asks, not where the server started
+@pytest.fixture(autouse=True)
+def probe_here(tmp_path, monkeypatch):
+    """The probe module in the directory the test asks from: a worker imports from its controller's directory, as
+    `python -m` there would, not from wherever the server started."""
+    (tmp_path / "probe_worker.py").write_text(PROBE)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_each_forked_worker_is_a_new_process_with_its_log_environment_and_exit_status(server, tmp_path):
     env = {**os.environ, "PROBE": "given"}
     first = server.start("probe_worker", ("exit", "3"), tmp_path / "a.log", env)
     second = server.start("probe_worker", ("exit", "5"), tmp_path / "b.log", {**env, "PROBE": "other"})
@@ -84,7 +86,7 @@ def test_each_forked_worker_is_a_new_process_with_its_log_environment_and_exit_s
     assert (a["argv"], a["env"], b["env"]) == (["exit", "3"], "given", "other")
     assert a["leads_session"] and b["leads_session"] and a["sigchld_default"] and a["stdin"] == ""
     assert a["draw"] != b["draw"]  # seeded afresh, not the server's sequence twice
-    assert a["cwd"] == str(tmp_path / "elsewhere")
+    assert a["cwd"] == str(tmp_path)
     assert "said on stderr" in (tmp_path / "a.log").read_text()
     assert first.pid not in {os.getpid(), server.process.pid} and first.pid != second.pid
 
@@ -103,13 +105,12 @@ def test_kill_ends_the_workers_whole_session_and_reports_sigkill(server, tmp_pat
 
 
 def test_a_worker_dies_with_its_fork_server_and_the_server_with_the_controller(tmp_path):
-    (tmp_path / "probe_worker.py").write_text(PROBE)
     # a controller of its own, in a process this test can kill: it starts a server, forks a worker, says both pids
     controller = textwrap.dedent(f"""
         import json, os, sys
         from pathlib import Path
         from areal.runtime.controller.launchers import ForkServer
-        server = ForkServer(Path({str(tmp_path)!r}) / "forkserver.log")
+        server = ForkServer()
         worker = server.start("probe_worker", ("wait", "0"), Path({str(tmp_path)!r}) / "w.log", dict(os.environ))
         print(json.dumps({{"server": server.process.pid, "worker": worker.pid}}), flush=True)
         sys.stdin.read()
@@ -136,5 +137,15 @@ def test_a_worker_whose_module_cannot_be_imported_exits_1_with_the_error_in_its_
 
 def test_a_fork_server_that_cannot_start_is_said_with_its_log(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "executable", "/bin/false")  # exits at once, as a broken install would
-    with pytest.raises(RunError, match=r"fork server that starts local workers exited with code 1; see .*forkserver"):
-        ForkServer(tmp_path / "forkserver.log").start("probe_worker", (), tmp_path / "w.log", dict(os.environ))
+    with pytest.raises(RunError, match=r"fork server that starts local workers exited with code 1 \(its output is"):
+        ForkServer().start("probe_worker", (), tmp_path / "w.log", dict(os.environ))
+
+
+def test_runs_in_one_process_share_its_fork_server_until_it_dies(tmp_path):
+    from areal.runtime.controller.launchers import fork_server
+
+    first = fork_server()
+    assert fork_server() is first  # a second run pays no imports
+    first.process.kill()
+    first.process.wait(10)
+    assert fork_server() is not first and fork_server().alive()  # a dead one is replaced, not reused

@@ -66,9 +66,6 @@ class _TwoHosts:
     def start(self, spec):
         return _Landed("10.0.0.1" if spec.pool == "actor" else "10.0.0.2")
 
-    def close(self):
-        pass  # nothing started
-
 
 def test_a_run_whose_launcher_puts_the_shm_trainer_apart_from_its_generators_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr("areal.runtime.controller.controller.launcher_for", lambda cluster: _TwoHosts())

@@ -116,7 +116,6 @@ class Controller(WorkerReports, WorkerRecovery):
         self.steps = StepRecorder(len(self.accounting.trained), config.group_size, len(self.trainers) > 1)
         self.restarts = Restarts(config.faults, plan)
         self.workers: dict[str, WorkerProcess] = {}
-        self.launcher = launcher_for(config.cluster)
         self.bad_tasks: list[str] = []
         self._stopping = False
         self._plan_path = self.run_dir / "plan.json"
@@ -172,7 +171,6 @@ class Controller(WorkerReports, WorkerRecovery):
                 error = err
             finally:
                 unwritten = self._shutdown(healthy=error is None or isinstance(error, KeyboardInterrupt))
-                self.launcher.close()
                 for outbox in self.source_out.values():
                     outbox.close()
                 self.control.close()
@@ -193,7 +191,7 @@ class Controller(WorkerReports, WorkerRecovery):
         version = self.versions.current[pool] if spec.role == "train" else self.versions.sampled(spec.model or None)
         launch = worker_spec(self.plan, self._plan_path, pool, replica, version, self.resume_dir, log_path)
         try:
-            process = self.launcher.start(launch)
+            process = launcher_for(self.config.cluster).start(launch)
         except OSError as err:  # its log cannot be opened: a run directory made read-only, a full disk
             raise RunError(f"cannot start {worker_id}: {err.strerror} ({err.filename or log_path}); a run needs "
                            f"its directory {self.run_dir} writable to the end") from None

@@ -3,19 +3,21 @@
 processes. Ray's launcher is ray_launcher.py; placement.py picks one.
 
 `LocalLauncher` forks each worker from a fork server (areal/runtime/worker/forkserver.py) that has imported what
-workers import, so a run pays torch's import once, not once per worker and restart. Each worker runs in its own
+workers import, so a process pays torch's import once, not once per worker, restart and run. Each worker runs in its own
 session, killed with its whole group, and dies when the controller dies (the fork server does, and takes its
 children with it); whatever a worker started dies with it (its guard, reaper.py).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +65,6 @@ class WorkerHandle(Protocol):
 
 class Launcher(Protocol):
     def start(self, spec: WorkerSpec) -> WorkerHandle: ...
-    def close(self) -> None: ...  # the run is over: release what starting workers needed
 
 
 def worker_spec(plan: Plan, plan_path: Path, pool: str, replica: int, version: int, resume_dir: Path | None,
@@ -86,16 +87,16 @@ class ForkServer:
     """The controller's end of a fork server (areal/runtime/worker/forkserver.py): one process that has imported
     what workers import, asked over a pipe to fork each worker, and telling back each one's pid and exit."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self) -> None:
         replies, reply_end = os.pipe()
-        with open(log_path, "ab") as log:
-            # its own session, out of reach of the terminal's ^C like the workers; dies with the controller
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "areal.runtime.worker.forkserver", str(reply_end)], stdin=subprocess.PIPE,
-                stdout=log, stderr=subprocess.STDOUT, pass_fds=(reply_end,), start_new_session=True,
-                preexec_fn=_die_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        # its own session, out of reach of the terminal's ^C like the workers; dies with the controller. It says
+        # nothing unless it fails, and then on the controller's stderr, where the run's own errors go.
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "areal.runtime.worker.forkserver", str(reply_end)], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, pass_fds=(reply_end,), start_new_session=True, preexec_fn=_die_with_parent,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
         os.close(reply_end)
-        self.log_path = log_path
+        self._lock = threading.Lock()  # runs in threads of one process share the server
         self._replies = replies
         self._unread = b""
         self._asked = 0
@@ -108,28 +109,33 @@ class ForkServer:
     def start(self, module: str, args: tuple[str, ...], log_path: Path, env: dict[str, str]) -> ForkedHandle:
         """Fork `python -m module args` with its output on `log_path`; waits for its pid (the first start waits
         for the server's imports)."""
-        self._asked += 1
-        request = {"id": self._asked, "module": module, "args": list(args), "log": str(log_path), "env": env,
-                   "cwd": os.getcwd()}
-        try:
-            assert self.process.stdin is not None
-            self.process.stdin.write((json.dumps(request) + "\n").encode())
-            self.process.stdin.flush()
-        except BrokenPipeError:
-            pass  # it died: said below, with its log
+        with self._lock:
+            self._asked += 1
+            asked = self._asked
+            request = {"id": asked, "module": module, "args": list(args), "log": str(log_path), "env": env,
+                       "cwd": os.getcwd()}
+            try:
+                assert self.process.stdin is not None
+                self.process.stdin.write((json.dumps(request) + "\n").encode())
+                self.process.stdin.flush()
+            except BrokenPipeError:
+                pass  # it died: said below
         deadline = time.monotonic() + START_TIMEOUT_S
-        while self._asked not in self._pids:
+        while asked not in self._pids:
             if not self.alive() or time.monotonic() > deadline:
                 self.close()
-                raise RunError(f"the fork server that starts local workers {self._why_not()}; see {self.log_path}")
+                raise RunError(f"the fork server that starts local workers {self._why_not()} (its output is above, "
+                               f"on stderr)")
             self.read_replies(0.2)
-        return ForkedHandle(self, self._pids.pop(self._asked))
+        with self._lock:
+            return ForkedHandle(self, self._pids.pop(asked))
 
     def exit_status(self, pid: int) -> int | None:
         """The child's exit status once it ended (SIGKILL's if the server died: its children died with it)."""
         self.read_replies(0.0)
-        if pid in self._exits:
-            return self._exits.pop(pid)
+        with self._lock:
+            if pid in self._exits:
+                return self._exits.pop(pid)
         return None if self.alive() else -signal.SIGKILL
 
     def close(self) -> None:
@@ -155,8 +161,12 @@ class ForkServer:
     def read_replies(self, timeout: float) -> None:
         if self._replies < 0 or not select.select([self._replies], [], [], timeout)[0]:
             return
-        data = os.read(self._replies, 1 << 16)
-        *lines, self._unread = (self._unread + data).split(b"\n")
+        with self._lock:
+            try:
+                data = os.read(self._replies, 1 << 16)
+            except (BlockingIOError, OSError):
+                return  # another thread read it first, or the server is closed
+            *lines, self._unread = (self._unread + data).split(b"\n")
         for line in lines:
             reply = json.loads(line)
             if "pid" in reply:
@@ -195,25 +205,34 @@ class ForkedHandle:
 
 
 class LocalLauncher:
-    """Local workers, forked by a fork server the launcher starts with its first worker and ends in `close`."""
-
-    def __init__(self) -> None:
-        self._server: ForkServer | None = None
+    """Local workers, forked by this process's fork server (`fork_server`)."""
 
     def start(self, spec: WorkerSpec) -> ForkedHandle:
         with open(spec.log_path, "ab"):
             pass  # a log the worker could not write fails here, in the controller, naming the file
-        if self._server is None or not self._server.alive():
-            self._server = ForkServer(spec.log_path.parent / "forkserver.log")
         # own session: the worker and whatever it starts (sandbox processes) die together
         # and die with the controller: a kill -9 of the run must not leave workers behind
-        return self._server.start("areal.runtime.worker.main", spec.args, spec.log_path,
-                                  {**os.environ, "PYTHONUNBUFFERED": "1"})
+        return fork_server().start("areal.runtime.worker.main", spec.args, spec.log_path,
+                                   {**os.environ, "PYTHONUNBUFFERED": "1"})
 
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+
+_SERVERS: dict[str, ForkServer] = {}  # by PYTHONPATH, which decides what a worker can import
+
+
+def fork_server() -> ForkServer:
+    """This process's fork server, started on first use and shared by its runs (a test session, a sweep in a
+    notebook pay the imports once); a new one if it died, or if PYTHONPATH changed since it started."""
+    key = os.environ.get("PYTHONPATH", "")
+    server = _SERVERS.get(key)
+    if server is None or not server.alive():
+        server = _SERVERS[key] = ForkServer()
+    return server
+
+
+@atexit.register
+def _close_fork_servers() -> None:
+    for server in _SERVERS.values():
+        server.close()
 
 
 def _die_with_parent() -> None:

@@ -179,9 +179,6 @@ class RayLauncher:
         self._live.setdefault((spec.run_dir, spec.pool), set()).add(spec.replica)
         return RayHandle(self, spec, actor)
 
-    def close(self) -> None:
-        """Nothing to release: placement groups and actors are the session's, kept for the next run."""
-
     def landing(self, specs: list[WorkerSpec], keep: bool) -> list[Landing]:
         """Where each replica of each spec's pool would land now: its group reserved and read (and released,
         unless `keep`, when the run's workers are to be started in it)."""

@@ -2,7 +2,8 @@
 
 A worker started as a fresh interpreter spends seconds of CPU before it does anything: `import torch` alone is
 about 2 s on this project's CI machine, and a run starts four or five workers at once, plus one for every
-restart, on the cores the run itself needs. This process pays that once per run. It reads requests on stdin,
+restart, on the cores the run itself needs. This process pays that once per controller process
+(launchers.py), however many runs and restarts it starts. It reads requests on stdin,
 one JSON line each (`{"id", "module", "args", "log", "env", "cwd"}`), and forks a child that exits with
 `module.main(args)` (areal.runtime.worker.main's, for a worker). On the pipe named by its argument it answers
 each request with the child's pid (`{"id", "pid"}`), and later with its exit status (`{"exit": pid, "status"}`,
@@ -103,6 +104,7 @@ def _become_new(request: dict[str, Any], inherited: tuple[int, ...]) -> None:
     os.dup2(log, 2)
     os.close(log)
     os.chdir(request["cwd"])
+    sys.path[0] = request["cwd"]  # -m put the server's directory first; a worker's own is its controller's
     os.environ.clear()
     os.environ.update(request["env"])
     random.seed()  # a new interpreter seeds from the OS; a fork would repeat the server's sequence
