@@ -6,8 +6,9 @@ Starts `--processes` idle processes of each kind, reads RSS and PSS from /proc/P
 once each has finished its imports, and prints the mean per process and PSS × 256. PSS splits each
 shared page between the processes mapping it, so it is what a host's memory really pays per
 process. The kinds: a bare interpreter, one with the transport (pyzmq, msgpack), one with torch,
-and one with what an emulated areal worker imports (today's spawned workers); then that last
-import done once in this process, the rest forked from it, as a zygote would.
+and one with what an emulated areal worker imports (a worker started as its own interpreter); then
+that last import done once in this process, the rest forked from it, as areal's fork server does
+(areal/runtime/worker/forkserver.py).
 """
 
 from __future__ import annotations
