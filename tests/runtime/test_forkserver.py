@@ -149,3 +149,25 @@ def test_runs_in_one_process_share_its_fork_server_until_it_dies(tmp_path):
     first.process.kill()
     first.process.wait(10)
     assert fork_server() is not first and fork_server().alive()  # a dead one is replaced, not reused
+
+
+def test_a_process_forked_from_the_controller_starts_a_server_of_its_own(tmp_path):
+    from areal.runtime.controller.launchers import fork_server
+
+    parent = fork_server()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a controller forked from this one (multiprocessing's fork, a notebook's helper)
+        os.close(read_end)
+        try:
+            mine = fork_server()
+            os.write(write_end, json.dumps([mine is not parent, mine.alive()]).encode())
+            mine.close()
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    answer = json.loads(os.read(read_end, 100))
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    assert answer == [True, True]
+    assert fork_server() is parent and parent.alive()  # the parent's own server is untouched

@@ -96,6 +96,7 @@ class ForkServer:
             stdout=subprocess.DEVNULL, pass_fds=(reply_end,), start_new_session=True, preexec_fn=_die_with_parent,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         os.close(reply_end)
+        self.owner = os.getpid()  # a process forked from the controller must start its own server, not use this
         self._lock = threading.Lock()  # runs in threads of one process share the server
         self._replies = replies
         self._unread = b""
@@ -224,7 +225,7 @@ def fork_server() -> ForkServer:
     notebook pay the imports once); a new one if it died, or if PYTHONPATH changed since it started."""
     key = os.environ.get("PYTHONPATH", "")
     server = _SERVERS.get(key)
-    if server is None or not server.alive():
+    if server is None or server.owner != os.getpid() or not server.alive():
         server = _SERVERS[key] = ForkServer()
     return server
 
@@ -232,7 +233,8 @@ def fork_server() -> ForkServer:
 @atexit.register
 def _close_fork_servers() -> None:
     for server in _SERVERS.values():
-        server.close()
+        if server.owner == os.getpid():
+            server.close()
 
 
 def _die_with_parent() -> None:
