@@ -96,6 +96,7 @@ class ForkServer:
             stdout=subprocess.DEVNULL, pass_fds=(reply_end,), start_new_session=True, preexec_fn=_die_with_parent,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         os.close(reply_end)
+        os.set_blocking(replies, False)
         self.owner = os.getpid()  # a process forked from the controller must start its own server, not use this
         self._lock = threading.Lock()  # runs in threads of one process share the server
         self._replies = replies
@@ -108,8 +109,8 @@ class ForkServer:
         return self.process.poll() is None
 
     def start(self, module: str, args: tuple[str, ...], log_path: Path, env: dict[str, str]) -> ForkedHandle:
-        """Fork `python -m module args` with its output on `log_path`; waits for its pid (the first start waits
-        for the server's imports)."""
+        """Fork a child that runs `module.main(args)` with its output on `log_path`; waits for its pid (the first
+        start waits for the server's imports)."""
         with self._lock:
             self._asked += 1
             asked = self._asked
@@ -165,16 +166,16 @@ class ForkServer:
         with self._lock:
             try:
                 data = os.read(self._replies, 1 << 16)
-            except (BlockingIOError, OSError):
-                return  # another thread read it first, or the server is closed
+            except OSError:
+                return  # another thread read it first (the pipe does not block), or the server is closed
             *lines, self._unread = (self._unread + data).split(b"\n")
-        for line in lines:
-            reply = json.loads(line)
-            if "pid" in reply:
-                self._pids[reply["id"]] = reply["pid"]
-                self._exits.pop(reply["pid"], None)  # an earlier child's pid, reused
-            else:
-                self._exits[reply["exit"]] = reply["status"]
+            for line in lines:
+                reply = json.loads(line)
+                if "pid" in reply:
+                    self._pids[reply["id"]] = reply["pid"]
+                    self._exits.pop(reply["pid"], None)  # an earlier child's pid, reused
+                else:
+                    self._exits[reply["exit"]] = reply["status"]
 
 
 class ForkedHandle:
