@@ -1,8 +1,10 @@
-"""Killing one worker mid-run, once, from the controller's event hook (`build_controller(on_event=...)`)."""
+"""Killing one worker mid-run, once, from the controller's event hook (`build_controller(on_event=...)`), and
+waiting for any process to end."""
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -23,3 +25,15 @@ class KillOnce:
                 and worker.process.poll() is None and (self.when is None or self.when(controller)):
             os.kill(worker.process.pid, signal.SIGKILL)
             self.killed.append(worker.process.pid)
+
+
+def exits_within(pid: int, timeout_s: float) -> bool:
+    """True once the process has exited (its pidfd turns readable), whoever its parent is."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout_s)[0])
+    finally:
+        os.close(fd)

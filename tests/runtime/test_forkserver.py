@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 
 from areal.errors import RunError
 from areal.runtime.controller.launchers import ForkServer
+from tests.runtime.kills import exits_within
 
 PROBE = textwrap.dedent("""
     import json, os, random, signal, subprocess, sys
@@ -48,20 +48,8 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
 
 
-def wait_for(pid: int, timeout_s: float) -> bool:
-    """True once the process has exited (a pidfd turns readable), whoever its parent is."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        return bool(select.select([fd], [], [], timeout_s)[0])
-    finally:
-        os.close(fd)
-
-
 def status_within(handle, timeout_s: float) -> int | None:
-    if wait_for(handle.pid, timeout_s):
+    if exits_within(handle.pid, timeout_s):
         for _ in range(100):  # the server reaps it and says so right after it exits
             if handle.poll() is not None:
                 return handle.poll()
@@ -101,7 +89,7 @@ def test_kill_ends_the_workers_whole_session_and_reports_sigkill(server, tmp_pat
     assert handle.poll() is None
     handle.kill()
     assert handle.poll() == -signal.SIGKILL
-    assert wait_for(child, 10.0)  # the worker's own child went down with it
+    assert exits_within(child, 10.0)  # the worker's own child went down with it
 
 
 def test_a_worker_dies_with_its_fork_server_and_the_server_with_the_controller(tmp_path):
@@ -120,9 +108,9 @@ def test_a_worker_dies_with_its_fork_server_and_the_server_with_the_controller(t
     try:
         assert process.stdout is not None
         pids = json.loads(process.stdout.readline())
-        assert not wait_for(pids["worker"], 0.2)
+        assert not exits_within(pids["worker"], 0.2)
         process.kill()
-        assert wait_for(pids["server"], 30.0) and wait_for(pids["worker"], 30.0)
+        assert exits_within(pids["server"], 30.0) and exits_within(pids["worker"], 30.0)
     finally:
         process.kill()
         process.wait(10)

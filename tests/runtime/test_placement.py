@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
 import sys
@@ -30,22 +29,9 @@ from areal.runtime.controller.placement import (
     worker_spec,
 )
 from areal.runtime.wire.channels import bind_address
+from tests.runtime.kills import exits_within
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
-
-
-def _exits_within(pid: int, timeout_s: float) -> bool:
-    """Wait on the process itself (a pidfd turns readable when it has exited)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(timeout_s * 1000))
-    finally:
-        os.close(fd)
 
 
 def _controller(tmp_path: Path, *overrides: str):
@@ -167,7 +153,7 @@ def test_ray_backend_trains_every_sample_exactly_once(tmp_path, local_ray):
     for w in controller.workers.values():
         assert isinstance(w.process, RayHandle) and w.process.node == node
         assert w.process.poll() is not None, w.worker_id
-        assert _exits_within(w.process.pid, 10.0), w.worker_id  # the actor's process ends, not idling in Ray
+        assert exits_within(w.process.pid, 10.0), w.worker_id  # the actor's process ends, not idling in Ray
     assert os.getpid() not in {w.process.pid for w in controller.workers.values()}
     groups = local_ray.util.placement_group_table().values()
     assert groups and all(g["state"] == "REMOVED" for g in groups)

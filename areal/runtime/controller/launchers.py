@@ -25,6 +25,7 @@ from typing import Protocol
 
 from areal.errors import RunError
 from areal.runtime.compiler.plan import Plan
+from areal.runtime.worker.reaper import die_with_parent
 
 KILL_WAIT_S = 10.0
 START_TIMEOUT_S = 300.0  # the fork server's imports, on a loaded machine
@@ -93,11 +94,10 @@ class ForkServer:
         # nothing unless it fails, and then on the controller's stderr, where the run's own errors go.
         self.process = subprocess.Popen(
             [sys.executable, "-m", "areal.runtime.worker.forkserver", str(reply_end)], stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, pass_fds=(reply_end,), start_new_session=True, preexec_fn=_die_with_parent,
+            stdout=subprocess.DEVNULL, pass_fds=(reply_end,), start_new_session=True, preexec_fn=die_with_parent,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         os.close(reply_end)
         os.set_blocking(replies, False)
-        self.owner = os.getpid()  # a process forked from the controller must start its own server, not use this
         self._lock = threading.Lock()  # runs in threads of one process share the server
         self._replies = replies
         self._unread = b""
@@ -223,10 +223,11 @@ _SERVERS: dict[str, ForkServer] = {}  # by PYTHONPATH, which decides what a work
 
 def fork_server() -> ForkServer:
     """This process's fork server, started on first use and shared by its runs (a test session, a sweep in a
-    notebook pay the imports once); a new one if it died, or if PYTHONPATH changed since it started."""
+    notebook pay the imports once); a new one if it died, or if PYTHONPATH changed since it started. A process
+    forked from this one starts its own: to it the server is no child, and Popen says a non-child has ended."""
     key = os.environ.get("PYTHONPATH", "")
     server = _SERVERS.get(key)
-    if server is None or server.owner != os.getpid() or not server.alive():
+    if server is None or not server.alive():
         server = _SERVERS[key] = ForkServer()
     return server
 
@@ -234,14 +235,4 @@ def fork_server() -> ForkServer:
 @atexit.register
 def _close_fork_servers() -> None:
     for server in _SERVERS.values():
-        if server.owner == os.getpid():
-            server.close()
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGKILL us when the controller dies."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+        server.close()

@@ -20,7 +20,6 @@ from pathlib import Path
 from areal.config import ClusterConfig
 from areal.runtime.compiler.plan import Plan
 from areal.runtime.controller.launchers import (
-    ForkedHandle,
     Launcher,
     LocalLauncher,
     WorkerHandle,
@@ -29,7 +28,7 @@ from areal.runtime.controller.launchers import (
 )
 from areal.runtime.controller.ray_launcher import RayHandle, RayLauncher, check_endpoints, ray_session
 
-__all__ = ["Launcher", "ForkedHandle", "LocalLauncher", "RayHandle", "RayLauncher", "WorkerHandle", "WorkerSpec",
+__all__ = ["Launcher", "LocalLauncher", "RayHandle", "RayLauncher", "WorkerHandle", "WorkerSpec",
            "check_endpoints", "lands_on", "launcher_for", "weights_landing", "worker_spec"]
 
 

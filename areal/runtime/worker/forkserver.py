@@ -18,7 +18,6 @@ state (torch's own native thread, idle after import, is not copied and is not ne
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import os
@@ -29,8 +28,7 @@ import sys
 from typing import Any
 
 import areal.runtime.worker.main  # noqa: F401  the imports every worker pays, paid once here
-
-PR_SET_PDEATHSIG = 1
+from areal.runtime.worker.reaper import die_with_parent
 
 
 def serve(replies: int) -> dict[str, Any]:
@@ -93,7 +91,7 @@ def _become_new(request: dict[str, Any], inherited: tuple[int, ...]) -> None:
         os.close(fd)
     os.setsid()
     server = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    die_with_parent()
     if os.getppid() != server:
         os._exit(1)  # the fork server died before the child could ask to die with it
     null = os.open(os.devnull, os.O_RDONLY)

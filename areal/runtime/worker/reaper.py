@@ -1,4 +1,5 @@
-"""A worker's process group dies with the worker, however the worker ends.
+"""A worker's process group dies with the worker, however the worker ends; and the worker with its fork server,
+the fork server with its controller (`die_with_parent`).
 
 A local worker leads a process group of its own (placement.py starts it in a new session), and
 whatever it starts (an agent's tool, a sandbox) joins that group. The controller kills the group
@@ -12,9 +13,12 @@ sandbox takes those down with its PID namespace.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 
+PR_SET_PDEATHSIG = 1
 _held: list[int] = []  # the pipe's write end: never closed while the worker lives
 
 
@@ -31,3 +35,9 @@ def guard_process_group() -> int | None:
         os.close(read_end)
     _held.append(write_end)
     return guard.pid
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the thread that forked it ends (a worker's fork server, the fork
+    server's controller): called in the child, before exec or before any work."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
