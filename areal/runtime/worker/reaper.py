@@ -1,7 +1,7 @@
 """A worker's process group dies with the worker, however the worker ends; and the worker with its fork server,
 the fork server with its controller (`die_with_parent`).
 
-A local worker leads a process group of its own (placement.py starts it in a new session), and
+A local worker leads a process group of its own (the fork server starts it in a new session), and
 whatever it starts (an agent's tool, a sandbox) joins that group. The controller kills the group
 when it replaces or stops a worker; but a worker that dies with its controller (kill -9 of the
 whole run: Linux kills the worker, not its children) leaves its children behind. So each worker
