@@ -406,7 +406,7 @@ class _StubForward:
     def reserve(self, columns: int) -> None:
         pass
 
-    def decode(self, kv, tokens, positions, width, shared=None):  # noqa: ANN001, ANN201 (the Forward Protocol)
+    def decode(self, kv, tokens, positions, width, shared=None, slots=None):  # noqa: ANN001, ANN201 (the Forward Protocol)
         return self.logits[: tokens.shape[0]]
 
     def extend(self, kv, slots, ids, starts, lengths):  # noqa: ANN001, ANN201

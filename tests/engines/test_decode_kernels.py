@@ -45,6 +45,24 @@ def test_a_prefill_and_decode_steps_through_the_kernels_match_the_torch_ops(make
         assert (fast_cache.kv[:, :, slot, :, :columns] - plain_cache.kv[:, :, slot, :, :columns]).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "torch-ops"])
+def test_a_step_over_the_running_slots_alone_gives_their_logits_and_leaves_a_free_slot_as_it_was(make_model, kernels):
+    fast, plain, fast_cache, plain_cache = pair(make_model)
+    lean, cache = (fast, fast_cache) if kernels else (plain, plain_cache)
+    ids = torch.randint(1, 100, (4, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        lean.extend(cache.kv, torch.arange(4), ids, torch.zeros(4, dtype=torch.int64), torch.tensor([9, 5, 7, 3]))
+        whole = cache.kv.clone()
+        tokens, positions = torch.tensor([4, 8, 15, 16]), torch.tensor([9, 5, 7, 3])
+        every = lean.decode(whole, tokens, positions, 10)  # slot 1 decoded too
+        running = torch.tensor([0, 2, 3])  # slot 1 freed: a step over the others
+        before = cache.kv[:, :, 1].clone()
+        alone = lean.decode(cache.kv, tokens[running], positions[running], 10, None, running)
+    assert (alone - every[running]).abs().max() < 1e-5
+    assert torch.equal(cache.kv[:, :, 1], before)
+    assert (cache.kv[:, :, running] - whole[:, :, running]).abs().max() < 1e-5  # their K/V written as the full step's
+
+
 def test_slots_that_share_a_prompt_read_it_from_one_source_with_the_same_result(make_model):
     fast, _, cache, _ = pair(make_model)
     prompt = torch.tensor([[5, 9, 2, 7, 3, 8]])

@@ -66,6 +66,20 @@ def test_a_newcomer_takes_the_lowest_free_slot_and_no_running_row_moves(make_mod
     assert [r.request_id if r else None for r in engine._rows] == [4, 1, None, 3]
 
 
+def test_a_free_slot_among_the_running_ones_is_not_decoded(make_model):
+    engine = SlotGenerationEngine(make_model(0), eos_token_id=100, pad_token_id=0, max_batch=4, refill_min_free=4)
+    fed: list[list[int] | None] = []
+    decode = engine.forward.decode
+    engine.forward.decode = lambda kv, tokens, positions, width, shared=None, slots=None: (  # type: ignore[method-assign]
+        fed.append(None if slots is None else slots.tolist()) or decode(kv, tokens, positions, width, shared, slots))
+    engine.submit([GenRequest(i, [3, 4, 5], n) for i, n in enumerate([3, 9, 2, 9])])
+    engine.step()  # all four in slots 0..3, one token from the prefill and one decoded: 2 ends (2 tokens)
+    engine.step()  # slots 0, 1 and 3 decoded; 0 ends (3 tokens)
+    engine.step()  # slots 1 and 3 alone (no refill under 4 free slots)
+    assert fed == [None, [0, 1, 3], [1, 3]]
+    assert [len(r.output) for r in engine._rows if r is not None] == [4, 4]
+
+
 def test_rows_longer_than_the_cache_grow_it_mid_run_and_decode_on_as_today(make_model):
     model = make_model(0).double()
     short = [GenRequest(i, [7, 8, 9], 6) for i in range(3)]

@@ -9,8 +9,9 @@ tokens are the same. What differs is where the rows live: each running request o
 - a newcomer is written into a free slot: its prompt read by a prefill into that slot, or copied there from a kept
   prompt (a GRPO group's other samples); nothing running is concatenated or re-padded;
 - a finished, aborted or re-queued row frees its slot; the others do not move;
-- a decode step (decode/step.py) feeds every slot its pending token at its own position, draws the next token
-  and its behaviour log-prob, and advances the slot state, in one call, eager or replayed from a CUDA graph;
+- a decode step (decode/step.py) feeds every running slot its pending token at its own position, draws the next
+  token and its behaviour log-prob, and advances the slot state, in one call, eager or replayed from a CUDA graph
+  (eager, a free slot among the running ones is skipped; a replay decodes it and ignores it);
 - new weights are written into the same parameter storage (decode/lean.py); unless keep-kv, the next step re-reads
   the running rows into their slots: each distinct prompt once (kept for its newcomers), copied to the rows that
   share it, then every row's output but its pending token.
@@ -57,6 +58,7 @@ class SlotGenerationEngine(QueuedEngine):
         self._share = getattr(self.forward, "kernels", None) is not None  # only the CPU kernels read it
         self._prompts = KeptPrompts(self.max_batch)
         self._texts: dict[tuple[int, ...], str] = {}  # decoded windows of the last tokens, for the stop strings
+        self._layout: tuple[list[int], Tensor | None, Shared | None] | None = None  # _lay_out's, while rows stay
 
     # ---- the engine's own half (request_queue.py has the rest of the Protocol) ----------------------------------
 
@@ -97,6 +99,7 @@ class SlotGenerationEngine(QueuedEngine):
         for i in slots:
             self._rows[i] = None
         self.cache.release(slots)
+        self._layout = None
         return [r for r in taken if r is not None]
 
     def _reserve(self, columns: int, uniforms: int = 0) -> None:
@@ -142,6 +145,7 @@ class SlotGenerationEngine(QueuedEngine):
                 finished.append(r.result(reason))
                 ended.append(slot)
         self.cache.release(ended)
+        self._layout = None
         going = [(slot, r, t) for slot, r, t, reason in zip(slots, ordered, tokens, reasons, strict=True)
                  if reason is None]
         if going:
@@ -155,6 +159,7 @@ class SlotGenerationEngine(QueuedEngine):
         the slot of its first row (and kept for the group's newcomers), copied to the other rows of that prompt,
         then every row's output but its pending token read over it."""
         self._stale = False
+        self._layout = None  # the sources change
         running = [(slot, r) for slot, r in enumerate(self._rows) if r is not None]
         if not running:
             return
@@ -180,11 +185,15 @@ class SlotGenerationEngine(QueuedEngine):
 
     def _decode(self) -> list[GenResult]:
         rows, high = self._rows, self.cache.high
-        width = 0 if self._step.graphs else int(self.cache.positions[:high].max()) + 1  # graphs read every column
-        tokens, logp = self._step(high, width, self._shared(high) if self._share else None)
+        if self._step.graphs:  # a replay decodes every slot below high and reads every column
+            running, tokens, logp = range(high), *self._step(high, 0)
+        else:
+            running, index, shared = self._layout or self._lay_out(high)
+            width = int(self.cache.positions[:high].max()) + 1
+            tokens, logp = self._step(high, width, shared, index)
         finished, ended, version, eos = [], [], self.version, self.eos_token_id
         plain = not self.stop_sequences  # then a row without stop strings ends at eos or its length only
-        for slot, token, lp in zip(range(high), tokens.tolist(), logp.tolist(), strict=True):
+        for slot, token, lp in zip(running, tokens.tolist(), logp.tolist(), strict=True):
             r = rows[slot]
             if r is None:
                 continue
@@ -200,23 +209,30 @@ class SlotGenerationEngine(QueuedEngine):
                 finished.append(r.result(reason))
                 ended.append(slot)
                 rows[slot] = None
-        self.cache.release(ended)
+        if ended:
+            self.cache.release(ended)
+            self._layout = None
         return finished
+
+    def _lay_out(self, high: int) -> tuple[list[int], Tensor | None, Shared | None]:
+        """The eager step's rows until a slot is taken or freed: the running slots, as a tensor when free slots sit
+        among them (the step then decodes those alone), and for the CPU kernels which rows share a prompt."""
+        running = [slot for slot in range(high) if self._rows[slot] is not None]
+        index = None if len(running) == high else torch.tensor(running, dtype=torch.int64, device=self.device)
+        self._layout = running, index, self._shared(running) if self._share else None
+        return self._layout
 
     def _new_source(self) -> int:
         self._sources += 1
         return self._sources
 
-    def _shared(self, high: int) -> Shared:
-        """For the CPU kernels: each slot's first slot of its source, the prompt columns they share, and an order
-        of the slots that takes a source's slots one after another."""
+    def _shared(self, running: list[int]) -> Shared:
+        """For the CPU kernels, per row of the step (slot running[i]): the first running slot of its source, the
+        prompt columns they share, and an order of the rows that takes a source's rows one after another."""
         first: dict[int, int] = {}
-        source, columns = list(range(high)), [0] * high
-        for slot, r in enumerate(self._rows[:high]):
-            if r is not None:
-                source[slot] = first.setdefault(self._source[slot], slot)
-                columns[slot] = r.prompt_len
-        order = sorted(range(high), key=source.__getitem__)
+        source = [first.setdefault(self._source[slot], slot) for slot in running]
+        columns = [self._rows[slot].prompt_len for slot in running]  # type: ignore[union-attr]
+        order = sorted(range(len(running)), key=source.__getitem__)
         return Shared(*(torch.tensor(x, dtype=torch.int64) for x in (order, source, columns)))
 
     def _sample_into(self, rows: list[Request], logits: Tensor) -> tuple[list[int], list[FinishReason | None]]:

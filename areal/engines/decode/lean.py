@@ -147,15 +147,16 @@ class LeanForward:
     # ---- one token a slot -------------------------------------------------------------------------------------
 
     def decode(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int,
-               shared: cpu_kernels.Shared | None = None) -> Tensor:
-        """Logits [n, V] after feeding tokens[i] (int64 [n]) at positions[i] of slot i, for slots 0..n-1. Writes
-        each token's K/V into its slot at its position; slot i attends over its columns 0..positions[i], read from
-        the first `width` columns (width > every position). `shared` says which slots hold the same prompt: the C
-        kernels read it once a group (the torch ops read each slot's own copy: the same values)."""
+               shared: cpu_kernels.Shared | None = None, slots: Tensor | None = None) -> Tensor:
+        """Logits [n, V] after feeding tokens[i] (int64 [n]) at positions[i] of slot i (of slots[i] with `slots`:
+        the running slots only, when free ones sit among them). Writes each token's K/V into its slot at its
+        position; the slot attends over its columns 0..positions[i], read from the first `width` columns (width >
+        every position). `shared` says which slots hold the same prompt: the C kernels read it once a group (the
+        torch ops read each slot's own copy: the same values)."""
         if self.kernels is not None:
-            return F.linear(self._decode_kernels(kv, tokens, positions, width, shared), self.lm_head)
+            return F.linear(self._decode_kernels(kv, tokens, positions, width, shared, slots), self.lm_head)
         n, heads, kv_heads, d = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
-        rows = self._index[:n]
+        rows = self._index[:n] if slots is None else slots
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [n, 1, D]
         hidden = self._index[:width] > positions[:, None]  # [n, width]: columns past each slot's token
         bias = torch.zeros(n, 1, width, dtype=self.dtype, device=self.device).masked_fill_(hidden[:, None], -torch.inf)
@@ -168,7 +169,8 @@ class LeanForward:
             keys, values = kv[i, 0], kv[i, 1]  # [S, KVH, C, D]
             keys[rows, :, positions] = qk[:, heads:]
             values[rows, :, positions] = qkv[:, qk_dim:].view(n, kv_heads, d)
-            attn = self._attend(qk[:, :heads], keys[:n, :, :width], values[:n, :, :width], bias)
+            read = slice(0, n) if slots is None else slots  # a copy of the running slots' columns (float64 tests)
+            attn = self._attend(qk[:, :heads], keys[read, :, :width], values[read, :, :width], bias)
             x = x + F.linear(attn, layer.o, layer.o_bias)
             x = x + self._mlp(rms_norm(x, layer.post_norm, self.eps), layer)
         return F.linear(rms_norm(x, self.norm, self.eps), self.lm_head)
@@ -176,7 +178,8 @@ class LeanForward:
     def _decode_kernels(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int,
                         shared: cpu_kernels.Shared | None, slots: Tensor | None = None) -> Tensor:
         """`decode` with the C kernels: per layer four matrix multiplies and four calls (see cpu_kernels.c). With
-        `slots`, row i is a token of slot slots[i] (a prefill: a slot's rows in the order of their positions)."""
+        `slots`, row i is a token of slot slots[i] (a prefill: a slot's rows in the order of their positions; a
+        decode step: the running slots)."""
         if width > kv.shape[4]:  # the kernels write at each position: never past the cache
             raise ValueError(f"LeanForward: width {width} is past the cache's {kv.shape[4]} columns")
         k, n = self.kernels, tokens.shape[0]

@@ -3,8 +3,9 @@
 Slot i holds one request's K/V in columns 0..positions[i]-1 and the token it feeds next at positions[i]. A
 newcomer takes the lowest free slot and its prompt's K/V are written there (by a prefill, or copied from a kept
 prompt); a finished row just frees its slot. Nothing running is concatenated, re-padded or copied, so a decode
-step's cost does not depend on how many rows came and went. The decode step runs over slots 0..`high`-1, free
-ones among them (their results are ignored), and reads each slot only up to its own filled length.
+step's cost does not depend on how many rows came and went. The eager decode step runs over the slots in use
+below `high` (a replayed graph over all of 0..`high`-1, free ones decoded and ignored), and reads each slot only up
+to its own filled length.
 
 Columns grow (by doubling) when a request needs more than the cache holds; each growth bumps `generation`, so
 whatever captured the old tensors (CUDA graphs) knows to capture again.

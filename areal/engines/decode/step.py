@@ -35,7 +35,8 @@ class Forward(Protocol):
     device: torch.device
 
     def reserve(self, columns: int) -> None: ...
-    def decode(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int, shared: Any = None) -> Tensor: ...
+    def decode(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int, shared: Any = None,
+               slots: Tensor | None = None) -> Tensor: ...
     def extend(self, kv: Tensor, slots: Tensor, ids: Tensor, starts: Tensor, lengths: Tensor) -> Tensor: ...
 
 
@@ -80,24 +81,33 @@ class DecodeStep:
         self._logp = torch.zeros(cache.slots, dtype=torch.float32, device=cache.device)
         self.captured = 0  # graphs captured so far (a test reads it)
 
-    def __call__(self, n: int, width: int, shared: Any = None) -> tuple[Tensor, Tensor]:
+    def __call__(self, n: int, width: int, shared: Any = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Decode slots 0..n-1 (each filled below `width` columns; `shared`: which hold the same prompt, for the CPU
         kernels): the tokens drawn and their log π_behav, [n] each, on the device; the slot state has advanced (free
-        slots' draws mean nothing)."""
+        slots' draws mean nothing). Eager only, `slots` (int64, all below n) decodes those slots alone, the running
+        ones when free slots sit among them: the tokens and log-probs are then theirs, in that order."""
+        c = self.cache
         if self.graphs:
+            if slots is not None:
+                raise ValueError("DecodeStep: a replayed step decodes every slot below n; it takes no `slots`")
             tokens, logp = self._replayed(n)
         else:
-            tokens, logp = self._sample(n, width, shared)
-        c = self.cache
-        c.pending[:n] = tokens
-        c.positions[:n] += c.live[:n]
-        c.produced[:n] += c.live[:n]
+            tokens, logp = self._sample(n, width, shared, slots)
+        if slots is None:
+            c.pending[:n] = tokens
+            c.positions[:n] += c.live[:n]
+            c.produced[:n] += c.live[:n]
+        else:
+            c.pending[slots] = tokens
+            c.positions[slots] += 1
+            c.produced[slots] += 1
         return tokens, logp
 
-    def _sample(self, n: int, width: int, shared: Any = None) -> tuple[Tensor, Tensor]:
+    def _sample(self, n: int, width: int, shared: Any = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]:
         c = self.cache
-        logits = self.forward.decode(c.kv, c.pending[:n], c.positions[:n], width, shared)
-        u = c.uniforms[self._rows[:n], c.produced[:n]]
+        rows = slice(0, n) if slots is None else slots
+        logits = self.forward.decode(c.kv, c.pending[rows], c.positions[rows], width, shared, slots)
+        u = c.uniforms[self._rows[:n] if slots is None else slots, c.produced[rows]]
         return sample_tokens(logits, u, temperature=self.temperature, top_p=self.top_p)
 
     def _into_buffers(self, size: int) -> None:
