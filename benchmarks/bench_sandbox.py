@@ -20,47 +20,17 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
-import resource
 import statistics
 import subprocess
 import time
-from pathlib import Path
 
 from areal.rewards import CodeTests, detect_layers
+from areal.runtime.worker.cpu_usage import tree_cpu_s as cpu_s
 
 PROGRAM = "```python\ndef add(a, b):\n    return a + b  # run {}\n```"  # distinct, so none is reused
 TESTS = {"kind": "call", "fn_name": "add", "inputs": [[1, 2], [3, 4], [5, 6]], "outputs": [3, 7, 11]}
 ONE_TEST = {"kind": "call", "fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}
 PATHS = {"per-program bwrap": False, "pool": True}
-
-
-def cpu_s() -> float:
-    """CPU used so far by this process, its reaped children and its live descendants."""
-    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + reaped.ru_utime + reaped.ru_stime + _live_descendants_cpu_s()
-
-
-def _live_descendants_cpu_s() -> float:
-    # each live process counts itself and the children it reaped (utime, stime, cutime, cstime)
-    ticks, todo = 0, _children(os.getpid())
-    while todo:
-        pid = todo.pop()
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += sum(int(f) for f in fields[11:15])
-        todo += _children(pid)
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        return [int(c) for task in tasks for c in (task / "children").read_text().split()]
-    except OSError:
-        return []
 
 
 def bare_ms(python: str, runs: int) -> tuple[float, float]:

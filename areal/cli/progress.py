@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,7 @@ def summary_table(controller: Controller) -> Table:
     t.add_row("generated tokens/s", _fmt(step.get("generated_tokens_per_s"), ".0f"))
     if split := generator_time_line(step):
         t.add_row("generator time (last step)", split)
+    t.add_row("CPU by process", cpu_line(controller))
     if s.evals:
         t.add_row("held-out pass@1", " → ".join(f"{_pass(e)}@v{e['version']}" for e in s.evals))
         if len(s.evals) > 1:
@@ -85,6 +87,16 @@ def generator_time_line(step: dict[str, Any]) -> str:
     shares = {k.removeprefix("generator_").removesuffix("_share"): v for k, v in step.items()
               if k.startswith("generator_") and k.endswith("_share")}
     return " · ".join(f"{phase} {share:.0%}" for phase, share in shares.items())
+
+
+def cpu_line(controller: Controller) -> str:
+    """CPU seconds of each worker's process tree (a code reward's sandboxed programs are its worker's) and of the
+    controller, largest first, with shares, and the cores they kept busy on average over the run's wall-clock."""
+    used = {w.worker_id: w.cpu_total for w in controller.workers.values()} | {"controller": time.process_time()}
+    total = sum(used.values())
+    shares = " · ".join(f"{name} {spent:.0f} s ({spent / total:.0%})"
+                        for name, spent in sorted(used.items(), key=lambda item: -item[1]))
+    return f"{shares}; {total / controller._elapsed():.2f} cores on average"
 
 
 def staleness_line(controller: Controller) -> str:

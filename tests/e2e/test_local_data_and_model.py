@@ -35,6 +35,13 @@ def test_recipe_runs_on_a_local_checkpoint_and_a_jsonl_file_with_a_bad_record(tm
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x["kind"] == "step"]
     assert [s["version"] for s in steps] == [1, 2] and all(s["samples"] == 4 for s in steps)
+    # each worker's CPU as of its last heartbeat (the scorer's with its sandboxed programs), never falling; at the
+    # end, as each said when it stopped, in the status and the summary
+    assert set(steps[-1]["cpu_s"]) == {"rollout[0]", "score[0]", "actor[0]"}
+    assert all(0 <= steps[0]["cpu_s"][w] <= steps[1]["cpu_s"][w] for w in steps[0]["cpu_s"]), steps
+    final = {w: v["cpu_s"] for w, v in json.loads((run / "status.json").read_text())["workers"].items()}
+    assert all(final[w] >= steps[-1]["cpu_s"][w] and final[w] > 0 for w in final), (final, steps[-1]["cpu_s"])
+    assert "CPU by process" in done.stderr and "cores on average" in done.stderr
     # held-out: eval.tasks=100 but the file holds 3 valid records: each once, 2 samples each, every round
     assert [(x["tasks"], x["samples"]) for x in lines if x["kind"] == "eval"] == [(3, 6), (3, 6)]
     # the malformed record is named by line in the metrics and the summary, and the run went on

@@ -167,6 +167,7 @@ def test_a_filtering_worker_killed_while_the_trainer_is_busy_regenerates_nothing
     run = tmp_path / "run"
     killed: list[int] = []
     quiet_since: list[float] = []
+    cpu_at_kill: list[float] = []
 
     def on_event(controller) -> None:
         worker = controller.workers["advantage[0]"]
@@ -177,6 +178,7 @@ def test_a_filtering_worker_killed_while_the_trainer_is_busy_regenerates_nothing
             elif not quiet_since:
                 quiet_since.append(time.monotonic())
             elif time.monotonic() - quiet_since[0] > 2 * controller.config.faults.heartbeat_s:
+                cpu_at_kill.append(worker.cpu_total)
                 os.kill(worker.process.pid, signal.SIGKILL)
                 killed.append(worker.process.pid)
         elif killed and worker.process.pid != killed[0] and worker.ready:
@@ -190,6 +192,8 @@ def test_a_filtering_worker_killed_while_the_trainer_is_busy_regenerates_nothing
     finally:
         (run / "release").touch()  # never leave the trainer waiting, whatever happened
     assert killed and state.version == 6
+    replacement = controller.workers["advantage[0]"]  # keeps the CPU its killed predecessor had reported
+    assert cpu_at_kill[0] > 0 and replacement.cpu_s_before >= cpu_at_kill[0] and replacement.cpu_s > 0
     summary = controller.accounting.summary()
     assert summary["reissued"] == 0 and summary["duplicates_dropped"] == 0  # the trainer's queue was kept
     filtered_groups = {sid // G for sid in controller.accounting.filtered}

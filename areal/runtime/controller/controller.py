@@ -195,7 +195,9 @@ class Controller(WorkerReports, WorkerRecovery):
         except OSError as err:  # its log cannot be opened: a run directory made read-only, a full disk
             raise RunError(f"cannot start {worker_id}: {err.strerror} ({err.filename or log_path}); a run needs "
                            f"its directory {self.run_dir} writable to the end") from None
-        self.workers[worker_id] = WorkerProcess(worker_id, pool, replica, process, log_path)
+        earlier = self.workers.get(worker_id)  # a restart: the CPU its predecessors used stays the worker's
+        self.workers[worker_id] = WorkerProcess(worker_id, pool, replica, process, log_path,
+                                                cpu_s_before=earlier.cpu_total if earlier else 0.0)
         self._check_hosts()
 
     def _check_hosts(self) -> None:
@@ -354,6 +356,7 @@ class Controller(WorkerReports, WorkerRecovery):
 
     def _on_heartbeat(self, worker: WorkerProcess, m: msg.Heartbeat | msg.Stopped) -> None:
         worker.busy = getattr(m, "busy", worker.busy)
+        worker.cpu_s = getattr(m, "cpu_s", worker.cpu_s)
         worker.holding = set(getattr(m, "holding", worker.holding))
         worker.counts = {"batches": m.batches, "samples": m.samples, "tokens": m.tokens}
 

@@ -67,7 +67,9 @@ class WorkerReports:
                                    busy={w.worker_id: w.busy for w in self.workers.values()})
         # the controller's own load: CPU seconds of this process (all its threads) and control messages
         record |= {"controller_cpu_s": time.process_time(),
-                   "control_messages": self.control.received + self.control.sent}
+                   "control_messages": self.control.received + self.control.sent,
+                   # each worker's process tree, so far: a code reward's sandboxed programs count as its worker's
+                   "cpu_s": {w.worker_id: round(w.cpu_total, 2) for w in self.workers.values()}}
         self.state.last_step = record
         for line in [record, *self.steps.warnings(record)]:
             self.metrics.write(line)

@@ -24,12 +24,19 @@ class WorkerProcess:
     ready: bool = False
     last_seen: float = field(default_factory=time.monotonic)
     busy: float = 0.0
+    cpu_s: float = 0.0  # its process tree's CPU seconds at its last heartbeat
+    cpu_s_before: float = 0.0  # what the processes this one replaced (restarts) had used
     counts: dict[str, int] = field(default_factory=dict)
     last_error: str | None = None
     fatal: bool = False  # its error is one a restart would repeat (a node that broke its contract)
     holding: set[int] = field(default_factory=set)  # groups a trainer has gathered, not yet trained
     started_at: float = field(default_factory=time.monotonic)
     noted_wait: float = 0.0  # when it last said what it waits for (not started yet: Ray has no room for it)
+
+    @property
+    def cpu_total(self) -> float:
+        """CPU seconds this worker's processes used, its restarts' predecessors included."""
+        return self.cpu_s_before + self.cpu_s
 
 
 @dataclass

@@ -80,6 +80,7 @@ def snapshot(controller: Controller, published: dict[str, tuple[int, float]]) ->
                  "awaited": _awaited(c, published, now)},
         "versions": {model: {"version": v, "published_unix": t} for model, (v, t) in published.items()},
         "workers": {w.worker_id: {"pool": w.pool, "replica": w.replica, "ready": w.ready, "busy": w.busy,
+                                  "cpu_s": w.cpu_total,
                                   "holding": len(w.holding), "silent_s": mono - w.last_seen, **w.counts}
                     for w in c.workers.values()},
         "accounting": c.accounting.summary(),

@@ -46,6 +46,7 @@ class Ready(Message):
 class Heartbeat(Message):
     KIND: ClassVar[str] = "heartbeat"
     busy: float = 0.0
+    cpu_s: float = 0.0  # CPU seconds of the worker and every process it started, so far (cpu_usage.py)
     holding: list[int] = []  # groups a trainer gathered for coming steps (not re-issued after a crash)
     batches: int = 0
     samples: int = 0
@@ -60,6 +61,7 @@ class Census(Message):
 
 class Stopped(Message):
     KIND: ClassVar[str] = "stopped"
+    cpu_s: float = 0.0  # as Heartbeat's, at the end
     batches: int = 0
     samples: int = 0
     tokens: int = 0

@@ -64,6 +64,7 @@ from areal.runtime.wire.security import RunKey
 from areal.runtime.worker import mismatch
 from areal.runtime.worker.chain import Chain, NodeFailure, guard
 from areal.runtime.worker.context import WorkerContext
+from areal.runtime.worker.cpu_usage import tree_cpu_s
 from areal.runtime.worker.join import Join
 from areal.runtime.worker.map_role import MapRole
 from areal.runtime.worker.outbox import Outbox
@@ -173,7 +174,7 @@ class Worker(MapRole, StreamRole, TrainerRole):
             if self.publisher is not None:
                 self.publisher.close()
         self.send_files()
-        self.control.send(msg.Stopped(**self.counts))
+        self.control.send(msg.Stopped(cpu_s=tree_cpu_s(), **self.counts))
 
     def send_files(self, pieces: Iterable[Piece] | None = None) -> None:
         """On a node without the run directory: what grew in its copy (or `pieces`), to the controller."""
@@ -187,7 +188,8 @@ class Worker(MapRole, StreamRole, TrainerRole):
         now = time.monotonic()
         if now - self._last_beat >= self.config.faults.heartbeat_s:
             busy = (self.chain.busy_s - self._busy_at_beat) / max(now - self._last_beat, 1e-9)
-            self.control.send(msg.Heartbeat(busy=busy, holding=sorted(self.holding), **self.counts))
+            self.control.send(msg.Heartbeat(busy=busy, cpu_s=tree_cpu_s(), holding=sorted(self.holding),
+                                            **self.counts))
             self.send_files()
             self._last_beat, self._busy_at_beat = now, self.chain.busy_s
 
