@@ -233,6 +233,13 @@ def test_the_live_endpoint_agrees_with_status_and_metrics(finished, stopped):
     assert status["accounting"]["trained"] == steps[-1]["trained"] == steps[-1]["trained_samples"]
     assert live["routes"]["actor>rollout"]["published"]["version"] == steps[-1]["version"]
     assert set(live["pools"]) == {p["name"] for p in json.loads((stopped / "plan.json").read_text())["pools"]}
+    # each worker pool's share of the workers' CPU, from the status's per-worker figures (a source has no worker)
+    spent = {name: [w["cpu_s"] for w in status["workers"].values() if w["pool"] == name] for name in live["pools"]}
+    total = sum(map(sum, spent.values()))
+    assert {name for name, cpu in spent.items() if cpu} == {"rollout", "score", "actor"}
+    assert all(map(all, spent.values()))  # every worker reported some
+    for name, pool in live["pools"].items():
+        assert pool["cpu_share"] == (pytest.approx(sum(spent[name]) / total) if spent[name] else None)
     # a finished run shows its last seconds of work, not the silence after it
     assert live["activity"]["nodes"]["actor"]["calls"] > 0
 

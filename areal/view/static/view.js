@@ -93,7 +93,8 @@ function drawOnGraph(live) {
     if (!el || !has(pool.busy)) continue;
     const box = firstShape(el).getBBox();
     const right = box.x + box.width, bottom = box.y + box.height;
-    label(`pool-${name}`, el, [`workers busy ${pct(pool.busy)} · ${pool.ready}/${pool.replicas} up`], "pool",
+    const cpu = has(pool.cpu_share) ? ` · ${pct(pool.cpu_share)} of the CPU` : "";
+    label(`pool-${name}`, el, [`workers busy ${pct(pool.busy)}${cpu} · ${pool.ready}/${pool.replicas} up`], "pool",
       [[right, box.y - 15, "end"], [box.x, box.y - 15, "start"], [right, bottom + 2, "end"], [box.x, bottom + 2, "start"],
         [right + 6, box.y, "start"]]);
   }
