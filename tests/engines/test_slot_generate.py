@@ -122,6 +122,8 @@ def test_the_step_replayed_at_ladder_sizes_gives_the_eager_tokens_and_captures_e
     while engine.pending():
         engine.step()
     assert engine.cache.columns >= 89 and len(captures) == before + 1
+    with pytest.raises(ValueError, match="a replayed step decodes every slot below n; it takes no `slots`"):
+        engine._step(2, 0, None, torch.tensor([1]))  # a graph's shape is fixed: it cannot skip a free slot
 
 
 def test_the_ladder_pads_a_step_by_at_most_a_third_past_eight_rows():
