@@ -58,7 +58,8 @@ class SlotGenerationEngine(QueuedEngine):
         self._share = getattr(self.forward, "kernels", None) is not None  # only the CPU kernels read it
         self._prompts = KeptPrompts(self.max_batch)
         self._texts: dict[tuple[int, ...], str] = {}  # decoded windows of the last tokens, for the stop strings
-        self._layout: tuple[list[int], Tensor | None, Shared | None] | None = None  # _lay_out's, while rows stay
+        # _lay_out's, kept while no slot is taken or freed and no prompt read (its key: cache.moves, _sources)
+        self._layout: tuple[tuple[int, int], list[int], Tensor | None, Shared | None] | None = None
 
     # ---- the engine's own half (request_queue.py has the rest of the Protocol) ----------------------------------
 
@@ -99,7 +100,6 @@ class SlotGenerationEngine(QueuedEngine):
         for i in slots:
             self._rows[i] = None
         self.cache.release(slots)
-        self._layout = None
         return [r for r in taken if r is not None]
 
     def _reserve(self, columns: int, uniforms: int = 0) -> None:
@@ -145,7 +145,6 @@ class SlotGenerationEngine(QueuedEngine):
                 finished.append(r.result(reason))
                 ended.append(slot)
         self.cache.release(ended)
-        self._layout = None
         going = [(slot, r, t) for slot, r, t, reason in zip(slots, ordered, tokens, reasons, strict=True)
                  if reason is None]
         if going:
@@ -159,7 +158,6 @@ class SlotGenerationEngine(QueuedEngine):
         the slot of its first row (and kept for the group's newcomers), copied to the other rows of that prompt,
         then every row's output but its pending token read over it."""
         self._stale = False
-        self._layout = None  # the sources change
         running = [(slot, r) for slot, r in enumerate(self._rows) if r is not None]
         if not running:
             return
@@ -188,7 +186,7 @@ class SlotGenerationEngine(QueuedEngine):
         if self._step.graphs:  # a replay decodes every slot below high and reads every column
             running, tokens, logp = range(high), *self._step(high, 0)
         else:
-            running, index, shared = self._layout or self._lay_out(high)
+            running, index, shared = self._lay_out(high)
             width = int(self.cache.positions[:high].max()) + 1
             tokens, logp = self._step(high, width, shared, index)
         finished, ended, version, eos = [], [], self.version, self.eos_token_id
@@ -209,18 +207,20 @@ class SlotGenerationEngine(QueuedEngine):
                 finished.append(r.result(reason))
                 ended.append(slot)
                 rows[slot] = None
-        if ended:
-            self.cache.release(ended)
-            self._layout = None
+        self.cache.release(ended)
         return finished
 
     def _lay_out(self, high: int) -> tuple[list[int], Tensor | None, Shared | None]:
-        """The eager step's rows until a slot is taken or freed: the running slots, as a tensor when free slots sit
-        among them (the step then decodes those alone), and for the CPU kernels which rows share a prompt."""
-        running = [slot for slot in range(high) if self._rows[slot] is not None]
-        index = None if len(running) == high else torch.tensor(running, dtype=torch.int64, device=self.device)
-        self._layout = running, index, self._shared(running) if self._share else None
-        return self._layout
+        """The eager step's rows: the running slots, as a tensor when free slots sit among them (the step then
+        decodes those alone), and for the CPU kernels which rows share a prompt. Remade only when a slot was taken
+        or freed (cache.moves) or a prompt read (_sources): nothing else changes what runs where."""
+        key = (self.cache.moves, self._sources)
+        if self._layout is None or self._layout[0] != key:
+            running = [slot for slot in range(high) if self._rows[slot] is not None]
+            index = None if len(running) == high else torch.tensor(running, dtype=torch.int64, device=self.device)
+            self._layout = key, running, index, self._shared(running) if self._share else None
+        _, running, index, shared = self._layout
+        return running, index, shared
 
     def _new_source(self) -> int:
         self._sources += 1

@@ -157,6 +157,7 @@ class LeanForward:
             return F.linear(self._decode_kernels(kv, tokens, positions, width, shared, slots), self.lm_head)
         n, heads, kv_heads, d = tokens.shape[0], self.heads, self.kv_heads, self.head_dim
         rows = self._index[:n] if slots is None else slots
+        read = slice(0, n) if slots is None else slots  # attention reads a view of slots 0..n-1, else a copy
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]  # [n, 1, D]
         hidden = self._index[:width] > positions[:, None]  # [n, width]: columns past each slot's token
         bias = torch.zeros(n, 1, width, dtype=self.dtype, device=self.device).masked_fill_(hidden[:, None], -torch.inf)
@@ -169,7 +170,6 @@ class LeanForward:
             keys, values = kv[i, 0], kv[i, 1]  # [S, KVH, C, D]
             keys[rows, :, positions] = qk[:, heads:]
             values[rows, :, positions] = qkv[:, qk_dim:].view(n, kv_heads, d)
-            read = slice(0, n) if slots is None else slots  # a copy of the running slots' columns (float64 tests)
             attn = self._attend(qk[:, :heads], keys[read, :, :width], values[read, :, :width], bias)
             x = x + F.linear(attn, layer.o, layer.o_bias)
             x = x + self._mlp(rms_norm(x, layer.post_norm, self.eps), layer)

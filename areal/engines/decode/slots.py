@@ -35,6 +35,7 @@ class SlotKV:
         self.uniforms = torch.zeros(slots, uniforms, dtype=torch.float64, device=device)  # each request's stream
         self._free = list(range(slots))  # kept sorted: newcomers take the lowest
         self.high = 0  # one past the highest slot in use
+        self.moves = 0  # bumped whenever a slot is taken or freed: what runs where may have changed
 
     def _empty(self, columns: int) -> Tensor:
         layers, two, slots, kv_heads, head_dim = self._shape
@@ -67,6 +68,7 @@ class SlotKV:
         """The `count` lowest free slots, now in use."""
         taken, self._free = self._free[:count], self._free[count:]
         self.high = max([self.high, *(s + 1 for s in taken)])
+        self.moves += 1
         return taken
 
     def release(self, slots: list[int]) -> None:
@@ -79,6 +81,7 @@ class SlotKV:
         self._free = sorted(self._free + slots)
         in_use = set(range(self.slots)) - set(self._free)
         self.high = max(in_use) + 1 if in_use else 0
+        self.moves += 1
 
     def start(self, slots: list[int], pending: list[int], positions: list[int], produced: list[int],
               uniforms: list[list[float]]) -> None:

@@ -105,9 +105,9 @@ class DecodeStep:
 
     def _sample(self, n: int, width: int, shared: Any = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]:
         c = self.cache
-        rows = slice(0, n) if slots is None else slots
+        rows, index = (slice(0, n), self._rows[:n]) if slots is None else (slots, slots)  # views where they can be
         logits = self.forward.decode(c.kv, c.pending[rows], c.positions[rows], width, shared, slots)
-        u = c.uniforms[self._rows[:n] if slots is None else slots, c.produced[rows]]
+        u = c.uniforms[index, c.produced[rows]]
         return sample_tokens(logits, u, temperature=self.temperature, top_p=self.top_p)
 
     def _into_buffers(self, size: int) -> None:

@@ -356,7 +356,7 @@ class Controller(WorkerReports, WorkerRecovery):
 
     def _on_heartbeat(self, worker: WorkerProcess, m: msg.Heartbeat | msg.Stopped) -> None:
         worker.busy = getattr(m, "busy", worker.busy)
-        worker.cpu_s = getattr(m, "cpu_s", worker.cpu_s)
+        worker.cpu_s = m.cpu_s
         worker.holding = set(getattr(m, "holding", worker.holding))
         worker.counts = {"batches": m.batches, "samples": m.samples, "tokens": m.tokens}
 
