@@ -90,10 +90,8 @@ class SlotKV:
         for state, values in ((self.pending, pending), (self.positions, positions), (self.produced, produced)):
             state[index] = torch.tensor(values, dtype=torch.int64).to(self.device)
         self.live[index] = 1
-        width = max(map(len, uniforms))
-        table = torch.zeros(len(slots), width, dtype=torch.float64)
-        for row, draws in enumerate(uniforms):
-            table[row, : len(draws)] = torch.tensor(draws, dtype=torch.float64)
+        width = max(map(len, uniforms))  # one conversion of the padded rows: a refill's cost was one per row
+        table = torch.tensor([draws + [0.0] * (width - len(draws)) for draws in uniforms], dtype=torch.float64)
         self.uniforms[index, :width] = table.to(self.device)
 
     def put_rows(self, slot: int, rows: Tensor) -> None:
