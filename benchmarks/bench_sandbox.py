@@ -5,7 +5,8 @@
 
 Prints the layers report, the latency of one program (1 test) against a bare `python -I -c
 pass`, and programs scored per second (3 tests each) with 1 and 2 workers, for both paths (the
-per-program path is the pool's jail in a worker used once). Pool figures exclude the workers'
+per-program path is the pool's jail in a worker used once); then what a pooled program's CPU is
+made of: so much a job, so much a test. Pool figures exclude the workers'
 start (once per run, printed apart). Wall times on a shared 2-core machine swing with
 the others' load; the CPU columns (this process plus every sandbox process, reaped or live)
 do not, and are the fair comparison.
@@ -74,6 +75,27 @@ def programs_per_s(pooled: bool, workers: int, programs: int) -> tuple[float, fl
         return rate, 1000 * (cpu_s() - cpu) / programs
 
 
+def job_and_test_ms(programs: int, rounds: int = 2) -> tuple[float, float]:
+    """(CPU ms a job, CPU ms a test) of one pooled worker: programs of 1 test against programs of 16, interleaved,
+    `rounds` times; a test is the difference over the 15 more, a job what the 1-test program costs beyond it."""
+
+    def tests(n: int) -> dict:
+        inputs = [[i, 1] for i in range(n)]
+        return {"kind": "call", "fn_name": "add", "inputs": inputs, "outputs": [a + b for a, b in inputs]}
+
+    spent = {1: 0.0, 16: 0.0}
+    with CodeTests(timeout_s=2.0, workers=1) as scorer:
+        timed(scorer, 1, tests(1))  # start the worker
+        for _ in range(rounds):
+            for n in spent:
+                cpu = cpu_s()
+                timed(scorer, programs, tests(n))
+                spent[n] += cpu_s() - cpu
+    one, sixteen = (1000 * spent[n] / (rounds * programs) for n in (1, 16))
+    test = (sixteen - one) / 15
+    return one - test, test
+
+
 def broken(solution: str) -> str:
     """A canonical solution without its last non-blank line."""
     lines = solution.rstrip().splitlines()
@@ -137,6 +159,9 @@ def main() -> None:
         f"program, {new[2] / old[2]:.1f}x / {new[3] / old[3]:.1f}x programs/s with 1 / 2 workers "
         f"({args.programs} programs x 3 tests)"
     )
+    job, test = job_and_test_ms(args.programs)
+    print(f"pool, one worker, CPU of a program split: {job:.1f} ms a job + {test:.2f} ms a test "
+          f"({args.programs} programs of 1 test against {args.programs} of 16, twice, interleaved)")
 
 
 if __name__ == "__main__":
