@@ -9,6 +9,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from areal.engines.lists import list_tensor
+
 FinishReason = Literal["eos", "length", "stop"]
 
 
@@ -51,8 +53,8 @@ class InFlight:
         return GenResult(
             request_id=self.request_id,
             prompt_ids=self.prompt,
-            output_ids=torch.tensor(self.output, dtype=torch.int64),
-            logprobs=torch.tensor(self.logprobs, dtype=torch.float32),
-            versions=torch.tensor(self.versions, dtype=torch.int32),
+            output_ids=list_tensor(self.output, torch.int64),
+            logprobs=list_tensor(self.logprobs, torch.float32),
+            versions=list_tensor(self.versions, torch.int32),
             finish_reason=reason,
         )

@@ -31,6 +31,7 @@ from areal.engines.decode.requests import KeptPrompts, Request, right_padded, st
 from areal.engines.decode.slots import SlotKV
 from areal.engines.decode.step import DecodeStep, Forward
 from areal.engines.generation import FinishReason, GenRequest, GenResult
+from areal.engines.lists import list_tensor
 from areal.engines.request_queue import EngineSettings, QueuedEngine, split_newcomers
 from areal.engines.sampling import request_uniforms, sample_tokens
 
@@ -110,9 +111,8 @@ class SlotGenerationEngine(QueuedEngine):
         """The forward over token chunks written into these slots from `starts`; each row's last logits."""
         ids, lengths = right_padded(rows, self.pad_token_id, self.device)
         self._reserve(max(starts) + ids.shape[1])
-        index = torch.tensor(slots, dtype=torch.int64).to(self.device)
-        return self.forward.extend(self.cache.kv, index, ids, torch.tensor(starts, dtype=torch.int64).to(
-            self.device), lengths)
+        return self.forward.extend(self.cache.kv, list_tensor(slots, torch.int64, self.device), ids,
+                                   list_tensor(starts, torch.int64, self.device), lengths)
 
     def _admit(self, admit: list[Request]) -> list[GenResult]:
         """Newcomers into free slots: the first of a prompt not kept reads it in one forward with the others that
@@ -217,7 +217,7 @@ class SlotGenerationEngine(QueuedEngine):
         key = (self.cache.moves, self._sources)
         if self._layout is None or self._layout[0] != key:
             running = [slot for slot in range(high) if self._rows[slot] is not None]
-            index = None if len(running) == high else torch.tensor(running, dtype=torch.int64, device=self.device)
+            index = None if len(running) == high else list_tensor(running, torch.int64, self.device)
             self._layout = key, running, index, self._shared(running) if self._share else None
         _, running, index, shared = self._layout
         return running, index, shared
@@ -233,11 +233,11 @@ class SlotGenerationEngine(QueuedEngine):
         source = [first.setdefault(self._source[slot], slot) for slot in running]
         columns = [self._rows[slot].prompt_len for slot in running]  # type: ignore[union-attr]
         order = sorted(range(len(running)), key=source.__getitem__)
-        return Shared(*(torch.tensor(x, dtype=torch.int64) for x in (order, source, columns)))
+        return Shared(*(list_tensor(x, torch.int64) for x in (order, source, columns)))
 
     def _sample_into(self, rows: list[Request], logits: Tensor) -> tuple[list[int], list[FinishReason | None]]:
         """Draw one token a row from `logits`, append it (with logprob and version) to its request; who finished."""
-        u = torch.tensor([r.uniforms[len(r.output)] for r in rows], dtype=torch.float64).to(self.device)
+        u = list_tensor([r.uniforms[len(r.output)] for r in rows], torch.float64, self.device)
         tokens, logp = sample_tokens(logits, u, temperature=self.temperature, top_p=self.top_p)
         reasons: list[FinishReason | None] = []
         drawn = tokens.tolist()

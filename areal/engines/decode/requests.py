@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from areal.engines.generation import InFlight
+from areal.engines.lists import list_tensor
 
 
 @dataclass(kw_only=True)
@@ -76,5 +77,5 @@ class KeptPrompts:
 def right_padded(rows: Sequence[list[int]], pad: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Token rows right-padded to the longest: ids [rows, width] and lengths [rows], on `device`."""
     width = max(map(len, rows))
-    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=torch.int64)
-    return ids.to(device), torch.tensor([len(r) for r in rows], dtype=torch.int64).to(device)
+    ids = list_tensor([r + [pad] * (width - len(r)) for r in rows], torch.int64, device)
+    return ids, list_tensor([len(r) for r in rows], torch.int64, device)

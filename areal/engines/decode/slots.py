@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from areal.engines.lists import list_tensor
+
 
 class SlotKV:
     """K/V [layers, 2, slots, kv heads, columns, head dim] and the decode state of each slot (on `device`)."""
@@ -75,7 +77,7 @@ class SlotKV:
         """Free these slots; their state is zeroed so a free slot decodes harmlessly (its results ignored)."""
         if not slots:
             return
-        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        index = list_tensor(slots, torch.int64, self.device)
         for state in (self.pending, self.positions, self.produced, self.live):
             state.index_fill_(0, index, 0)
         self._free = sorted(self._free + slots)
@@ -86,13 +88,13 @@ class SlotKV:
     def start(self, slots: list[int], pending: list[int], positions: list[int], produced: list[int],
               uniforms: list[list[float]]) -> None:
         """Set the decode state of newly filled slots: the token each feeds next, its position, its draws."""
-        index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        index = list_tensor(slots, torch.int64, self.device)
         for state, values in ((self.pending, pending), (self.positions, positions), (self.produced, produced)):
-            state[index] = torch.tensor(values, dtype=torch.int64).to(self.device)
+            state[index] = list_tensor(values, torch.int64, self.device)
         self.live[index] = 1
         width = max(map(len, uniforms))  # one conversion of the padded rows: a refill's cost was one per row
-        table = torch.tensor([draws + [0.0] * (width - len(draws)) for draws in uniforms], dtype=torch.float64)
-        self.uniforms[index, :width] = table.to(self.device)
+        self.uniforms[index, :width] = list_tensor([draws + [0.0] * (width - len(draws)) for draws in uniforms],
+                                                   torch.float64, self.device)
 
     def put_rows(self, slot: int, rows: Tensor) -> None:
         """Write a prompt's K/V ([layers, 2, kv heads, length, head dim]) into a slot's first columns."""
@@ -104,5 +106,5 @@ class SlotKV:
 
     def copy_rows(self, source: int, targets: list[int], length: int) -> None:
         """Copy a slot's first `length` columns into other slots (a prompt shared by a group)."""
-        index = torch.tensor(targets, dtype=torch.int64, device=self.device)
+        index = list_tensor(targets, torch.int64, self.device)
         self.kv[:, :, index, :, :length] = self.kv[:, :, source : source + 1, :, :length]
