@@ -119,8 +119,11 @@ def test_three_nodes_train_once_by_sample_id_with_weights_over_tcp_and_every_fil
 
 
 # the node is lost at version 2 and its replacement takes seconds to start on Ray: the run must still have groups
-# to generate by then (at 8 steps, one CI run ended with the replacement having reported no sample)
+# to generate by then. At the other tests' speed-up (time_scale 0.05) the nine steps after the replacement joined
+# took under a second, and a CI run on a slow host ended with it having reported no sample (at 8 steps, then at
+# 12); at three times the modelled devices' time they take about 10 s
 LOST_NODE_RUN_STEPS = 12
+LOST_NODE_TIME_SCALE = "emulation.time_scale=3.0"
 
 
 @pytest.mark.timeout(600)
@@ -141,7 +144,8 @@ def test_a_lost_generator_node_is_waited_for_said_so_and_its_replacement_used(tm
             events["new"] = _gen_node(cluster.sim).node_id
 
     run = tmp_path / "run"
-    settings = [*EMULATED, *PINNED, 'placement={"rollout": 2, "score": 2}',
+    settings = [*(s for s in EMULATED if not s.startswith("emulation.time_scale")), LOST_NODE_TIME_SCALE, *PINNED,
+                'placement={"rollout": 2, "score": 2}',
                 'cluster.resources={"rollout": {"gen": 1}, "score": {"gen": 1}, "actor": {"train": 1}}',
                 'cluster.strategies={"rollout": "STRICT_SPREAD", "score": "STRICT_SPREAD"}',
                 f"steps={LOST_NODE_RUN_STEPS}"]
