@@ -144,8 +144,7 @@ def test_a_lost_generator_node_is_waited_for_said_so_and_its_replacement_used(tm
             events["new"] = _gen_node(cluster.sim).node_id
 
     run = tmp_path / "run"
-    settings = [*(s for s in EMULATED if not s.startswith("emulation.time_scale")), LOST_NODE_TIME_SCALE, *PINNED,
-                'placement={"rollout": 2, "score": 2}',
+    settings = [*EMULATED, LOST_NODE_TIME_SCALE, *PINNED, 'placement={"rollout": 2, "score": 2}',  # a later --set wins
                 'cluster.resources={"rollout": {"gen": 1}, "score": {"gen": 1}, "actor": {"train": 1}}',
                 'cluster.strategies={"rollout": "STRICT_SPREAD", "score": "STRICT_SPREAD"}',
                 f"steps={LOST_NODE_RUN_STEPS}"]
