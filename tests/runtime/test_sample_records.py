@@ -65,3 +65,32 @@ def test_a_bad_condition_says_what_is_expected(tmp_path):
         select([], where=["reward"])
     with pytest.raises(ConfigError, match="no samples/ folder"):
         read_samples(tmp_path)
+
+
+def test_trained_lines_give_each_rows_runs_and_oldest_version_as_the_rows_themselves_say(tmp_path):
+    import torch
+
+    from areal.graph.batch import Ragged
+
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 6, (int(n),), generator=g).sort().values for n in torch.randint(0, 9, (40,), generator=g)]
+    rows[1] = torch.tensor([4, 4, 5, 4])  # a value that comes back starts a new run
+    rows[2] = rows[1].clone()  # a row that begins with its predecessor's last value still starts a run
+    masks = [(torch.rand(len(r), generator=g) < 0.7).to(torch.int32) for r in rows]
+    log = SampleLog(tmp_path, "actor[0]", RecordsConfig())
+    log.trained("actor", 9, list(range(100, 140)), Ragged.from_rows(rows, torch.int32), Ragged.from_rows(masks))
+    log.trained("actor", 10, [7], None, None)
+    log.close()
+    lines = [json.loads(x) for x in (tmp_path / "samples" / "actor-0.jsonl").read_text().splitlines()]
+
+    def runs(row: torch.Tensor) -> list[list[int]]:  # the reference: each row on its own
+        values, counts = torch.unique_consecutive(row, return_counts=True)
+        return [[int(v), int(c)] for v, c in zip(values, counts, strict=True)]
+
+    for line, row, mask in zip(lines, rows, masks, strict=False):
+        oldest = int(row.min()) if len(row) else 8
+        assert line == {"sample_id": line["sample_id"], "node": "actor", "status": "trained", "step": 9,
+                        "version": oldest, "lag": 8 - oldest, "versions": runs(row), "loss_mask": runs(mask)}
+    assert [x["sample_id"] for x in lines[:40]] == list(range(100, 140))
+    assert lines[2]["versions"] == [[4, 2], [5, 1], [4, 1]]
+    assert lines[40] == {"sample_id": 7, "node": "actor", "status": "trained", "step": 10, "version": 9, "lag": 0}

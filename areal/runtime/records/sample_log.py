@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import torch
 
 from areal.config import RecordsConfig
@@ -76,15 +77,17 @@ class SampleLog:
                 loss_mask: Ragged | None) -> None:
         """Samples trained at `step` (the version the update publishes): each output token's version and the loss
         mask the update read (None: the trainer checks no versions; every token in the loss)."""
+        version_runs = row_runs(versions) if versions is not None else None
+        mask_runs = row_runs(loss_mask) if loss_mask is not None else None
         for row, sid in enumerate(sample_ids):
-            tokens = versions.rows()[row] if versions is not None else None
-            oldest = int(tokens.min()) if tokens is not None and len(tokens) else step - 1
+            runs = version_runs[row] if version_runs is not None else []
+            oldest = min(value for value, _ in runs) if runs else step - 1
             line = {"sample_id": int(sid), "node": node, "status": "trained", "step": step, "version": oldest,
                     "lag": step - 1 - oldest}
-            if tokens is not None:
-                line["versions"] = _runs(tokens)
-            if loss_mask is not None:
-                line["loss_mask"] = _runs(loss_mask.rows()[row])
+            if version_runs is not None:
+                line["versions"] = runs
+            if mask_runs is not None:
+                line["loss_mask"] = mask_runs[row]
             self._write(line)
 
     def close(self) -> None:
@@ -123,10 +126,18 @@ class SampleLog:
         self._written += len(line)
 
 
-def _runs(row: torch.Tensor) -> list[list[int]]:
-    """[[value, count], ...]: a row of integers as its runs (a sample's versions change a few times at most)."""
-    values, counts = torch.unique_consecutive(row.to(torch.int64), return_counts=True)
-    return [[int(v), int(c)] for v, c in zip(values.tolist(), counts.tolist(), strict=True)]
+def row_runs(ragged: Ragged) -> list[list[list[int]]]:
+    """Each row of integers as its runs, [[value, count], ...] (a sample's versions change a few times at most),
+    found over the packed values at once: a trainer writes a batch's rows every step."""
+    values = ragged.values.to(torch.int64).numpy()
+    offsets = ragged.offsets.numpy()
+    starts = np.ones(len(values), dtype=bool)  # a run starts where the value changes and where a row starts
+    starts[1:] = values[1:] != values[:-1]
+    starts[offsets[:-1][offsets[:-1] < len(values)]] = True
+    first = np.flatnonzero(starts)
+    run_values, run_counts = values[first].tolist(), np.diff(first, append=len(values)).tolist()
+    bounds = np.searchsorted(first, offsets).tolist()  # row r's runs: those starting in its span
+    return [[[run_values[i], run_counts[i]] for i in range(a, b)] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _summary(row: torch.Tensor) -> dict[str, Any]:
