@@ -59,6 +59,18 @@ def test_a_step_without_lag0_tokens_records_none_and_stops_nothing():
                                                                        "lag0_over": 0.0}
 
 
+def test_a_generator_of_several_groups_is_judged_on_all_its_tokens_and_an_unstamped_group_is_a_generator():
+    # groups 0 and 2 are rollout[0]'s: its worst gap (0.4) is in group 2, and 2 of its 4 lag-0 tokens are past 0.1;
+    # group 1 has no stamp; rollout[1]'s group 3 has a smaller worst gap (0.3). Unstamped, groups 0-2 are one
+    view = _view(versions=[[7, 7], [7], [7, 7], [7]], behav=[[0.0, 0.2], [0.0], [0.4, 0.0], [0.3]],
+                 prox=[[0.0, 0.0], [0.05], [0.0, 0.0], [0.0]], groups=[0, 1, 2, 3])
+    with pytest.raises(RunError, match=r"generator rollout\[0\] is not sampling version 7: 2 of its 4 tokens .* "
+                                       r"by up to 0\.4 nats"):
+        checked(view, 7, {0: "rollout[0]", 2: "rollout[0]", 3: "rollout[1]"}, whole_samples=False, limit=0.1)
+    with pytest.raises(RunError, match=r"generator a generator is not sampling version 7: 3 of its 5 tokens"):
+        checked(view, 7, {3: "rollout[1]"}, whole_samples=False, limit=0.01)
+
+
 def test_the_tolerance_is_the_setting_else_the_dtypes_and_inf_turns_the_alarm_off():
     assert tolerance(RunConfig()) == DEFAULT_TOLERANCE["float32"]
     assert tolerance(RunConfig(dtype="bfloat16")) == DEFAULT_TOLERANCE["bfloat16"]
