@@ -77,8 +77,8 @@ class SampleLog:
                 loss_mask: Ragged | None) -> None:
         """Samples trained at `step` (the version the update publishes): each output token's version and the loss
         mask the update read (None: the trainer checks no versions; every token in the loss)."""
-        version_runs = row_runs(versions) if versions is not None else None
-        mask_runs = row_runs(loss_mask) if loss_mask is not None else None
+        version_runs = _row_runs(versions) if versions is not None else None
+        mask_runs = _row_runs(loss_mask) if loss_mask is not None else None
         for row, sid in enumerate(sample_ids):
             runs = version_runs[row] if version_runs is not None else []
             oldest = min(value for value, _ in runs) if runs else step - 1
@@ -126,7 +126,7 @@ class SampleLog:
         self._written += len(line)
 
 
-def row_runs(ragged: Ragged) -> list[list[list[int]]]:
+def _row_runs(ragged: Ragged) -> list[list[list[int]]]:
     """Each row of integers as its runs, [[value, count], ...] (a sample's versions change a few times at most),
     found over the packed values at once: a trainer writes a batch's rows every step."""
     values = ragged.values.to(torch.int64).numpy()
