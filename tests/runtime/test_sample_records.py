@@ -87,10 +87,9 @@ def test_trained_lines_give_each_rows_runs_and_oldest_version_as_the_rows_themse
         values, counts = torch.unique_consecutive(row, return_counts=True)
         return [[int(v), int(c)] for v, c in zip(values, counts, strict=True)]
 
-    for line, row, mask in zip(lines, rows, masks, strict=False):
+    for line, sid, row, mask in zip(lines[:40], range(100, 140), rows, masks, strict=True):
         oldest = int(row.min()) if len(row) else 8
-        assert line == {"sample_id": line["sample_id"], "node": "actor", "status": "trained", "step": 9,
+        assert line == {"sample_id": sid, "node": "actor", "status": "trained", "step": 9,
                         "version": oldest, "lag": 8 - oldest, "versions": runs(row), "loss_mask": runs(mask)}
-    assert [x["sample_id"] for x in lines[:40]] == list(range(100, 140))
     assert lines[2]["versions"] == [[4, 2], [5, 1], [4, 1]]
     assert lines[40] == {"sample_id": 7, "node": "actor", "status": "trained", "step": 10, "version": 9, "lag": 0}
