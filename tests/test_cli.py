@@ -29,6 +29,18 @@ def test_help_lists_commands_and_examples():
     assert "--set KEY=VALUE" in run_help and "--resume RUN_DIR" in run_help
 
 
+@pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["samples", "no-such-run"]])
+def test_help_usage_and_reading_records_answer_without_importing_torch(args, tmp_path):
+    """`import areal` loads its names on first use: these commands need none of torch's 4 s."""
+    probe = ("import runpy, sys\n"
+             f"sys.argv = ['areal', *{args!r}]\n"
+             "try:\n    runpy.run_module('areal.cli', run_name='__main__')\n"
+             "except SystemExit as e:\n    code = e.code\n"
+             "print('torch' in sys.modules, code, file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.stderr.splitlines()[-1] == ("False 2" if args[0] == "samples" else "False 0"), done.stderr
+
+
 def test_viz_writes_a_valid_svg(write_recipe, tmp_path):
     path = write_recipe(recipes.GOOD)
     out = tmp_path / "g.svg"

@@ -22,7 +22,7 @@ from typing import Any
 from areal.errors import ConfigError
 from areal.runtime.compiler.plan import Plan
 from areal.runtime.controller.run_status import STATUS
-from areal.runtime.records.sample_log import FOLDER as SAMPLES
+from areal.runtime.records.sample_records import FOLDER as SAMPLES
 from areal.runtime.records.sample_records import SampleRecord, fold, select
 from areal.runtime.records.tail import JsonlTail
 from areal.runtime.storage.resume import RECIPE_COPY

@@ -36,8 +36,7 @@ import torch
 
 from areal.config import RecordsConfig
 from areal.graph.batch import Batch, Ragged
-
-FOLDER = "samples"
+from areal.runtime.records.sample_records import FOLDER
 
 
 class SampleLog:

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from areal.errors import ConfigError
-from areal.runtime.records.sample_log import FOLDER
 from areal.runtime.records.tail import JsonlTail
+
+FOLDER = "samples"  # under the run directory; the writer (sample_log.py) imports it from here, torch-free
 
 STATUSES = ("trained", "failed", "filtered", "dropped", "held-out", "pending")
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
