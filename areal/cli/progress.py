@@ -91,12 +91,17 @@ def generator_time_line(step: dict[str, Any]) -> str:
 
 def cpu_line(controller: Controller) -> str:
     """CPU seconds of each worker's process tree (a code reward's sandboxed programs are its worker's) and of the
-    controller, largest first, with shares, and the cores they kept busy on average over the run's wall-clock."""
-    used = {w.worker_id: w.cpu_total for w in controller.workers.values()} | {"controller": time.process_time()}
+    controller, largest first, with shares, and the cores they kept busy on average over the run's wall-clock.
+
+    The wall-clock includes the start-up, as the CPU does (each worker's imports and model load): throughput
+    counts from the end of start-up, and dividing by that alone claimed more cores than a short run's machine has."""
+    state = controller.state
+    used = {w.worker_id: w.cpu_total for w in controller.workers.values()}
+    used["controller"] = time.process_time() - state.cpu_at_start
     total = sum(used.values())
     shares = " · ".join(f"{name} {spent:.0f} s ({spent / total:.0%})"
                         for name, spent in sorted(used.items(), key=lambda item: -item[1]))
-    return f"{shares}; {total / controller._elapsed():.2f} cores on average"
+    return f"{shares}; {total / (state.startup_s + controller._elapsed()):.2f} cores on average"
 
 
 def staleness_line(controller: Controller) -> str:

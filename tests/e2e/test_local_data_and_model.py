@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,10 @@ def test_recipe_runs_on_a_local_checkpoint_and_a_jsonl_file_with_a_bad_record(tm
     assert all(0 <= steps[0]["cpu_s"][w] <= steps[1]["cpu_s"][w] for w in steps[0]["cpu_s"]), steps
     final = {w: v["cpu_s"] for w, v in json.loads((run / "status.json").read_text())["workers"].items()}
     assert all(final[w] >= steps[-1]["cpu_s"][w] and final[w] > 0 for w in final), (final, steps[-1]["cpu_s"])
-    assert "CPU by process" in done.stderr and "cores on average" in done.stderr
+    # over the wall-clock the CPU was spent in, start-up included: never more cores than the run may use
+    summary = " ".join(done.stderr.replace("│", " ").split())  # the table's wrapped cells as one line
+    cores = re.search(r"([\d.]+) cores on average", summary)
+    assert cores and 0 < float(cores.group(1)) <= len(os.sched_getaffinity(0)), done.stderr[-3000:]
     # held-out: eval.tasks=100 but the file holds 3 valid records: each once, 2 samples each, every round
     assert [(x["tasks"], x["samples"]) for x in lines if x["kind"] == "eval"] == [(3, 6), (3, 6)]
     # the malformed record is named by line in the metrics and the summary, and the run went on

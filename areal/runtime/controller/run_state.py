@@ -54,4 +54,5 @@ class RunState:
     stale_tokens: int = 0  # output tokens the loss read that were older than η (the admission policy's)
     truncated_masked: int = 0  # trained samples cut at max_new_tokens, given loss mask 0 (trainer.truncated=mask)
     startup_s: float = 0.0
+    cpu_at_start: float = field(default_factory=time.process_time)  # the controller's CPU before the run began
     status: str = "starting"
