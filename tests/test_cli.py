@@ -34,6 +34,7 @@ def test_help_usage_and_reading_records_answer_without_importing_torch(args, tmp
     """`import areal` loads its names on first use: these commands need none of torch's 4 s."""
     probe = ("import runpy, sys\n"
              f"sys.argv = ['areal', *{args!r}]\n"
+             "code = None  # what the command exits with: typer always raises SystemExit\n"
              "try:\n    runpy.run_module('areal.cli', run_name='__main__')\n"
              "except SystemExit as e:\n    code = e.code\n"
              "print('torch' in sys.modules, code, file=sys.stderr)\n")
