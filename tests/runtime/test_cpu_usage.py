@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 import sys
 import time
@@ -41,3 +42,25 @@ def test_a_live_descendants_cpu_counts_and_still_counts_once_it_is_reaped(depth)
         process.wait(timeout=30)
     reaped = tree_cpu_s() - before - (time.process_time() - own_before)
     assert live - 0.05 <= reaped < BURN_S + 1.0  # moved into RUSAGE_CHILDREN: neither lost nor doubled
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="live descendants are found through Linux's /proc")
+def test_a_thread_that_ends_during_the_scan_hides_no_other_threads_children(monkeypatch):
+    """A run's summary once gave its scorer 14 s of CPU where its step records had 189 s: the worker's heartbeat
+    thread ended while the last figure was taken, and the failed read of that thread's children dropped every
+    child (the sandbox's workers). Here the listing holds a thread that is gone by the time it is read."""
+    process = _started(BURNER.format(burn=BURN_S))
+    try:
+        counted = tree_cpu_s()
+        listed = pathlib.Path.iterdir
+
+        def with_a_thread_gone(self: pathlib.Path):  # noqa: ANN202
+            entries = list(listed(self))
+            return [*entries, self / "2147483647"] if self.name == "task" else entries
+
+        monkeypatch.setattr(pathlib.Path, "iterdir", with_a_thread_gone)
+        assert tree_cpu_s() >= counted  # the burner's CPU is still there, not hidden by the vanished thread
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait(timeout=30)

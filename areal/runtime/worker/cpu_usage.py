@@ -38,8 +38,16 @@ def _live_descendants_cpu_s(root: int) -> float:
 
 
 def _children(pid: int) -> list[int]:
+    """Children of every thread of `pid`; a thread that ends between the listing and its read hides only its own
+    (a worker's threads come and go: its heartbeat's stops just before the last figure is taken)."""
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        return [int(c) for task in tasks for c in (task / "children").read_text().split()]
     except OSError:
         return []
+    children = []
+    for task in tasks:
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
