@@ -8,9 +8,10 @@ Each run is `areal run RECIPE --set seed=S --set data.seed=S` plus the variant's
 its own cores (`--cores-per-run`) is pinned to them with every process it starts, so runs side by side
 do not share a core. Printed per run: held-out pass@1 at every evaluation round with its standard
 error, the gain ± its error, the lowest round against the start, and the wall-clock in all (process
-start to exit) and of training; then, per variant, how many seeds meet the first run's bar (issue
-#38): a gain of at least 15 points, no round below the start, at most 8 minutes in all, and a
-standard error under 1 point in every round.
+start to exit) and of training; where its CPU went (each pool's workers with every process they
+started, the code sandbox's among them, and the controller: the run's status.json); then, per
+variant, how many seeds meet the first run's bar (issue #38): a gain of at least 15 points, no round
+below the start, at most 8 minutes in all, and a standard error under 1 point in every round.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Run:
     wall_s: float = math.nan
     rounds: list[dict] = field(default_factory=list)
     train_wall_s: float = math.nan
+    cpu_s: dict[str, float] = field(default_factory=dict)  # by pool (its workers' process trees), and controller
     error: str = ""
 
 
@@ -86,6 +88,28 @@ def finish(run: Run) -> None:
     run.rounds = [r for r in lines if r["kind"] == "eval"]
     steps = [r for r in lines if r["kind"] == "step"]
     run.train_wall_s = steps[-1]["wall_s"] if steps else math.nan
+    run.cpu_s = cpu_by_pool(run.run_dir, steps[-1] if steps else {})
+
+
+def cpu_by_pool(run_dir: Path, last_step: dict) -> dict[str, float]:
+    """CPU seconds of each pool's workers at the end (status.json: their last reports), and the controller's."""
+    status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else {}
+    cpu: dict[str, float] = {}
+    for worker in status.get("workers", {}).values():
+        cpu[worker["pool"]] = cpu.get(worker["pool"], 0.0) + worker.get("cpu_s", 0.0)
+    if "controller_cpu_s" in last_step:
+        cpu["controller"] = last_step["controller_cpu_s"]
+    return cpu
+
+
+def cpu_line(run: Run) -> str:
+    """'score 177 s (53 %) · actor 113 s (34 %) · ...; 1.70 cores': the run's CPU by pool, largest first."""
+    total = sum(run.cpu_s.values())
+    if not total:
+        return "not reported"
+    shares = " · ".join(f"{pool} {s:.0f} s ({100 * s / total:.0f} %)"
+                        for pool, s in sorted(run.cpu_s.items(), key=lambda kv: -kv[1]))
+    return f"{shares}; {total / run.wall_s:.2f} cores"
 
 
 def run_all(recipe: Path, runs: list[Run], common: list[str], parallel: int, timeout_s: float,
@@ -146,6 +170,9 @@ def report(runs: list[Run]) -> str:
         dip = 100 * (min(r["pass@1"] for r in run.rounds[1:] or run.rounds) - run.rounds[0]["pass@1"])
         lines.append(f"| {run.variant} | {run.seed} | {rounds} | {points:+.1f} ± {error:.1f} | {dip:+.1f} | "
                      f"{run.wall_s:.0f} s / {run.train_wall_s:.0f} s |")
+    lines += ["", "| variant | seed | CPU by pool over the run (its process trees), cores busy on average |",
+              "|---|---|---|"]
+    lines += [f"| {run.variant} | {run.seed} | {cpu_line(run)} |" for run in runs if not run.error]
     lines += ["", "| variant | seeds meeting the bar: gain ≥ 15 / no dip / ≤ 8 min / SE < 1 | mean gain |",
               "|---|---|---|"]
     for variant in dict.fromkeys(r.variant for r in runs):
@@ -190,7 +217,7 @@ def main() -> None:
     print(table)
     if args.json:
         args.json.write_text(json.dumps([{"variant": r.variant, "settings": r.settings, "seed": r.seed,
-                                          "wall_s": r.wall_s, "train_wall_s": r.train_wall_s,
+                                          "wall_s": r.wall_s, "train_wall_s": r.train_wall_s, "cpu_s": r.cpu_s,
                                           "rounds": r.rounds, "error": r.error} for r in runs], indent=1))
 
 

@@ -29,8 +29,12 @@ def _finished(tmp_path, name, rounds, wall_s):
     run = bench.Run(name, [], 0, tmp_path / name)
     run.run_dir.mkdir()
     lines = [{"kind": "eval", "round": i, "version": 40 * i, "pass@1": p, "pass@1_se": se}
-             for i, (p, se) in enumerate(rounds)] + [{"kind": "step", "version": 120, "wall_s": wall_s - 30}]
+             for i, (p, se) in enumerate(rounds)] + [{"kind": "step", "version": 120, "wall_s": wall_s - 30,
+                                                     "controller_cpu_s": 40.0}]
     (run.run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    workers = {"score[0]": {"pool": "score", "cpu_s": 300.0}, "score[1]": {"pool": "score", "cpu_s": 60.0},
+               "actor[0]": {"pool": "actor", "cpu_s": 200.0}, "rollout[0]": {"pool": "rollout", "cpu_s": 100.0}}
+    (run.run_dir / "status.json").write_text(json.dumps({"status": "stopped", "workers": workers}))
     run.process = subprocess.Popen([sys.executable, "-c", ""])
     run.process.wait()
     run.started = 0.0
@@ -55,6 +59,9 @@ def test_the_bar_needs_15_points_no_round_below_the_start_8_minutes_and_a_standa
     assert "| good | 0 | v0 0.250±0.8, v40 0.270±0.9, v80 0.410±0.9 | +16.0 ± 1.2 | +2.0 | 470 s / 440 s |" in table
     assert "| dips | 0 | " in table and "| -1.0 | 470 s" in table
     assert "| good | 1/1 / 1/1 / 1/1 / 1/1 | +16.0 |" in table
+    # each pool's replicas summed, largest first, shares of the run's 700 CPU seconds, over its 470 s
+    assert ("| good | 0 | score 360 s (51 %) · actor 200 s (29 %) · rollout 100 s (14 %) · controller 40 s (6 %); "
+            "1.49 cores |") in table
 
 
 def test_a_failed_run_is_a_row_saying_why(tmp_path):
