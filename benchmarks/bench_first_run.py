@@ -96,8 +96,9 @@ def cpu_by_pool(run_dir: Path, last_step: dict) -> dict[str, float]:
     status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else {}
     cpu: dict[str, float] = {}
     for worker in status.get("workers", {}).values():
-        cpu[worker["pool"]] = cpu.get(worker["pool"], 0.0) + worker.get("cpu_s", 0.0)
-    if "controller_cpu_s" in last_step:
+        if "cpu_s" in worker:  # a run of code older than these reports has none
+            cpu[worker["pool"]] = cpu.get(worker["pool"], 0.0) + worker["cpu_s"]
+    if cpu and "controller_cpu_s" in last_step:
         cpu["controller"] = last_step["controller_cpu_s"]
     return cpu
 

@@ -71,6 +71,7 @@ def test_a_failed_run_is_a_row_saying_why(tmp_path):
     run.process.wait()
     bench.finish(run)
     assert "exit 2" in run.error and "the recipe is broken" in run.error
+    assert bench.cpu_line(run) == "not reported"
     assert "| broken | 3 | failed: " in bench.report([run])
 
 
