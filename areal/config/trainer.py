@@ -35,6 +35,11 @@ class TrainerConfig(Section):
         "decoupled", description="decoupled PPO (AReaL), standard PPO, or decoupled with the proximal shortcut")
     microbatch_tokens: PositiveInt = Field(4096, description="positions one micro-batch may hold: its rows x "
                                            "the longest row (torch engine; FSDP counts real tokens)")
+    shared_prefixes: bool = Field(
+        True, description="torch engine: sequences that share a prompt (a group's samples) run as one row, the prompt "
+        "once and each sample's own tokens masked from the others', so a group's prompt is computed once a step, not "
+        "once a sample; the same log-probs and gradients (Qwen2/Llama with sdpa or eager attention; other models keep "
+        "a row a sample)")
     minibatches: PositiveInt = Field(1, description="optimizer steps per batch (PPO minibatches); one version")
     reuse_proximal_forward: Literal["auto", "on", "off"] = Field(
         "auto", description="with one minibatch, the update backpropagates through the proximal pass's forward "

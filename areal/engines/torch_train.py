@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from areal.engines.lora.training import is_lora, load_adapter_checkpoint
+from areal.engines.shared_prefix import prefix_units, shares_prefixes, unit_length, unit_rows
 from areal.engines.step_stats import StepStats, Total
 from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.logprob import token_logprobs
@@ -117,11 +118,14 @@ class TorchTrainEngine:
         self.settings = settings or TrainSettings()
         self.model = model if device is None else model.to(device)
         self.device = next(model.parameters()).device
+        self._dtype = next(model.parameters()).dtype  # a shared row's mask is added to scores of this dtype
         self._named_params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW([p for _, p in self._named_params], lr=self.settings.lr,
                                            betas=self.settings.betas, weight_decay=self.settings.weight_decay)
         self.step = 0  # optimizer steps taken (the policy version is the trainer node's, not the engine's)
         self._kept: _KeptForward | None = None  # a forward sequence_logprobs kept for the next train_step
+        # a prompt shared by a group runs once a step, not once a sample (shared_prefix.py); `False` for plain rows
+        self.shared_prefixes = self.settings.shared_prefixes and shares_prefixes(self.model)
 
     # ---- forward passes -------------------------------------------------------------------------
 
@@ -135,10 +139,9 @@ class TorchTrainEngine:
         one forward fewer per step, for holding the whole batch's activations in between."""
         self.model.eval()
         out: list[Tensor] = [torch.empty(0)] * len(sequences)
-        lengths = [len(s) for s in sequences]
         parts: list[tuple[list[int], Tensor, Tensor]] = []
         with torch.set_grad_enabled(keep_for_update or not no_grad):
-            for index in self._microbatches(lengths):
+            for index in self._microbatches(sequences):
                 logp, cu = self._logprobs(sequences, [1] * len(sequences), index)
                 if keep_for_update:
                     parts.append((index, logp, cu))
@@ -148,27 +151,32 @@ class TorchTrainEngine:
         self._kept = _KeptForward(self.step, list(sequences), parts) if keep_for_update else None
         return out
 
-    def _microbatches(self, lengths: list[int]) -> list[list[int]]:
-        return padded_microbatches(lengths, self.settings.microbatch_tokens, CALL_COST_TOKENS)
+    def _units(self, sequences: Sequence[Tensor], index: Sequence[int]) -> list[tuple[int, list[int]]]:
+        """The sequences of `index` as rows: a group's prompt shared once where the model allows (shared_prefix.py),
+        else one row a sequence."""
+        if self.shared_prefixes:
+            return prefix_units(sequences, index, self.settings.microbatch_tokens)
+        return [(len(sequences[i]), [i]) for i in index]
+
+    def _microbatches(self, sequences: Sequence[Tensor]) -> list[list[int]]:
+        units = self._units(sequences, range(len(sequences)))
+        lengths = [unit_length(sequences, unit) for unit in units]
+        bins = padded_microbatches(lengths, self.settings.microbatch_tokens, CALL_COST_TOKENS)
+        if not self.shared_prefixes:
+            return bins  # one sequence a unit, in the same order: the bins are sequence indices
+        return [[i for u in b for i in units[u][1]] for b in bins]
 
     def _logprobs(self, sequences: Sequence[Tensor], starts: Sequence[int], index: list[int]) -> tuple[Tensor, Tensor]:
         """Packed log π_θ of tokens starts[i]..L_i-1 of each sequence in `index`, and their cu_seqlens."""
-        rows = [torch.as_tensor(sequences[i], dtype=torch.int64) for i in index]
-        width = max(len(r) for r in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.int64)
-        for j, r in enumerate(rows):
-            ids[j, : len(r)] = r  # right padding: no real token attends to a later pad
-        logits = self.model(input_ids=ids.to(self.device), use_cache=False).logits
-        # logits at position t predict token t + 1
-        predict = torch.cat(
-            [
-                j * width + torch.arange(starts[i] - 1, len(r) - 1)
-                for j, (i, r) in enumerate(zip(index, rows, strict=True))
-            ]
-        )
-        targets = torch.cat([r[starts[i] :] for i, r in zip(index, rows, strict=True)])
-        counts = torch.tensor([len(r) - starts[i] for i, r in zip(index, rows, strict=True)], dtype=torch.int64)
-        cu = torch.zeros(len(rows) + 1, dtype=torch.int64)
+        rows = unit_rows(sequences, self._units(sequences, index), {i: starts[i] for i in index}, self._dtype)
+        shared = {} if rows.mask is None else {"attention_mask": rows.mask.to(self.device),
+                                               "position_ids": rows.positions.to(self.device)}
+        # right padding: no real token attends to a later pad (and in a shared row, to another member's tokens)
+        logits = self.model(input_ids=rows.ids.to(self.device), use_cache=False, **shared).logits
+        predict = torch.cat([rows.predict[i] for i in index])  # logits at position t predict token t + 1
+        targets = torch.cat([torch.as_tensor(sequences[i], dtype=torch.int64)[starts[i] :] for i in index])
+        counts = torch.tensor([len(sequences[i]) - starts[i] for i in index], dtype=torch.int64)
+        cu = torch.zeros(len(index) + 1, dtype=torch.int64)
         cu[1:] = counts.cumsum(0)
         flat = logits.flatten(0, 1)[predict.to(self.device)]
         return self._score(flat, targets.to(self.device)), cu
@@ -212,8 +220,7 @@ class TorchTrainEngine:
         kept, self._kept = self._kept, None
         if kept is not None and not kept.serves(self.step, sequences):
             kept = None  # of other sequences or older weights: this step runs its own forward
-        microbatches = ([index for index, _, _ in kept.parts] if kept else
-                        self._microbatches([len(s) for s in sequences]))
+        microbatches = [index for index, _, _ in kept.parts] if kept else self._microbatches(sequences)
         for n, index in enumerate(microbatches):
             logp, cu = kept.output_logprobs(n, prompt_lens) if kept else self._logprobs(sequences, prompt_lens, index)
             fields = {k: torch.cat([rows[i] for i in index]).to(self.device) for k, rows in per_token.items()}
