@@ -11,8 +11,9 @@ used before (`pack_microbatches`: first-fit decreasing on real tokens, loads eve
 micro-batch mixes lengths); ours groups by length (`padded_microbatches`) at each call cost, and
 at the engine's own call cost also with the update backpropagating through the proximal pass's
 kept forward (`trainer.reuse_proximal_forward`, on by default on the CPU): its train step is then a
-backward pass alone. All compute the same loss and gradient: the check at the end says how far apart
-they are.
+backward pass alone. The last is the engine as shipped: a group's prompt once a row, its samples'
+own tokens after it (`trainer.shared_prefixes`), so "padded positions" counts rows of a group.
+All compute the same loss and gradient: the check at the end says how far apart they are.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from areal.data.code_tasks import builtin_code_tasks
+from areal.engines.shared_prefix import unit_length
 from areal.engines.torch_train import CALL_COST_TOKENS, TorchTrainEngine
-from areal.kernels.packing import pack_microbatches, padded_microbatches, padding_waste
+from areal.engines.trainer_settings import TrainSettings
+from areal.kernels.packing import pack_microbatches, padded_microbatches
 from areal.models.loading import load_policy
 
 Packer = Callable[[list[int]], list[list[int]]]
@@ -35,10 +38,12 @@ Packer = Callable[[list[int]], list[list[int]]]
 class _PackedBy(TorchTrainEngine):
     """The engine with its micro-batching replaced (the benchmark's only change to it)."""
 
-    packer: Packer
+    packer: Packer | None = None  # None: the engine's own, a group's prompt once a row
 
-    def _microbatches(self, lengths: list[int]) -> list[list[int]]:
-        return self.packer(lengths)
+    def _microbatches(self, sequences: Sequence[torch.Tensor]) -> list[list[int]]:
+        if self.packer is None:
+            return super()._microbatches(sequences)
+        return self.packer([len(s) for s in sequences])
 
 
 def code_rl_batch(groups: int, group_size: int, seed: int) -> tuple[list[torch.Tensor], list[int]]:
@@ -76,21 +81,24 @@ def main() -> None:
     torch.set_num_threads(1)  # the trainer's one core in the default run
     sequences, prompt_lens = code_rl_batch(args.groups, args.group_size, args.seed)
     lengths = [len(s) for s in sequences]
-    # name: (micro-batching, whether the update reuses the proximal pass's forward)
-    variants: dict[str, tuple[Packer, bool]] = {
+    # name: (micro-batching, whether the update reuses the proximal pass's forward); micro-batching None: the
+    # engine as shipped, a group's prompt once a row (trainer.shared_prefixes)
+    variants: dict[str, tuple[Packer | None, bool]] = {
         "by real tokens (before)": (lambda ls: pack_microbatches(ls, args.budget), False)}
     for cost in args.call_costs:
         variants[f"by padded positions, call cost {cost}"] = (
             lambda ls, c=cost: padded_microbatches(ls, args.budget, c), False)
     variants[f"by padded positions, call cost {CALL_COST_TOKENS}, proximal forward reused"] = (
         lambda ls: padded_microbatches(ls, args.budget, CALL_COST_TOKENS), True)
+    variants["a group's prompt once a row, proximal forward reused (shipped)"] = (None, True)
     model, _ = load_policy("builtin:tiny-coder")
-    engine = _PackedBy(model, lr=0.0, microbatch_tokens=args.budget)
+    engine = _PackedBy(model, TrainSettings(lr=0.0, microbatch_tokens=args.budget))
+    shares = engine.shared_prefixes
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     grads: dict[str, torch.Tensor] = {}
     for round_ in range(args.repeats + 1):
         for name, (packer, reuse) in variants.items():
-            engine.packer = packer
+            engine.packer, engine.shared_prefixes = packer, shares and packer is None
             start = time.perf_counter()
             engine.sequence_logprobs(sequences, keep_for_update=reuse)
             middle = time.perf_counter()
@@ -106,12 +114,15 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     base = None
     for name, (packer, _) in variants.items():
-        bins = packer(lengths)
+        engine.packer, engine.shared_prefixes = packer, shares and packer is None
+        bins = engine._microbatches(sequences)
+        rows = [[unit_length(sequences, u) for u in engine._units(sequences, b)] for b in bins]
         prox = statistics.median(t for t, _ in times[name])
         train = statistics.median(t for _, t in times[name])
         base = base or prox + train
-        padded = sum(len(b) * max(lengths[i] for i in b) for b in bins)
-        print(f"| {name} | {len(bins)} | {padded} | {padding_waste(lengths, bins):.0%} | {prox:.3f} | {train:.3f} "
+        padded = sum(len(r) * max(r) for r in rows)
+        pads = 1 - sum(map(sum, rows)) / padded
+        print(f"| {name} | {len(bins)} | {padded} | {pads:.0%} | {prox:.3f} | {train:.3f} "
               f"| {prox + train:.3f} | {base / (prox + train):.2f}x |")
     reference = grads["by real tokens (before)"]
     worst = max(float((g - reference).abs().max() / reference.abs().max()) for g in grads.values())

@@ -23,6 +23,9 @@ from torch import Tensor
 from areal.kernels.packing import PackingError
 
 MIN_SHARED_TOKENS = 8  # below this a shared prefix saves less than its mask costs
+# a row's attention runs dense over its positions squared (the mask has no fast kernel): a row longer than this
+# costs more in attention than its shared prompt saves in the matrix multiplies
+MAX_ROW_TOKENS = 1024
 # families whose Hugging Face forward applies a 4D attention mask and position ids as given
 FAMILIES = ("qwen2", "llama")
 MASKED_ATTENTION = ("sdpa", "eager")  # flash attention ignores a 4D mask: such a model keeps plain rows
@@ -43,8 +46,9 @@ def unit_length(sequences: Sequence[Tensor], unit: tuple[int, list[int]]) -> int
 def prefix_units(sequences: Sequence[Tensor], index: Sequence[int], max_tokens: int) -> list[tuple[int, list[int]]]:
     """The sequences of `index` as units, each at most `max_tokens` positions: runs of the sorted sequences whose
     common prefix is at least MIN_SHARED_TOKENS long (and leaves each member a token of its own to predict from
-    it), a run split where its row would pass the budget. Every index appears once. Raises PackingError for a
-    sequence over the budget on its own."""
+    it). A run takes the next sequence only if the row then holds fewer positions than the two apart (so groups
+    whose prompts share only a template stay apart) and stays within the budget and MAX_ROW_TOKENS. Every index
+    appears once. Raises PackingError for a sequence over the budget on its own."""
     for i in index:
         if len(sequences[i]) > max_tokens:
             raise PackingError(i, len(sequences[i]), max_tokens)
@@ -56,7 +60,9 @@ def prefix_units(sequences: Sequence[Tensor], index: Sequence[int], max_tokens: 
     for i in order:
         if run:
             common = min(shared, _common(lists[run[-1]], lists[i]))
-            if common >= MIN_SHARED_TOKENS and unit_length(sequences, (common, [*run, i])) <= max_tokens:
+            # joining must save positions: the run's members give up shared - common each, i gains common
+            if (common >= MIN_SHARED_TOKENS and common > len(run) * (shared - common)
+                    and unit_length(sequences, (common, [*run, i])) <= min(max_tokens, MAX_ROW_TOKENS)):
                 run, shared = [*run, i], common
                 continue
             units.append(_unit(sequences, run, shared))

@@ -9,7 +9,10 @@ alternative, one packed row with a block-diagonal mask, was measured 3-9x slower
 with an arbitrary mask is dense over all N² token pairs of the pack): 16 sequences of 32-256
 tokens, 1.6 M params: padded 120 ms, packed 348 ms; 16-512 tokens: 365 ms vs 1771 ms. So the
 sequences are grouped by length (`areal.kernels.packing.padded_microbatches`): the budget bounds
-rows x longest, the positions a forward really holds, and few of them are pads.
+rows x longest, the positions a forward really holds, and few of them are pads. The one mask worth
+its cost: sequences that share a prompt (a group's samples) run as one row, the prompt once and each
+sample's own tokens after it, masked from the others' (`shared_prefix.py`, `trainer.shared_prefixes`);
+the planner then packs those rows, a group's positions falling by its size less one prompt.
 
 Loss weighting: `loss_fn` sees one micro-batch and returns its loss as a mean over that
 micro-batch's output tokens (`loss_reduction="mean"`, what the kernels return) or as a sum

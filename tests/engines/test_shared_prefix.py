@@ -113,3 +113,15 @@ def test_plain_rows_where_the_attention_or_the_setting_says_so(make_model):
     assert not TorchTrainEngine(copy.deepcopy(model), TrainSettings(shared_prefixes=False)).shared_prefixes
     model.config._attn_implementation = "flash_attention_2"  # takes no 4D mask: the rows would see each other
     assert not shares_prefixes(model)
+
+
+def test_groups_whose_prompts_share_only_a_template_stay_apart():
+    """Two groups of 4 whose prompts share their first 10 tokens: one row each, not one row sharing the 10
+    (which would hold more positions, and a longer row's attention costs its length squared)."""
+    template = torch.arange(10)
+    seqs = []
+    for question in (torch.arange(50, 70), torch.arange(70, 90)):
+        for k in range(4):
+            seqs.append(torch.cat([template, question, torch.tensor([95 - k, 3, 4])]))
+    units = prefix_units(seqs, range(len(seqs)), max_tokens=10_000)
+    assert sorted((shared, sorted(members)) for shared, members in units) == [(30, [0, 1, 2, 3]), (30, [4, 5, 6, 7])]
