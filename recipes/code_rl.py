@@ -15,7 +15,7 @@ from areal.rewards import code_tests
 
 # held-out pass@1 at the start, half-way and the end, 8 samples of each of the 237 held-out tasks: a standard
 # error under 1 point, so a round's change is the policy's, not the sampling's (a round costs the two cores
-# about 20 s; one fewer in the middle buys 7 steps). η = 1: the trainer is the bottleneck on 2 cores, so the
+# about 20 s; one fewer in the middle buys 7 steps). η = 1: the trainer was the bottleneck on 2 cores, so the
 # generator runs the full η ahead; at η = 2 nearly every sample was trained 2 versions old and the run gained
 # less in the same wall time. A batch of 128 rows decodes 1.7x the tokens per CPU second of 32 on this model,
 # which leaves the trainer more of the two cores (docs/benchmarks.md, "The first run")
