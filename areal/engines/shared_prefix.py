@@ -4,8 +4,9 @@ tokens, in one row whose attention mask lets each member see the prompt and itse
 A GRPO batch holds each prompt `group_size` times. As plain rows the trainer runs the prompt's forward and
 backward once per member; here once per group. Each member's tokens see the same prompt states, at the same
 positions, as in a row of their own, so the log-probs and the gradients are the plain rows' up to rounding (the
-tests hold them to float64 agreement). On the default recipe (prompts of 36 tokens, outputs of about 26, groups of
-8) a step's positions fall from 7.1k to 3.1k and its forward and backward take 0.6x the time.
+tests hold them to float64 agreement). On one step of the default recipe (benchmarks/bench_microbatches.py) the
+positions fall from 8252 to 2223 (sampled programs often share their first tokens too) and the trainer's two
+passes take 0.36x the time.
 
 A unit is (shared length, members): members share their first `shared` tokens; a sequence no other shares
 enough of stands alone as (its length, [it]) and runs as today's plain row. Only the token ids are read to find
@@ -22,9 +23,9 @@ from torch import Tensor
 
 from areal.kernels.packing import PackingError
 
-MIN_SHARED_TOKENS = 8  # below this a shared prefix saves less than its mask costs
-# a row's attention runs dense over its positions squared (the mask has no fast kernel): a row longer than this
-# costs more in attention than its shared prompt saves in the matrix multiplies
+MIN_SHARED_TOKENS = 8  # a shorter common prefix (a template's opening, not a prompt) is left alone
+# a row's masked attention runs dense over its positions squared, so it grows faster than a longer row saves; the
+# cap is not tuned: a group of the default recipe (8 x up to 48 tokens after its prompt) fits in one row
 MAX_ROW_TOKENS = 1024
 # families whose Hugging Face forward applies a 4D attention mask and position ids as given
 FAMILIES = ("qwen2", "llama")
