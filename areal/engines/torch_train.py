@@ -11,7 +11,7 @@ tokens, 1.6 M params: padded 120 ms, packed 348 ms; 16-512 tokens: 365 ms vs 177
 sequences are grouped by length (`areal.kernels.packing.padded_microbatches`): the budget bounds
 rows x longest, the positions a forward really holds, and few of them are pads. The one mask worth
 its cost: sequences that share a prompt (a group's samples) run as one row, the prompt once and each
-sample's own tokens after it, masked from the others' (`shared_prefix.py`, `trainer.shared_prefixes`);
+sample's own tokens after it, masked from the others' (`areal.kernels.shared_prefix`, `trainer.shared_prefixes`);
 the planner then packs those rows, a group's positions falling by its size less one prompt.
 
 Loss weighting: `loss_fn` sees one micro-batch and returns its loss as a mean over that
@@ -41,11 +41,11 @@ import torch
 from torch import Tensor
 
 from areal.engines.lora.training import is_lora, load_adapter_checkpoint
-from areal.engines.shared_prefix import prefix_units, shares_prefixes, unit_length, unit_rows
 from areal.engines.step_stats import StepStats, Total
 from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.logprob import token_logprobs
 from areal.kernels.packing import padded_microbatches
+from areal.kernels.shared_prefix import prefix_units, shares_prefixes, unit_length, unit_rows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -23,7 +23,7 @@ class TrainSettings:
     lr_schedule: Literal["constant", "cosine"] = "constant"
     total_steps: int | None = None  # where a cosine schedule reaches 0
     temperature: float = 1.0
-    shared_prefixes: bool = True  # a group's prompt once a row where the model allows (engines/shared_prefix.py)
+    shared_prefixes: bool = True  # a group's prompt once a row where the model allows (kernels/shared_prefix.py)
 
     def __post_init__(self) -> None:
         if self.lr_schedule not in ("constant", "cosine"):

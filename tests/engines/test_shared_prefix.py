@@ -10,9 +10,9 @@ import torch
 from torch import Tensor
 
 from areal.engines import MicroBatch, TorchTrainEngine
-from areal.engines.shared_prefix import MIN_SHARED_TOKENS, prefix_units, shares_prefixes, unit_length
 from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.packing import PackingError
+from areal.kernels.shared_prefix import MIN_SHARED_TOKENS, prefix_units, shares_prefixes, unit_length
 
 # (prompt length, output lengths of its group's members); the last two prompts stand alone
 GROUPS = [(12, [1, 5, 9, 3]), (20, [7, 2, 2, 6]), (9, [4, 8, 1, 5]), (15, [6]), (4, [3])]

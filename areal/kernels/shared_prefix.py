@@ -53,33 +53,30 @@ def prefix_units(sequences: Sequence[Tensor], index: Sequence[int], max_tokens: 
     for i in index:
         if len(sequences[i]) > max_tokens:
             raise PackingError(i, len(sequences[i]), max_tokens)
-    lists = {i: sequences[i].tolist() for i in index}
-    order = sorted(index, key=lambda i: (lists[i], i))
+    order = sorted(index, key=lambda i: (sequences[i].tolist(), i))  # a shared prefix's sequences side by side
     units: list[tuple[int, list[int]]] = []
     run: list[int] = []
     shared = 0
     for i in order:
         if run:
-            common = min(shared, _common(lists[run[-1]], lists[i]))
+            common = min(shared, _common(torch.as_tensor(sequences[run[-1]]), torch.as_tensor(sequences[i])))
             # joining must save positions: the run's members give up shared - common each, i gains common
             if (common >= MIN_SHARED_TOKENS and common > len(run) * (shared - common)
                     and unit_length(sequences, (common, [*run, i])) <= min(max_tokens, MAX_ROW_TOKENS)):
                 run, shared = [*run, i], common
                 continue
             units.append(_unit(sequences, run, shared))
-        run, shared = [i], len(lists[i])
+        run, shared = [i], len(sequences[i])
     if run:
         units.append(_unit(sequences, run, shared))
     return units
 
 
-def _common(a: list[int], b: list[int]) -> int:
+def _common(a: Tensor, b: Tensor) -> int:
     """Their common prefix, short of the shorter one's last token: every member keeps a token of its own."""
     n = min(len(a), len(b)) - 1
-    k = 0
-    while k < n and a[k] == b[k]:
-        k += 1
-    return k
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0]) if len(differ) else max(n, 0)
 
 
 def _unit(sequences: Sequence[Tensor], run: list[int], shared: int) -> tuple[int, list[int]]:
