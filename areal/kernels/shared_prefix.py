@@ -60,8 +60,9 @@ def prefix_units(sequences: Sequence[Tensor], index: Sequence[int], max_tokens: 
     for i in order:
         if run:
             common = min(shared, _common(torch.as_tensor(sequences[run[-1]]), torch.as_tensor(sequences[i])))
-            # joining must save positions: the run's members give up shared - common each, i gains common
-            if (common >= MIN_SHARED_TOKENS and common > len(run) * (shared - common)
+            # joining must save positions: i's first `common` tokens are not repeated, while every member but one
+            # now holds shared - common more of its own (the row's positions fall by n common - (n - 1) shared)
+            if (common >= MIN_SHARED_TOKENS and len(run) * common > (len(run) - 1) * shared
                     and unit_length(sequences, (common, [*run, i])) <= min(max_tokens, MAX_ROW_TOKENS)):
                 run, shared = [*run, i], common
                 continue

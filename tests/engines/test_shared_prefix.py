@@ -125,3 +125,10 @@ def test_groups_whose_prompts_share_only_a_template_stay_apart():
             seqs.append(torch.cat([template, question, torch.tensor([95 - k, 3, 4])]))
     units = prefix_units(seqs, range(len(seqs)), max_tokens=10_000)
     assert sorted((shared, sorted(members)) for shared, members in units) == [(30, [0, 1, 2, 3]), (30, [4, 5, 6, 7])]
+
+
+def test_long_outputs_still_share_their_prompt():
+    """Outputs much longer than the prompt: the row still holds the prompt once (fewer positions than apart)."""
+    prompt = torch.arange(20)
+    seqs = [torch.cat([prompt, torch.full((100,), 50 + k)]) for k in range(4)]
+    assert prefix_units(seqs, range(4), max_tokens=10_000) == [(20, [0, 1, 2, 3])]
