@@ -29,7 +29,7 @@ from areal.data.code_tasks import builtin_code_tasks
 from areal.engines.torch_train import CALL_COST_TOKENS, TorchTrainEngine
 from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.packing import pack_microbatches, padded_microbatches
-from areal.kernels.shared_prefix import unit_length
+from areal.kernels.shared_prefix import Unit, unit_length
 from areal.models.loading import load_policy
 
 Packer = Callable[[list[int]], list[list[int]]]
@@ -40,10 +40,10 @@ class _PackedBy(TorchTrainEngine):
 
     packer: Packer | None = None  # None: the engine's own, a group's prompt once a row
 
-    def _microbatches(self, sequences: Sequence[torch.Tensor]) -> list[list[int]]:
+    def _microbatches(self, sequences: Sequence[torch.Tensor]) -> list[list[Unit]]:
         if self.packer is None:
             return super()._microbatches(sequences)
-        return self.packer([len(s) for s in sequences])
+        return [[(len(sequences[i]), [i]) for i in b] for b in self.packer([len(s) for s in sequences])]
 
 
 def code_rl_batch(groups: int, group_size: int, seed: int) -> tuple[list[torch.Tensor], list[int]]:
@@ -116,7 +116,7 @@ def main() -> None:
     for name, (packer, _) in variants.items():
         engine.packer, engine.shared_prefixes = packer, shares and packer is None
         bins = engine._microbatches(sequences)
-        rows = [[unit_length(sequences, u) for u in engine._units(sequences, b)] for b in bins]
+        rows = [[unit_length(sequences, u) for u in b] for b in bins]
         prox = statistics.median(t for t, _ in times[name])
         train = statistics.median(t for _, t in times[name])
         base = base or prox + train

@@ -49,6 +49,7 @@ from areal.engines.torch_train import (
 )
 from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.packing import balance_across_ranks, pack_microbatches
+from areal.kernels.shared_prefix import members
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -127,8 +128,9 @@ class FSDPTrainEngine:
         local: dict[int, Tensor] = {}
         with torch.no_grad():
             for k in range(steps):
-                index = mine[k] if k < len(mine) else [0]  # padding forward: keeps the collectives in step
-                logp, cu = self.local._logprobs(sequences, [1] * len(sequences), index)
+                units = self.local._units(sequences, mine[k] if k < len(mine) else [0])  # [0]: a padding forward
+                index = members(units)  # keeps the collectives in step
+                logp, cu = self.local._logprobs(sequences, [1] * len(sequences), units)
                 if k < len(mine):
                     for j, i in enumerate(index):
                         local[i] = logp[int(cu[j]) : int(cu[j + 1])]
@@ -177,8 +179,9 @@ class FSDPTrainEngine:
         numbers = StepStats()
         for k in range(steps):
             real = k < len(mine)
-            index = mine[k] if real else [0]  # padding micro-batch: a real sequence, weighted 0
-            logp, cu = self.local._logprobs(sequences, prompt_lens, index)
+            units = self.local._units(sequences, mine[k] if real else [0])  # padding: a real sequence, weighted 0
+            index = members(units)
+            logp, cu = self.local._logprobs(sequences, prompt_lens, units)
             device = logp.device
             fields = {name: torch.cat([rows[i] for i in index]).to(device) for name, rows in per_token.items()}
             fields |= {name: v[index].to(device) for name, v in per_sample.items()}

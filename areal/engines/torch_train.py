@@ -45,7 +45,7 @@ from areal.engines.step_stats import StepStats, Total
 from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.logprob import token_logprobs
 from areal.kernels.packing import padded_microbatches
-from areal.kernels.shared_prefix import prefix_units, shares_prefixes, unit_length, unit_rows
+from areal.kernels.shared_prefix import Unit, members, prefix_units, shares_prefixes, unit_length, unit_rows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -88,12 +88,12 @@ class MicroBatch:
 
 @dataclass(frozen=True)
 class _KeptForward:
-    """A `sequence_logprobs` forward kept with its graph: log π_θ of tokens 1..L-1 per micro-batch (index, logp,
+    """A `sequence_logprobs` forward kept with its graph: log π_θ of tokens 1..L-1 per micro-batch (its rows, logp,
     cu_seqlens), valid for a train_step over the same sequences at the same optimizer step."""
 
     step: int
     sequences: list[Tensor]
-    parts: list[tuple[list[int], Tensor, Tensor]]
+    parts: list[tuple[list[Unit], Tensor, Tensor]]
 
     def serves(self, step: int, sequences: Sequence[Tensor]) -> bool:
         """Whether a train_step over `sequences` at `step` may backpropagate through this forward."""
@@ -103,7 +103,8 @@ class _KeptForward:
 
     def output_logprobs(self, n: int, prompt_lens: Sequence[int]) -> tuple[Tensor, Tensor]:
         """Micro-batch n's log-probs of the output tokens only (positions >= prompt_len), and their cu_seqlens."""
-        index, logp, cu = self.parts[n]
+        units, logp, cu = self.parts[n]
+        index = members(units)
         starts = [int(cu[j]) + prompt_lens[i] - 1 for j, i in enumerate(index)]
         ends = [int(cu[j + 1]) for j in range(len(index))]
         counts = torch.tensor([e - s for s, e in zip(starts, ends, strict=True)], dtype=torch.int64)
@@ -142,36 +143,37 @@ class TorchTrainEngine:
         one forward fewer per step, for holding the whole batch's activations in between."""
         self.model.eval()
         out: list[Tensor] = [torch.empty(0)] * len(sequences)
-        parts: list[tuple[list[int], Tensor, Tensor]] = []
+        parts: list[tuple[list[Unit], Tensor, Tensor]] = []
         with torch.set_grad_enabled(keep_for_update or not no_grad):
-            for index in self._microbatches(sequences):
-                logp, cu = self._logprobs(sequences, [1] * len(sequences), index)
+            for units in self._microbatches(sequences):
+                logp, cu = self._logprobs(sequences, [1] * len(sequences), units)
                 if keep_for_update:
-                    parts.append((index, logp, cu))
+                    parts.append((units, logp, cu))
                 rows = logp.detach().cpu() if no_grad else logp
-                for j, i in enumerate(index):
+                for j, i in enumerate(members(units)):
                     out[i] = rows[int(cu[j]) : int(cu[j + 1])]
         self._kept = _KeptForward(self.step, list(sequences), parts) if keep_for_update else None
         return out
 
-    def _units(self, sequences: Sequence[Tensor], index: Sequence[int]) -> list[tuple[int, list[int]]]:
+    def _units(self, sequences: Sequence[Tensor], index: Sequence[int]) -> list[Unit]:
         """The sequences of `index` as rows: a group's prompt shared once where the model allows (shared_prefix.py),
         else one row a sequence."""
         if self.shared_prefixes:
             return prefix_units(sequences, index, self.settings.microbatch_tokens)
         return [(len(sequences[i]), [i]) for i in index]
 
-    def _microbatches(self, sequences: Sequence[Tensor]) -> list[list[int]]:
+    def _microbatches(self, sequences: Sequence[Tensor]) -> list[list[Unit]]:
+        """The rows of each micro-batch, planned once a pass: `_logprobs` runs them as given."""
         units = self._units(sequences, range(len(sequences)))
         lengths = [unit_length(sequences, unit) for unit in units]
-        bins = padded_microbatches(lengths, self.settings.microbatch_tokens, CALL_COST_TOKENS)
-        if not self.shared_prefixes:
-            return bins  # one sequence a unit, in the same order: the bins are sequence indices
-        return [[i for u in b for i in units[u][1]] for b in bins]
+        return [[units[u] for u in b] for b in padded_microbatches(lengths, self.settings.microbatch_tokens,
+                                                                     CALL_COST_TOKENS)]
 
-    def _logprobs(self, sequences: Sequence[Tensor], starts: Sequence[int], index: list[int]) -> tuple[Tensor, Tensor]:
-        """Packed log π_θ of tokens starts[i]..L_i-1 of each sequence in `index`, and their cu_seqlens."""
-        rows = unit_rows(sequences, self._units(sequences, index), {i: starts[i] for i in index}, self._dtype)
+    def _logprobs(self, sequences: Sequence[Tensor], starts: Sequence[int], units: list[Unit]) -> tuple[Tensor, Tensor]:
+        """Packed log π_θ of tokens starts[i]..L_i-1 of each sequence of `units`, in `members(units)` order, and
+        their cu_seqlens."""
+        index = members(units)
+        rows = unit_rows(sequences, units, {i: starts[i] for i in index}, self._dtype)
         shared = {} if rows.mask is None else {"attention_mask": rows.mask.to(self.device),
                                                "position_ids": rows.positions.to(self.device)}
         # right padding: no real token attends to a later pad (and in a shared row, to another member's tokens)
@@ -223,9 +225,10 @@ class TorchTrainEngine:
         kept, self._kept = self._kept, None
         if kept is not None and not kept.serves(self.step, sequences):
             kept = None  # of other sequences or older weights: this step runs its own forward
-        microbatches = [index for index, _, _ in kept.parts] if kept else self._microbatches(sequences)
-        for n, index in enumerate(microbatches):
-            logp, cu = kept.output_logprobs(n, prompt_lens) if kept else self._logprobs(sequences, prompt_lens, index)
+        microbatches = [units for units, _, _ in kept.parts] if kept else self._microbatches(sequences)
+        for n, units in enumerate(microbatches):
+            index = members(units)
+            logp, cu = kept.output_logprobs(n, prompt_lens) if kept else self._logprobs(sequences, prompt_lens, units)
             fields = {k: torch.cat([rows[i] for i in index]).to(self.device) for k, rows in per_token.items()}
             fields |= {k: v[index].to(self.device) for k, v in per_sample.items()}
             mb = MicroBatch(index=list(index), cu_seqlens=cu, fields=fields, batch_tokens=total)

@@ -9,7 +9,7 @@ positions fall from 8252 to 2223 (sampled programs often share their first token
 passes take 0.36x the time.
 
 A unit is (shared length, members): members share their first `shared` tokens; a sequence no other shares
-enough of stands alone as (its length, [it]) and runs as today's plain row. Only the token ids are read to find
+enough of stands alone as (its length, [it]), a plain row. Only the token ids are read to find
 units, so the compute-logprob pass (which has no prompt lengths) and the update find the same ones.
 """
 
@@ -22,6 +22,8 @@ import torch
 from torch import Tensor
 
 from areal.kernels.packing import PackingError
+
+Unit = tuple[int, list[int]]  # (shared length, members): one row; a lone sequence is (its length, [it])
 
 MIN_SHARED_TOKENS = 8  # a shorter common prefix (a template's opening, not a prompt) is left alone
 # a row's masked attention runs dense over its positions squared, so it grows faster than a longer row saves; the
@@ -39,37 +41,43 @@ def shares_prefixes(model: object) -> bool:
             and getattr(config, "_attn_implementation", None) in MASKED_ATTENTION)
 
 
-def unit_length(sequences: Sequence[Tensor], unit: tuple[int, list[int]]) -> int:
-    shared, members = unit
-    return shared + sum(len(sequences[i]) - shared for i in members)
+def unit_length(sequences: Sequence[Tensor], unit: Unit) -> int:
+    shared, of = unit
+    return shared + sum(len(sequences[i]) - shared for i in of)
 
 
-def prefix_units(sequences: Sequence[Tensor], index: Sequence[int], max_tokens: int) -> list[tuple[int, list[int]]]:
+def members(units: Sequence[Unit]) -> list[int]:
+    """The sequences of `units`, row by row: the order a micro-batch's log-probs come in."""
+    return [i for _, of in units for i in of]
+
+
+def prefix_units(sequences: Sequence[Tensor], index: Sequence[int], max_tokens: int) -> list[Unit]:
     """The sequences of `index` as units, each at most `max_tokens` positions: runs of the sorted sequences whose
     common prefix is at least MIN_SHARED_TOKENS long (and leaves each member a token of its own to predict from
     it). A run takes the next sequence only if the row then holds fewer positions than the two apart (so groups
     whose prompts share only a template stay apart) and stays within the budget and MAX_ROW_TOKENS. Every index
     appears once. Raises PackingError for a sequence over the budget on its own."""
-    for i in index:
-        if len(sequences[i]) > max_tokens:
-            raise PackingError(i, len(sequences[i]), max_tokens)
-    order = sorted(index, key=lambda i: (sequences[i].tolist(), i))  # a shared prefix's sequences side by side
-    units: list[tuple[int, list[int]]] = []
+    ids = {i: torch.as_tensor(sequences[i]) for i in index}
+    for i, seq in ids.items():
+        if len(seq) > max_tokens:
+            raise PackingError(i, len(seq), max_tokens)
+    order = sorted(index, key=lambda i: (ids[i].tolist(), i))  # a shared prefix's sequences side by side
+    units: list[Unit] = []
     run: list[int] = []
-    shared = 0
+    shared = 0  # the run's common prefix; a lone sequence's is its whole length
     for i in order:
         if run:
-            common = min(shared, _common(torch.as_tensor(sequences[run[-1]]), torch.as_tensor(sequences[i])))
+            common = min(shared, _common(ids[run[-1]], ids[i]))
             # joining must save positions: i's first `common` tokens are not repeated, while every member but one
             # now holds shared - common more of its own (the row's positions fall by n common - (n - 1) shared)
             if (common >= MIN_SHARED_TOKENS and len(run) * common > (len(run) - 1) * shared
                     and unit_length(sequences, (common, [*run, i])) <= min(max_tokens, MAX_ROW_TOKENS)):
                 run, shared = [*run, i], common
                 continue
-            units.append(_unit(sequences, run, shared))
-        run, shared = [i], len(sequences[i])
+            units.append((shared, run))
+        run, shared = [i], len(ids[i])
     if run:
-        units.append(_unit(sequences, run, shared))
+        units.append((shared, run))
     return units
 
 
@@ -78,10 +86,6 @@ def _common(a: Tensor, b: Tensor) -> int:
     n = min(len(a), len(b)) - 1
     differ = (a[:n] != b[:n]).nonzero()
     return int(differ[0]) if len(differ) else max(n, 0)
-
-
-def _unit(sequences: Sequence[Tensor], run: list[int], shared: int) -> tuple[int, list[int]]:
-    return (len(sequences[run[0]]), run) if len(run) == 1 else (shared, run)
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ class UnitRows:
     predict: dict[int, Tensor]  # by sequence: the flat positions (row * width + column) of the logits predicting it
 
 
-def unit_rows(sequences: Sequence[Tensor], units: Sequence[tuple[int, list[int]]], starts: dict[int, int],
+def unit_rows(sequences: Sequence[Tensor], units: Sequence[Unit], starts: dict[int, int],
               dtype: torch.dtype) -> UnitRows:
     """Rows for `units`; `predict[i]`: the flat logit positions that predict tokens starts[i]..L_i-1 of member i."""
     width = max(unit_length(sequences, u) for u in units)
@@ -102,13 +106,13 @@ def unit_rows(sequences: Sequence[Tensor], units: Sequence[tuple[int, list[int]]
     positions = torch.zeros(len(units), width, dtype=torch.int64)
     segment = torch.full((len(units), width), -2, dtype=torch.int64)  # -1: the shared part; -2: padding
     predict: dict[int, Tensor] = {}
-    for r, (shared, members) in enumerate(units):
-        first = sequences[members[0]]
+    for r, (shared, of) in enumerate(units):
+        first = sequences[of[0]]
         ids[r, :shared] = torch.as_tensor(first[:shared])
         positions[r, :shared] = torch.arange(shared)
         segment[r, :shared] = -1
         at = shared
-        for k, i in enumerate(members):
+        for k, i in enumerate(of):
             sequence, own = sequences[i], len(sequences[i]) - shared
             ids[r, at : at + own] = torch.as_tensor(sequence[shared:])
             positions[r, at : at + own] = torch.arange(shared, shared + own)
@@ -118,7 +122,7 @@ def unit_rows(sequences: Sequence[Tensor], units: Sequence[tuple[int, list[int]]
             predict[i] = r * width + torch.where(p < shared, p, at + p - shared)
             at += own
         positions[r, at:] = torch.arange(width - at) + shared  # padding: seen by no real token
-    if all(len(members) == 1 for _, members in units):
+    if all(len(of) == 1 for _, of in units):
         return UnitRows(ids, None, None, predict)
     query, key = torch.arange(width)[:, None], torch.arange(width)[None, :]
     seen = (key <= query) & ((segment[:, None, :] == -1) | (segment[:, None, :] == segment[:, :, None]))

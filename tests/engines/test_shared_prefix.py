@@ -93,8 +93,7 @@ def test_shared_rows_give_each_sequences_own_logprobs_and_gradients_in_float64(m
     engine = TorchTrainEngine(copy.deepcopy(model), TrainSettings(lr=1e-3, grad_clip=None, microbatch_tokens=64))
     assert engine.shared_prefixes
     # the rows hold fewer positions than the sequences: each group's prompt once
-    rows = engine._microbatches(seqs)
-    assert sum(unit_length(seqs, u) for mb in rows for u in engine._units(seqs, mb)) < sum(len(s) for s in seqs)
+    assert sum(unit_length(seqs, u) for mb in engine._microbatches(seqs) for u in mb) < sum(len(s) for s in seqs)
     got = engine.sequence_logprobs(seqs, no_grad=not keep, keep_for_update=keep)
     with torch.no_grad():
         for s, logp in zip(seqs, got, strict=True):
