@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,6 +137,15 @@ def solo() -> Iterator[CodeTests]:
         yield scorer
         workers = worker_pids(scorer)
     assert [pid for pid in workers if host_pid_alive(pid)] == [], "sandbox workers outlived close()"
+
+
+def wait_for(predicate, timeout_s: float = 10.0) -> None:
+    """Poll host state (pids, kernel memory) until `predicate` holds; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    tick = threading.Event()
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for the sandbox"
+        tick.wait(0.01)
 
 
 def worker_pids(scorer: CodeTests) -> set[int]:

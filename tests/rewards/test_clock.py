@@ -12,7 +12,6 @@ import ctypes
 import dataclasses
 import os
 import signal
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from areal.rewards.sandbox.limits import Limits
-from tests.rewards.conftest import PATHS, TRY_ROUTES, job_pids, path_scorer, pids_with_marker, run_one
+from tests.rewards.conftest import PATHS, TRY_ROUTES, job_pids, path_scorer, pids_with_marker, run_one, wait_for
 
 DONE = {"kind": "stdio", "inputs": [""], "outputs": ["done"]}
 # 1.5 s of CPU in children of 50 ms each, their parent letting the kernel reap them (the filter
@@ -149,14 +148,6 @@ PTRACE_SEIZE, WALL = 0x4206, 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def wait_for(predicate, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    tick = threading.Event()
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting for the sandbox"
-        tick.wait(0.005)
-
-
 def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
@@ -184,6 +175,6 @@ def test_a_runner_that_stops_reporting_ends_its_test_as_a_timeout_in_bounded_tim
         wait_for(lambda: job_pids() == set())
     # the first test's record is kept; the frozen one and those after it are timeouts, not dropped
     assert (result.reward, result.passed, result.reason) == (0.25, 1, "timeout"), result
-    # the supervisor's deadline is one test's backstop and a second past the last record, then it
+    # the server's deadline is one test's backstop and a second past the last record, then it
     # waits at most 2 s for PID 1 (the rest: a loaded machine); the job's whole budget is four backstops
     assert took < limits.backstop_s + 1 + 2 + 5, took

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from tests.rewards.conftest import PATHS, TRY_ROUTES, path_scorer, run_one
+from tests.rewards.conftest import PATHS, TRY_ROUTES, path_scorer, run_one, wait_for
 
 JAILED = [path for path in PATHS if path != "plain"]
 HOST_DEV = "the plain path runs in the host's /dev and /proc: only a jail can seal them (the report says so)"
@@ -144,11 +144,12 @@ def test_negative_dentries_a_test_leaves_count_against_its_memory_and_do_not_out
         run_one(scorer, "print(1)", {"kind": "stdio", "inputs": [""], "outputs": ["1"]})  # a warm worker
         before = cgroup_kmem(scorer)
         result = run_one(scorer, LOOKUPS, {"kind": "stdio", "inputs": [""], "outputs": ["done"]})
-        after = cgroup_kmem(scorer)
+        if before is not None:  # the pooled path with a cgroup: measured and reclaimed after the job
+            # what the job held was 27 MB and more; what its namespaces' teardown frees a moment after the
+            # answer (RCU, the kernel's net namespace cleanup) may still be charged as the job ends
+            wait_for(lambda: cgroup_kmem(scorer) - before < 16 << 20, timeout_s=5)
     assert (result.reward, result.reason) == (0.0, "memory"), result
     assert "negative dentries" in result.detail, result.detail
-    if before is not None:  # the pooled path with a cgroup: measured and reclaimed after the job
-        assert after - before < 16 << 20, (after - before) >> 20  # what the job held was 27 MB and more
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -164,4 +165,4 @@ def test_the_report_says_how_each_defence_of_57_holds_on_the_path(path):
     assert ("reclaimed past 8 MB" in kernel) == (scorer.layers.cgroup is not None and path != "plain")
     assert "the program is compiled in each test, under its limits, and its stderr counts against" in report
     assert "its runner's while it watches" in report
-    assert ("reaps each job's supervisor as it exits" in report) == (path != "plain")
+    assert ("reaps each job's runner as it exits" in report) == (path != "plain")

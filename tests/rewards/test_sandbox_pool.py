@@ -9,8 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +18,15 @@ import pytest
 from areal.rewards import CodeTests, detect_layers
 from areal.rewards.sandbox import pool as sandbox_pool
 from areal.rewards.sandbox.limits import Limits
-from tests.rewards.conftest import host_pid_alive, job_pids, path_scorer, pids_with_marker, run_one, worker_pids
+from tests.rewards.conftest import (
+    host_pid_alive,
+    job_pids,
+    path_scorer,
+    pids_with_marker,
+    run_one,
+    wait_for,
+    worker_pids,
+)
 
 MARKER = f"areal-pool-{uuid.uuid4().hex[:12]}"
 PLACES = ("/", "/tmp", "/dev", "/dev/shm", ".")
@@ -87,15 +93,6 @@ def full_sandbox():
     layers = detect_layers()
     if layers.missing:
         pytest.skip(f"full sandbox unavailable here: {layers.describe()}")
-
-
-def wait_for(predicate, timeout_s: float = 10.0) -> None:
-    """Poll host state (pids) until `predicate` holds; fail after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    tick = threading.Event()
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting for the sandbox"
-        tick.wait(0.01)
 
 
 def test_hostile_leftovers_are_gone_before_the_next_job_on_the_same_worker(solo):
@@ -236,9 +233,9 @@ PTRACE_SEIZE, WALL = 0x4206, 0x40000000
 
 
 @pytest.mark.parametrize("path", ["pooled", "pooled, no cgroup"])
-def test_a_supervisor_that_exits_after_its_answer_is_reaped_without_waiting_for_the_next_job(path):
-    """The host traces the program's sleeper, so its job's PID 1 outlives the answer; once the host lets
-    it go, the supervisor exits, and the worker's server must reap it then, not at its next job."""
+def test_a_runner_that_exits_after_its_answer_is_reaped_without_waiting_for_the_next_job(path):
+    """The host traces the program's sleeper, so its job's PID 1 (the runner) outlives the answer; once the
+    host lets it go, the runner exits, and the worker's server must reap it then, not at its next job."""
     libc = ctypes.CDLL(None, use_errno=True)
     # 0.5 s: the answer comes after the test's backstop (2.5 s), a second, and 2 s waiting for PID 1
     with path_scorer(path, timeout_s=0.5) as scorer, ThreadPoolExecutor(1) as caller:
@@ -253,11 +250,12 @@ def test_a_supervisor_that_exits_after_its_answer_is_reaped_without_waiting_for_
             assert err == errno.EPERM, os.strerror(err)
             pytest.skip("this process may not trace the sandbox's processes here")
         try:
-            supervisor = parent_of(parent_of(sleeper))  # the sleeper's runner is PID 1 of its job
-            result = pending.result(timeout=60)
-            # the server has answered and made the next job's jail, while the supervisor still waits
+            runner = parent_of(sleeper)  # PID 1 of its job, started by the server
             (server,) = children(worker)
-            wait_for(lambda: any(c != supervisor and not zombie(c) for c in children(server)))
+            assert parent_of(runner) == server
+            result = pending.result(timeout=60)
+            # the server has answered and started the next job's runner, while this one still dies
+            wait_for(lambda: any(c != runner and not zombie(c) for c in children(server)))
         finally:
             os.waitpid(sleeper, WALL)  # as its tracer: now the job's namespace can finish dying
         assert (result.reward, result.reason) == (0.0, "timeout")

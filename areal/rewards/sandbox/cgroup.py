@@ -35,8 +35,8 @@ from pathlib import Path
 
 CONTROLLERS = ("memory", "cpu", "pids")
 V1_CONTROLLERS = (*CONTROLLERS, "cpuacct")  # v1 counts CPU time in a controller of its own (often co-mounted)
-WORKER_OVERHEAD_MB = 128  # the worker's server, supervisors and runner, next to the job
-WORKER_PROCESSES = 8  # bwrap, the server, a supervisor and a runner for this job and the next
+WORKER_OVERHEAD_MB = 128  # the worker's server and runners, next to the job
+WORKER_PROCESSES = 8  # bwrap, the server, a runner for this job and the next, with room to spare
 CPU_PERIOD_US = 100_000
 OPTIONAL = ("memory.swap.max", "memory.memsw.limit_in_bytes")  # absent without swap accounting
 RECLAIM_ABOVE_BYTES = 8 << 20  # kernel memory a job may leave charged to its worker before it is reclaimed

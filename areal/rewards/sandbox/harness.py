@@ -21,7 +21,7 @@ memory. Why it still cannot write the verdict, nor stop the clock:
   itself gains nothing), with a wall-clock backstop (`backstop_s`) for a machine so loaded that
   even that is unfair;
 - nothing it runs can demote, pin or re-limit this process (the filter allows the scheduling and
-  limit calls on the caller only), and the supervisor outside the namespace ends a test whose
+  limit calls on the caller only), and the server outside the namespace ends a test whose
   record is late, whatever happened to this process (`sandbox_server.py`).
 
 Each test runs in a child that takes a session of its own (one CPU autogroup, apart from this

@@ -92,8 +92,8 @@ def _meminfo(data: bytes, at: int, end: int) -> int:
 class CgroupCpu:
     """The CPU time of the worker's cgroup since this test began, the runner's own included.
 
-    The cgroup holds the job's processes, its runner, and the worker's server and supervisor, which
-    wait while a test runs; the kernel charges it every process's time, whether that process is
+    The cgroup holds the job's processes, its runner, and the worker's server, which
+    waits while a test runs; the kernel charges it every process's time, whether that process is
     alive, a zombie, or was reaped by anyone. The runner's is the test's too: what it does while a
     test runs (forking it, reading what it writes, measuring it) grows with what the program does.
     `path` is its cpu.stat (v2, usage_usec) or cpuacct.usage (v1, nanoseconds), bound read-only

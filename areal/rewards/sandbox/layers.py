@@ -87,7 +87,7 @@ class SandboxLayers:
             verdict = ("the runner is PID 1 of the program's PID namespace and not dumpable; records carry only "
                        "program outcomes, compared with the expected outputs outside the sandbox")
             processes = ("every process a test starts, setsid or not, is killed with the rest of its PID namespace; "
-                         "the worker reaps each job's supervisor as it exits")
+                         "the worker's server reaps each job's runner as it exits")
         else:
             isolation = f"plain subprocess as uid {self.uid}, own session, socket audit hook"
             verdict = "the runner is not dumpable; records carry only program outcomes, compared outside"
@@ -110,7 +110,7 @@ class SandboxLayers:
         timing = (f"{limits.timeout_s:g} s of CPU over every process the test started, reaped or not, and its "
                   f"runner's while it watches, and of wall time not spent queued for a CPU at its starting priority "
                   f"(backstop {limits.backstop_s:g} s wall)")
-        watchdog = (f"the supervisor, outside the job's namespace, ends a test that has not reported after "
+        watchdog = (f"the server, outside the job's namespace, ends a test that has not reported after "
                     f"{limits.backstop_s + 1:g} s, and answers without waiting for a slow namespace to die"
                     if self.namespaces else "the host ends the job past its wall-clock budget")
         keeper = ("seccomp off: a program may demote it" if self.seccomp

@@ -226,7 +226,7 @@ class SandboxPool:
 
 def _reply_cap(records_cap: int) -> int:
     # JSON may escape each character of the records and the stderr tail as \uXXXX (6 bytes);
-    # the supervisor stops reading at most one 64 KiB chunk past the cap
+    # the server stops reading at most one 64 KiB chunk past the cap
     return 6 * (records_cap + (1 << 16) + STDERR_TAIL_BYTES) + 4096
 
 

@@ -1,27 +1,29 @@
 """The long-lived server inside one pooled bubblewrap sandbox: a fresh jail for every job.
 
-The one idea: the worker is reused, its processes and files never are. Per job the server forks
-a supervisor that unshares fresh user, PID, mount, IPC, network and UTS namespaces, seals the
-worker's file systems read-only under fresh tmpfs /tmp and /dev/shm (bounded in bytes and in
-files) and an empty read-only /dev/pts (no pseudo-terminal: a filled tty buffer is host kernel
-memory no cgroup pays for), and forks the runner as PID 1 of the new PID namespace. The runner
-mounts its own /proc read-only (no program writes its autogroup, or any other /proc file),
+The one idea: the worker is reused, its processes and files never are. Per job the server starts
+the job's runner with clone3 straight into fresh user, PID, mount, IPC, network and UTS namespaces,
+as PID 1 of the new PID namespace. The runner maps its ids, seals the worker's file systems
+read-only under fresh tmpfs /tmp and /dev/shm (bounded in bytes and in files) and an empty
+read-only /dev/pts (no pseudo-terminal: a filled tty buffer is host kernel memory no cgroup pays
+for), mounts its own /proc read-only (no program writes its autogroup, or any other /proc file),
 drops every capability, sets no_new_privs, then waits for its job and runs `harness.run_job`
-(per-test fork, rlimits, seccomp, limits summed over the test, everything killed between
-tests). The server builds each jail right after answering the previous job, so a job pays only
-for its tests. The supervisor enforces the job's wall clock and output cap, then kills PID 1,
-which takes down everything the program started (setsid included), and only then does the
-server answer. Nothing a job leaves (processes, files, SysV or POSIX IPC objects, sockets)
-outlives it, and a job cannot name, signal or trace the server or its supervisor: they live in
-the parent namespaces. The server itself is PID 1 of the worker's namespace (bwrap --as-pid-1).
+(per-test fork, rlimits, seccomp, limits summed over the test, everything killed between tests).
+The server starts each runner right after answering the previous job, so a job pays only for its
+tests. The server enforces the job's wall clock and output cap, then kills PID 1, which takes down
+everything the program started (setsid included), and only then answers. Nothing a job leaves
+(processes, files, SysV or POSIX IPC objects, sockets) outlives it, and a job cannot name, signal
+or trace the server: it lives in the parent namespaces. The server itself is PID 1 of the
+worker's namespace (bwrap --as-pid-1).
 
 Every wait is bounded, so a job always gets an answer, and a slow one is a timeout, never a
-broken worker: the supervisor gives each test until its wall-clock backstop (plus a little) to
+broken worker: the server gives each test until its wall-clock backstop (plus a little) to
 report, from outside the job's namespace where nothing the program does can slow its clock,
 and kills the job when a record is late; after the kill it waits at most KILL_WAIT_S for PID 1
 before answering (a namespace whose processes are slow to die finishes dying after the answer).
-The server reaps each supervisor as it exits, from its SIGCHLD handler, so none waits as a zombie
-for the next job (issue #57).
+The server reaps each runner as it exits, from its SIGCHLD handler, so none waits as a zombie
+for the next job (issue #57). One process a job outside the program's own, not two: a supervisor
+forked to create the namespaces (os.fork cannot start a child in a new PID namespace) cost about
+a fifth of a job's CPU, most of it copying and unmapping a Python process's pages.
 
 Protocol on stdin/stdout: frames of a 4-byte big-endian length and a UTF-8 JSON object, never
 pickle: the worker's settings in and a hello out, then one job in and one answer out, repeated.
@@ -41,6 +43,7 @@ import signal
 import struct
 import time
 import traceback
+from typing import NamedTuple
 
 import harness  # put in sys.modules by the pool's boot code: this file runs only in the sandbox
 import seccomp_filter
@@ -58,12 +61,16 @@ CHANNEL_FD = 3  # the runner's record pipe; the job arrives on the next fd, all 
 RECORD_SLACK_S = 1.0  # past a test's backstop: killing and reaping its processes, then the next fork
 KILL_WAIT_S = 2.0  # how long the answer waits for a killed job's PID 1 to be gone
 PR_SET_PDEATHSIG = 1
+CLONE_PIDFD = 0x1000
+SYS_CLONE3 = 435  # one number on every architecture (the syscalls added since Linux 5.3 share a table)
 # warm in the server, so a program's `import` of these costs a dict lookup in its forked child
 PRELOADED = ("bisect", "collections", "fractions", "functools", "heapq", "itertools", "math", "re", "string")
 SCRATCH = ("/tmp", "/dev/shm")  # the job's own tmpfs mounts: its files count against its memory
 SEALED = "/dev/pts"  # bubblewrap's devpts instance, covered by an empty read-only tmpfs in each job
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_python = ctypes.PyDLL(None, use_errno=True)  # its calls keep the GIL, as os.fork does across the fork
+_python.syscall.restype = ctypes.c_long
 _exited: dict[int, int] = {}  # wait statuses the SIGCHLD handler collected, kept for the current jail's
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
@@ -86,7 +93,7 @@ def serve() -> None:
     if seccomp_filter.unsupported() is None:
         seccomp_filter.compiled()
     tmpfs = f"size={settings['tmpfs_bytes']},nr_inodes={settings['tmpfs_files']},mode=0700"
-    # a supervisor that answered may still wait for its job's PID 1: reaped whenever it exits
+    # a runner killed after its answer may still be dying: reaped whenever it exits
     signal.signal(signal.SIGCHLD, _reap)
     jail = _prepare_jail(tmpfs, private=(inbox, outbox))
     _send(outbox, {"event": "hello"})
@@ -97,12 +104,12 @@ def serve() -> None:
         # the next job's jail is built while the pool reads this answer
         jail = _prepare_jail(tmpfs, private=(inbox, outbox))
         for pid in list(_exited):  # one C call: the handler cannot run inside it
-            if pid != jail[0]:
+            if pid != jail.pid:
                 _exited.pop(pid, None)
 
 
 def _reap(signum: int, frame: object) -> None:
-    """SIGCHLD: reap every child that has exited (supervisors, and runners whose supervisor died first)."""
+    """SIGCHLD: reap every child that has exited (the runners, each once its namespace is gone)."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -156,68 +163,55 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data) :]
 
 
-def _prepare_jail(tmpfs: str, private: tuple[int, ...]) -> tuple[int, int, int]:
-    """Fork a supervisor that builds a fresh jail and waits for its job: (pid, job fd, reply fd)."""
-    job_r, job_w = os.pipe()
-    reply_r, reply_w = os.pipe()
-    pid = os.fork()
+class Jail(NamedTuple):
+    """A runner waiting for its job: its pid and pidfd, the pipe its job goes in, and its records' and stderr's."""
+
+    pid: int
+    pidfd: int
+    job_w: int
+    out_r: int
+    err_r: int
+
+
+def _clone_into_namespaces() -> tuple[int, int]:
+    """os.fork, with the child started in fresh namespaces (JOB_NAMESPACES): (pid, pidfd) in the parent, (0, -1)
+    in the child. os.fork cannot start a child in a new PID namespace, and unshare does not move its caller into
+    one: without clone3 each job would need a second process outside its PID namespace to watch it.
+
+    Python's own fork hooks run as os.fork runs them; glibc's do not, which is safe in this single-threaded
+    server (no lock can be held by another thread). The child's glibc keeps the server's cached thread id (1:
+    the server is PID 1 of the worker), which is also the child's own, as PID 1 of its namespace."""
+    pidfd = ctypes.c_int(-1)
+    args = (ctypes.c_uint64 * 11)(JOB_NAMESPACES | CLONE_PIDFD, ctypes.addressof(pidfd), 0, 0, signal.SIGCHLD)
+    ctypes.pythonapi.PyOS_BeforeFork()
+    pid = _python.syscall(SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args))
     if pid == 0:
-        status = 1
-        try:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the supervisor waits for its runner itself
-            for fd in (*private, job_w, reply_r):
-                os.close(fd)
-            _supervise(tmpfs, job_r, reply_w)
-            status = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(status)
-    os.close(job_r)
-    os.close(reply_w)
-    return pid, job_w, reply_r
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+        return 0, -1
+    errno = ctypes.get_errno()
+    ctypes.pythonapi.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(errno, f"job sandbox: cannot start a job in fresh namespaces (clone3): {os.strerror(errno)}")
+    return pid, pidfd.value
 
 
-def _run(jail: tuple[int, int, int], job: bytes) -> dict:
-    """Hand the job to its waiting supervisor and relay its one reply; a crash is an error reply.
-
-    The reply is whole once the supervisor closes its end; a supervisor still waiting then for its
-    job's PID 1 is reaped by the SIGCHLD handler whenever it exits."""
-    pid, job_w, reply_r = jail
-    try:
-        _write_all(job_w, job)
-    except BrokenPipeError:
-        pass  # the supervisor died building the jail: its exit status says so below
-    os.close(job_w)
-    data = _read_all(reply_r)
-    try:
-        reply = json.loads(data)
-    except ValueError:
-        reply = None
-    if isinstance(reply, dict):
-        return reply
-    # no whole reply: the supervisor died, and its runner with it (PR_SET_PDEATHSIG), so this wait is short
-    status = os.waitstatus_to_exitcode(_wait(pid))
-    return {"event": "error", "detail": f"job supervisor failed with exit status {status} (traceback on stderr)"}
-
-
-def _supervise(tmpfs: str, job_r: int, reply_w: int) -> None:
-    """Build the jail and its runner (PID 1), wait for the job, collect under its clock, kill all,
-    answer on `reply_w` (then closed), and wait for the runner to be gone."""
-    uid, gid = os.getuid(), os.getgid()
-    _check(_libc.unshare(JOB_NAMESPACES), "unshare the job's namespaces")
-    for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1")):
-        with open(f"/proc/self/{name}", "w") as f:
-            f.write(text)
-    _seal_file_systems(tmpfs)
+def _prepare_jail(tmpfs: str, private: tuple[int, ...]) -> Jail:
+    """Start the next job's runner, PID 1 of fresh namespaces, which builds its jail and waits for its job."""
     handoff_r, handoff_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    runner = os.fork()
-    if runner == 0:
+    uid, gid = os.getuid(), os.getgid()  # in the child, the overflow ids until it maps them
+    pid, pidfd = _clone_into_namespaces()
+    if pid == 0:
         try:
-            # the job dies with its supervisor, whatever ends the supervisor
+            os.dup2(err_w, 2)  # from here on, a traceback of the runner reaches the reply
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the server's reaper is not the runner's
+            # the job dies with the server, whatever ends the server
             _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "set the parent-death signal")
+            for fd in (*private, handoff_w, out_r, err_r):
+                os.close(fd)
+            _map_ids(uid, gid)
+            _seal_file_systems(tmpfs)
             _runner(handoff_r, out_w, err_w)
         except BaseException:
             traceback.print_exc()
@@ -225,34 +219,44 @@ def _supervise(tmpfs: str, job_r: int, reply_w: int) -> None:
             os._exit(harness.EXIT_CRASH)
     for fd in (handoff_r, out_w, err_w):
         os.close(fd)
-    data = _read_all(job_r)
+    return Jail(pid, pidfd, handoff_w, out_r, err_r)
+
+
+def _run(jail: Jail, data: bytes) -> dict:
+    """Hand the job to its waiting runner, collect its records under the job's clock, kill the job, answer.
+
+    The runner is PID 1 of the job's namespace: killing it kills everything else there, and it is gone once
+    they all are. The answer waits for that at most KILL_WAIT_S; a namespace slow to die is reaped later by
+    the SIGCHLD handler."""
     job = json.loads(data)
     try:
-        _write_all(handoff_w, data)
+        _write_all(jail.job_w, data)
     except BrokenPipeError:
         pass  # the runner died before reading its job: no 'ready' record, its stderr says why
-    os.close(handoff_w)
+    os.close(jail.job_w)
     per_record_s = job["backstop_s"] + RECORD_SLACK_S
-    out, err, ended = _collect(out_r, err_r, job["budget_s"], per_record_s, job["max_reply_bytes"])
-    # the runner is PID 1 of the job's namespace: the kernel kills everything else in it, and
-    # PID 1 exits once they are all gone
-    pidfd = os.pidfd_open(runner)
-    os.kill(runner, signal.SIGKILL)
-    gone = bool(select.select([pidfd], [], [], KILL_WAIT_S)[0])
-    os.close(pidfd)
-    wait_status = os.waitpid(runner, 0)[1] if gone else None
-    reply = {
+    out, err, ended = _collect(jail.out_r, jail.err_r, job["budget_s"], per_record_s, job["max_reply_bytes"])
+    try:
+        signal.pidfd_send_signal(jail.pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it exited (its namespace with it) and the SIGCHLD handler reaped it
+    gone = bool(select.select([jail.pidfd], [], [], KILL_WAIT_S)[0])
+    os.close(jail.pidfd)
+    return {
         "event": "done",
         "out": out.decode("utf-8", "replace"),
         "err": err.decode("utf-8", "replace"),
         "ended": ended,
         # not gone yet: it was killed, and the answer does not wait for the rest of its namespace
-        "exit_status": -signal.SIGKILL if wait_status is None else os.waitstatus_to_exitcode(wait_status),
+        "exit_status": os.waitstatus_to_exitcode(_wait(jail.pid)) if gone else -signal.SIGKILL,
     }
-    _write_all(reply_w, json.dumps(reply).encode())
-    os.close(reply_w)
-    if wait_status is None:
-        os.waitpid(runner, 0)
+
+
+def _map_ids(uid: int, gid: int) -> None:
+    """In the job's fresh user namespace, stay the worker's uid and gid, and never gain other groups."""
+    for name, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
 
 
 def _seal_file_systems(tmpfs: str) -> None:
