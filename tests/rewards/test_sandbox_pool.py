@@ -260,3 +260,27 @@ def test_a_runner_that_exits_after_its_answer_is_reaped_without_waiting_for_the_
             os.waitpid(sleeper, WALL)  # as its tracer: now the job's namespace can finish dying
         assert (result.reward, result.reason) == (0.0, "timeout")
         wait_for(lambda: job_pids() == set() and zombies_under(worker) == [])
+
+
+NO_SUCH_SYSCALL = 4000  # unassigned on every architecture: the kernel answers ENOSYS, as a filter refusing it does
+
+
+def test_a_refused_clone3_falls_back_to_clone_and_a_refused_clone_is_named(monkeypatch):
+    """Container seccomp profiles refuse clone3 with ENOSYS (its flags sit in memory a filter cannot read) and
+    allow clone: the server then starts each job's runner with clone. Refused both ways, the worker says so."""
+    source = sandbox_pool.BOOT_SOURCE
+    assert source.count("SYS_CLONE3 = 435 ") == 1 and source.count("SYS_CLONE = {") == 1
+    without_clone3 = source.replace("SYS_CLONE3 = 435 ", f"SYS_CLONE3 = {NO_SUCH_SYSCALL} ")
+    program, tests = "print(input())", {"kind": "stdio", "inputs": ["7"], "outputs": ["7"]}
+    monkeypatch.setattr(sandbox_pool, "BOOT_SOURCE", without_clone3)
+    with path_scorer("pooled, no cgroup") as scorer:
+        fallback = run_one(scorer, program, tests)
+        again = run_one(scorer, program, tests)  # the next job's runner, started the same way
+    if os.uname().machine in ("x86_64", "aarch64", "riscv64"):
+        assert (fallback.reward, again.reward) == (1.0, 1.0), (fallback, again)
+    monkeypatch.setattr(sandbox_pool, "BOOT_SOURCE",
+                        without_clone3.replace("SYS_CLONE = {", f"SYS_CLONE = {NO_SUCH_SYSCALL} or {{"))
+    with path_scorer("pooled, no cgroup") as scorer:
+        refused = run_one(scorer, program, tests)
+    assert (refused.reward, refused.reason) == (0.0, "sandbox_error"), refused
+    assert "cannot start a job in fresh namespaces (clone): Function not implemented" in refused.detail

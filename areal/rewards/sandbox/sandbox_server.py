@@ -35,6 +35,7 @@ sandbox uid do that.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -63,6 +64,8 @@ KILL_WAIT_S = 2.0  # how long the answer waits for a killed job's PID 1 to be go
 PR_SET_PDEATHSIG = 1
 CLONE_PIDFD = 0x1000
 SYS_CLONE3 = 435  # one number on every architecture (the syscalls added since Linux 5.3 share a table)
+# clone, where clone3 is refused: its number where its third argument is the parent's tid (CLONE_PIDFD's slot)
+SYS_CLONE = {"x86_64": 56, "aarch64": 220, "riscv64": 220}.get(os.uname().machine)
 # warm in the server, so a program's `import` of these costs a dict lookup in its forked child
 PRELOADED = ("bisect", "collections", "fractions", "functools", "heapq", "itertools", "math", "re", "string")
 SCRATCH = ("/tmp", "/dev/shm")  # the job's own tmpfs mounts: its files count against its memory
@@ -182,16 +185,23 @@ def _clone_into_namespaces() -> tuple[int, int]:
     server (no lock can be held by another thread). The child's glibc keeps the server's cached thread id (1:
     the server is PID 1 of the worker), which is also the child's own, as PID 1 of its namespace."""
     pidfd = ctypes.c_int(-1)
-    args = (ctypes.c_uint64 * 11)(JOB_NAMESPACES | CLONE_PIDFD, ctypes.addressof(pidfd), 0, 0, signal.SIGCHLD)
+    flags = JOB_NAMESPACES | CLONE_PIDFD
+    args = (ctypes.c_uint64 * 11)(flags, ctypes.addressof(pidfd), 0, 0, signal.SIGCHLD)
     ctypes.pythonapi.PyOS_BeforeFork()
-    pid = _python.syscall(SYS_CLONE3, ctypes.byref(args), ctypes.sizeof(args))
+    call = "clone3"
+    pid = _python.syscall(ctypes.c_long(SYS_CLONE3), ctypes.byref(args), ctypes.c_long(ctypes.sizeof(args)))
+    if pid < 0 and ctypes.get_errno() == errno.ENOSYS and SYS_CLONE is not None:
+        # a container's seccomp profile may refuse clone3, whose flags it cannot inspect, and allow clone
+        call = "clone"
+        pid = _python.syscall(ctypes.c_long(SYS_CLONE), ctypes.c_long(flags | signal.SIGCHLD), ctypes.c_long(0),
+                              ctypes.byref(pidfd), ctypes.c_long(0), ctypes.c_long(0))
     if pid == 0:
         ctypes.pythonapi.PyOS_AfterFork_Child()
         return 0, -1
-    errno = ctypes.get_errno()
+    failure = ctypes.get_errno()
     ctypes.pythonapi.PyOS_AfterFork_Parent()
     if pid < 0:
-        raise OSError(errno, f"job sandbox: cannot start a job in fresh namespaces (clone3): {os.strerror(errno)}")
+        raise OSError(failure, f"job sandbox: cannot start a job in fresh namespaces ({call}): {os.strerror(failure)}")
     return pid, pidfd.value
 
 
@@ -311,8 +321,8 @@ def _c(text: str | None) -> bytes | None:
 
 def _check(result: int, what: str) -> None:
     if result != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"job sandbox: cannot {what}: {os.strerror(errno)}")
+        failure = ctypes.get_errno()
+        raise OSError(failure, f"job sandbox: cannot {what}: {os.strerror(failure)}")
 
 
 def _collect(out_r: int, err_r: int, budget_s: float, per_record_s: float, cap: int) -> tuple[bytes, bytes, str]:
