@@ -13,8 +13,11 @@ from areal.engines import GenRequest, TorchGenerationEngine
 from areal.engines.torch_train import MicroBatch, TorchTrainEngine
 from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.ppo import decoupled_ppo_loss
+from areal.kernels.shared_prefix import unit_length
 from areal.nodes.workers.policy import load_weights, save_weights
 from tests.engines.conftest import tiny_qwen2
+from tests.engines.test_shared_prefix import grouped_batch
+from tests.engines.test_shared_prefix import loss as advantage_loss
 from tests.spawned import run_spawned
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -82,6 +85,27 @@ def test_a_cuda_train_step_matches_a_float64_cpu_reference():
     for key in ("loss", "grad_norm", "clip_fraction", "tokens"):
         assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     assert_same_step(dict(device.model.named_parameters()), dict(reference.model.named_parameters()), lr=1e-3)
+
+
+def test_shared_prompt_rows_on_cuda_give_what_one_row_a_sequence_gives():
+    """The trainer's shared prompt rows (a 4D mask to sdpa) on the device: each sequence's log-probs, and the step
+    they train, as with one row a sequence (in float64 on the CPU: tests/engines/test_shared_prefix.py)."""
+    sequences, prompt_lens, _ = grouped_batch()
+    engines = {shared: TorchTrainEngine(tiny_qwen2(0), TrainSettings(lr=1e-3, microbatch_tokens=64,
+                                                                     shared_prefixes=shared), device=CUDA)
+               for shared in (True, False)}
+    assert engines[True].shared_prefixes and not engines[False].shared_prefixes
+    rows = engines[True]._microbatches(sequences)
+    assert sum(unit_length(sequences, u) for mb in rows for u in mb) < sum(len(s) for s in sequences)
+    shared, plain = (engines[k].sequence_logprobs(sequences) for k in (True, False))
+    for got, want in zip(shared, plain, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=0)
+    g = torch.Generator().manual_seed(1)
+    advantage = [torch.randn(len(s) - p, generator=g) for s, p in zip(sequences, prompt_lens, strict=True)]
+    for engine in engines.values():
+        engine.train_step(sequences, prompt_lens, advantage_loss, {"advantage": advantage})
+    assert_same_step(dict(engines[True].model.named_parameters()), dict(engines[False].model.named_parameters()),
+                     lr=1e-3)
 
 
 def test_weights_published_from_cuda_are_host_files_with_tied_tensors_apart(tmp_path):
