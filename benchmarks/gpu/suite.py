@@ -40,6 +40,7 @@ SECTIONS = (
     Section("training fsdp", "training", "fsdp", 60),
     Section("weights", "weights", "", 90),
     Section("vllm api", "vllm_api", "", 60),  # every vLLM call the backend makes, against the installed release
+    Section("training groups", "training", "groups", 40),  # last: what trainer.shared_prefixes buys on the device
 )
 FALLBACK = Section("recipe", "recipe", "math_rl", 150)
 

@@ -67,7 +67,8 @@ def _training(results: dict[str, dict]) -> list[str]:
     first = runs[0]
     lines = [f"## Training: {first['model']['shape']}, {first['dtype']}, {first['sizes']['sequences']} sequences × "
              f"{first['sizes']['length']} tokens, micro-batches of {first['sizes']['microbatch_tokens']} tokens", ""]
-    body = [[r["engine"], name, f"{row['tokens_per_s']:.0f}", row["seconds"], _percent(row["mfu_datasheet"]),
+    body = [[r["engine"], name + (f" ({row['positions']} positions)" if "positions" in row else ""),
+             f"{row['tokens_per_s']:.0f}", row["seconds"], _percent(row["mfu_datasheet"]),
              _percent(row["mfu_matmul"]), row["peak_gib"]] for r in runs for name, row in r["rows"].items()]
     header = ["engine", "pass", "tokens/s", "s per pass", "MFU (datasheet)", "MFU (measured matmul)", "peak GiB"]
     return lines + _table(header, body) + [""]

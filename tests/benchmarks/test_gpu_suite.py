@@ -32,6 +32,9 @@ def test_every_section_runs_on_the_cpu_and_its_tables_say_what_was_measured(tmp_
     assert set(training) == {"torch", "fsdp"} and all(r["tokens_per_s"] > 0 for e in training.values()
                                                        for r in e.values())
     assert all(r["mfu_datasheet"] is None for e in training.values() for r in e.values())  # no peak on a CPU
+    shared, plain = results["training groups"]["rows"].values()
+    assert shared["positions"] < plain["positions"] == 4 * 24  # the group's prompt once a row, in the rows run
+    assert shared["tokens_per_s"] > 0 and plain["tokens_per_s"] > 0
     weights = results["weights"]["rows"]
     assert set(weights) == {"files", "broadcast-gloo"}  # NCCL is tried only on a GPU
     assert all(r["latency_s"] > 0 and r["gb_per_s"] > 0 for r in weights.values())
