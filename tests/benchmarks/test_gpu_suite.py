@@ -68,3 +68,23 @@ def test_a_section_that_fails_is_a_line_saying_why_and_the_others_still_print():
 def test_an_unknown_section_is_refused_naming_the_sections(tmp_path):
     with pytest.raises(SystemExit, match="no section recipes; sections: training torch, generation, recipe"):
         run_suite(tmp_path, device="cpu", tiny=True, budget_s=10, only=("recipes",))
+
+
+def test_a_spare_section_runs_on_what_the_others_leave_and_never_shrinks_their_share(tmp_path, monkeypatch):
+    """On a GPU each section is capped at its share of the budget; a spare one is left out of the shares and gets
+    what the others did not use, up to its own limit."""
+    from benchmarks.gpu import suite
+
+    caps: dict[str, float] = {}
+
+    def fake_run(section, device, tiny, timeout_s, folder, log):
+        caps[section.key] = timeout_s
+        return {"error": "not measured here", "wall_s": 0.0}
+
+    monkeypatch.setattr(suite, "run_section", fake_run)
+    sections = (suite.Section("a", "m", "", 100), suite.Section("b", "m", "", 300),
+                suite.Section("extra", "m", "", 60, spare=True))
+    monkeypatch.setattr(suite, "SECTIONS", sections)
+    run_suite(tmp_path, device="cuda", tiny=False, budget_s=200)
+    assert caps["a"] == pytest.approx(50) and caps["b"] == pytest.approx(150)  # 200 s over 400 s of limits
+    assert 59 < caps["extra"] <= 60  # the others returned at once: its own limit
