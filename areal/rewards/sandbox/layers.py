@@ -110,7 +110,7 @@ class SandboxLayers:
         timing = (f"{limits.timeout_s:g} s of CPU over every process the test started, reaped or not, and its "
                   f"runner's while it watches, and of wall time not spent queued for a CPU at its starting priority "
                   f"(backstop {limits.backstop_s:g} s wall)")
-        watchdog = (f"the server, outside the job's namespace, ends a test that has not reported after "
+        watchdog = (f"the worker's server, outside the job's namespace, ends a test that has not reported after "
                     f"{limits.backstop_s + 1:g} s, and answers without waiting for a slow namespace to die"
                     if self.namespaces else "the host ends the job past its wall-clock budget")
         keeper = ("seccomp off: a program may demote it" if self.seccomp
