@@ -64,18 +64,19 @@ def prefix_units(sequences: Sequence[Tensor], index: Sequence[int], max_tokens: 
     order = sorted(index, key=lambda i: (ids[i].tolist(), i))  # a shared prefix's sequences side by side
     units: list[Unit] = []
     run: list[int] = []
-    shared = 0  # the run's common prefix; a lone sequence's is its whole length
+    shared = tokens = 0  # the run's common prefix (a lone sequence's is its whole length), its members' lengths
     for i in order:
         if run:
             common = min(shared, _common(ids[run[-1]], ids[i]))
             # joining must save positions: i's first `common` tokens are not repeated, while every member but one
             # now holds shared - common more of its own (the row's positions fall by n common - (n - 1) shared)
+            row = tokens + len(ids[i]) - len(run) * common  # the joined row's positions: its prefix held once
             if (common >= MIN_SHARED_TOKENS and len(run) * common > (len(run) - 1) * shared
-                    and unit_length(sequences, (common, [*run, i])) <= min(max_tokens, MAX_ROW_TOKENS)):
-                run, shared = [*run, i], common
+                    and row <= min(max_tokens, MAX_ROW_TOKENS)):
+                run, shared, tokens = [*run, i], common, tokens + len(ids[i])
                 continue
             units.append((shared, run))
-        run, shared = [i], len(ids[i])
+        run, shared, tokens = [i], len(ids[i]), len(ids[i])
     if run:
         units.append((shared, run))
     return units

@@ -110,18 +110,18 @@ def grouped_rows(device: torch.device, model_shape: Shape, dtype: torch.dtype, n
         prompt = torch.randint(0, vocab, (n["prompt"],), generator=g)
         sequences += [torch.cat([prompt, torch.randint(0, vocab, (n["length"] - n["prompt"],), generator=g)])
                       for _ in range(group)]
-    return {name: _grouped_step(device, model_shape, dtype, n, sequences, shared, g)
+    advantage = torch.randn(len(sequences), generator=g)  # both settings train the same batch
+    return {name: _grouped_step(device, model_shape, dtype, n, sequences, shared, advantage)
             for shared, name in ((True, "PPO step, the prompt once a row"), (False, "PPO step, a row a sequence"))}
 
 
 def _grouped_step(device: torch.device, model_shape: Shape, dtype: torch.dtype, n: dict, sequences: list[torch.Tensor],
-                  shared: bool, g: torch.Generator) -> dict:
+                  shared: bool, advantage: torch.Tensor) -> dict:
     engine = make_engine("torch", build(model_shape, device, dtype), device, n["microbatch_tokens"], shared)
     prompt_lens = [n["prompt"]] * len(sequences)
     positions = sum(unit_length(sequences, unit) for mb in engine._microbatches(sequences) for unit in mb)
     behaviour = [lp[p - 1 :].float() for lp, p in zip(engine.sequence_logprobs(sequences), prompt_lens)]
-    extra = {"behav_logp": behaviour, "prox_logp": behaviour, "advantage": torch.randn(len(sequences), generator=g)}
-
+    extra = {"behav_logp": behaviour, "prox_logp": behaviour, "advantage": advantage}
     seconds = timed_steps(device, engine, sequences, prompt_lens, extra, n["steps"])
     tokens = n["steps"] * sum(len(s) for s in sequences)
     return {"tokens_per_s": tokens / seconds, "seconds": seconds / n["steps"], "peak_gib": peak_gib(device),
