@@ -5,6 +5,7 @@ The nodes are in fake_nodes.py; knobs come from environment variables so one fil
 
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import torch
@@ -26,6 +27,10 @@ class advantage:  # noqa: N801 (named like the function nodes it stands beside)
     def setup(self, context):
         if "FAKE_SETUP_ERROR" in os.environ:
             raise ValueError(os.environ["FAKE_SETUP_ERROR"])
+        hang = os.environ.get("FAKE_SETUP_HANG_ONCE")  # a file: the setup that finds it removes it and never returns
+        if hang and os.path.exists(hang):
+            os.unlink(hang)
+            threading.Event().wait()
         self.tools_log = Path(context.run_dir) / "tools.txt"
         self.tools = []
 

@@ -14,6 +14,7 @@ import pytest
 
 from areal.cli.run import build_controller, run_recipe
 from areal.errors import RunError
+from areal.runtime.controller import recovery
 from tests.runtime.kills import KillOnce
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
@@ -120,13 +121,16 @@ def test_a_node_busy_longer_than_dead_after_s_is_not_declared_silent(tmp_path, m
     assert min(s["compute_s"] for s in steps) > 2 * 0.5  # each step was silent for over twice dead_after_s
 
 
-def test_a_frozen_worker_is_declared_silent_restarted_and_its_work_trained_once(tmp_path):
+def _freeze_rollout_at_version_2(tmp_path, before_freezing=lambda: None) -> tuple[object, list[dict]]:
+    """A run whose rollout[0] is stopped (SIGSTOP: alive to the OS, silent to the controller) once version 2 is
+    out; the controller after its run, and the restarts it recorded."""
     stopped: list[int] = []
 
     def freeze(controller) -> None:
         worker = controller.workers["rollout[0]"]
         if not stopped and controller.state.version >= 2 and worker.ready:
-            os.kill(worker.process.pid, signal.SIGSTOP)  # alive to the OS, silent to the controller
+            before_freezing()
+            os.kill(worker.process.pid, signal.SIGSTOP)
             stopped.append(worker.process.pid)
 
     recipe = tmp_path / "fake_rl.py"
@@ -145,8 +149,26 @@ def test_a_frozen_worker_is_declared_silent_restarted_and_its_work_trained_once(
     assert stopped and state.version == STEPS
     run = Path(controller.plan.run_dir)
     assert sorted(_trained_ids(run)) == list(range(STEPS * B * G))
-    restarts = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"restart"' in line]
+    return controller, [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+                        if '"restart"' in line]
+
+
+def test_a_frozen_worker_is_declared_silent_restarted_and_its_work_trained_once(tmp_path):
+    _, restarts = _freeze_rollout_at_version_2(tmp_path)
     assert [r["worker"] for r in restarts] == ["rollout[0]"] and "silent" in restarts[0]["why"]
+
+
+def test_a_replacement_that_never_gets_ready_is_replaced_again_and_the_run_trains_everything_once(tmp_path,
+                                                                                                  monkeypatch):
+    """The frozen worker's replacement hangs while setting up (its node's setup never returns): not ready, so never
+    silent in the controller's eyes; past the ready deadline it is killed and started again."""
+    hang = tmp_path / "hang-once"
+    monkeypatch.setenv("FAKE_SETUP_HANG_ONCE", str(hang))
+    monkeypatch.setattr(recovery, "READY_TIMEOUT_S", 3.0)
+    _, restarts = _freeze_rollout_at_version_2(tmp_path, before_freezing=hang.touch)
+    assert [r["worker"] for r in restarts] == ["rollout[0]", "rollout[0]"]
+    assert "silent" in restarts[0]["why"] and "was not ready" in restarts[1]["why"]
+    assert not hang.exists()  # the replacement did reach the hanging setup
 
 
 def test_a_node_that_fails_while_setting_up_stops_the_run_at_once_with_its_error(tmp_path, monkeypatch):

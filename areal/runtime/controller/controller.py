@@ -28,7 +28,7 @@ from areal.runtime.compiler.plan import Plan
 from areal.runtime.controller.accounting import Accounting
 from areal.runtime.controller.faults import Restarts
 from areal.runtime.controller.placement import launcher_for, weights_landing, worker_spec
-from areal.runtime.controller.recovery import WorkerRecovery
+from areal.runtime.controller.recovery import READY_TIMEOUT_S, WorkerRecovery
 from areal.runtime.controller.reports import WorkerReports
 from areal.runtime.controller.run_state import RunState, WorkerProcess
 from areal.runtime.controller.signals import EndingSignals
@@ -53,7 +53,6 @@ from areal.runtime.worker.outbox import Outbox
 
 log = logging.getLogger("areal.controller")
 
-READY_TIMEOUT_S = 600.0  # a worker may build the warm-start model on first use
 STOP_TIMEOUT_S = 60.0
 
 
@@ -197,7 +196,8 @@ class Controller(WorkerReports, WorkerRecovery):
                            f"its directory {self.run_dir} writable to the end") from None
         earlier = self.workers.get(worker_id)  # a restart: the CPU its predecessors used stays the worker's
         self.workers[worker_id] = WorkerProcess(worker_id, pool, replica, process, log_path,
-                                                cpu_s_before=earlier.cpu_total if earlier else 0.0)
+                                                cpu_s_before=earlier.cpu_total if earlier else 0.0,
+                                                replacement=earlier is not None)
         self._check_hosts()
 
     def _check_hosts(self) -> None:

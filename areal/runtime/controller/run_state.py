@@ -32,6 +32,7 @@ class WorkerProcess:
     holding: set[int] = field(default_factory=set)  # groups a trainer has gathered, not yet trained
     started_at: float = field(default_factory=time.monotonic)
     noted_wait: float = 0.0  # when it last said what it waits for (not started yet: Ray has no room for it)
+    replacement: bool = False  # started in place of a dead worker (its first start has the run's deadline)
 
     @property
     def cpu_total(self) -> float:

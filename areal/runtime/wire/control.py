@@ -107,6 +107,9 @@ class ControlServer:
         self.socket = (context or zmq.Context.instance()).socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished worker raises, not drops
+        # a restarted worker connects under its predecessor's id, maybe before this socket has dropped the dead
+        # connection (it does so on its next call): the newcomer takes the id over instead of being ignored
+        self.socket.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if key is not None:
             key.serve(self.socket)
         if endpoint.startswith("ipc://"):
