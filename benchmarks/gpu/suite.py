@@ -36,7 +36,7 @@ class Section:
 
 SECTIONS = (
     Section("training torch", "training", "torch", 60),
-    Section("generation", "generation", "", 150),
+    Section("generation", "generation", "", 120),  # its timed rows took 80 s on the H200 (2026-11-29)
     Section("recipe", "recipe", "code_rl", 170),
     Section("training fsdp", "training", "fsdp", 60),
     Section("weights", "weights", "", 90),
