@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from areal.config.section import DEVICE_PATTERN, Section
 
@@ -35,11 +35,12 @@ class TrainerConfig(Section):
         "decoupled", description="decoupled PPO (AReaL), standard PPO, or decoupled with the proximal shortcut")
     microbatch_tokens: PositiveInt = Field(4096, description="positions one micro-batch may hold: its rows x "
                                            "the longest row (torch engine; FSDP counts real tokens)")
-    shared_prefixes: bool = Field(
-        True, description="torch engine: sequences that share a prompt (a group's samples) run as one row, the prompt "
-        "once and each sample's own tokens masked from the others', so a group's prompt is computed once a step, not "
-        "once a sample; the same log-probs and gradients (Qwen2/Llama with sdpa or eager attention; other models keep "
-        "a row a sample)")
+    shared_prefixes: Literal["auto", "on", "off"] = Field(
+        "auto", description="torch engine: sequences that share a prompt (a group's samples) run as one row, the "
+        "prompt once and each sample's own tokens masked from the others', so a group's prompt is computed once a "
+        "step, not once a sample; the same log-probs and gradients (Qwen2/Llama with sdpa or eager attention; other "
+        "models keep a row a sample); auto: on when the trainer runs on the CPU (on an H200 the masked rows kept "
+        "SDPA off its fastest kernel: 0.97x a row a sample; docs/benchmarks.md); true/false read as on/off")
     minibatches: PositiveInt = Field(1, description="optimizer steps per batch (PPO minibatches); one version")
     reuse_proximal_forward: Literal["auto", "on", "off"] = Field(
         "auto", description="with one minibatch, the update backpropagates through the proximal pass's forward "
@@ -64,6 +65,11 @@ class TrainerConfig(Section):
                         "a critic, a frozen reference): auto (a CUDA GPU when there is one, else the CPU), cpu, "
                         "cuda or cuda:N; an FSDP rank on a GPU takes the GPU of its local rank")
 
+    @field_validator("shared_prefixes", mode="before")
+    @classmethod
+    def _switch_from_bool(cls, value: object) -> object:
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
     @model_validator(mode="after")
     def _ranks_need_fsdp(self) -> TrainerConfig:
         if self.ranks > 1 and self.engine == "torch":
@@ -85,6 +91,10 @@ class TrainerConfig(Section):
         needs = {"engine": (self.engine, "torch"), "minibatches": (self.minibatches, 1),
                  "objective": (self.objective, "decoupled")}
         return [f"{name}={got} (needs {want})" for name, (got, want) in needs.items() if got != want]
+
+    def shares_prefixes(self, on_cpu: bool) -> bool:
+        """Whether a group's prompt runs once a row (shared_prefixes), where the model allows it."""
+        return self.shared_prefixes == "on" or (self.shared_prefixes == "auto" and on_cpu)
 
     def reuses_proximal_forward(self, on_cpu: bool) -> bool:
         """Whether the update backpropagates through the proximal pass's forward (reuse_proximal_forward)."""

@@ -268,7 +268,8 @@ def train_settings(config: RunConfig) -> TrainSettings:
     return TrainSettings(lr=t.lr, betas=t.adam_betas, weight_decay=t.weight_decay, grad_clip=t.grad_clip,
                          microbatch_tokens=t.microbatch_tokens, warmup_steps=t.warmup_steps,
                          lr_schedule=t.lr_schedule, total_steps=config.steps,
-                         temperature=config.generation.temperature, shared_prefixes=t.shared_prefixes)
+                         temperature=config.generation.temperature,
+                         shared_prefixes=t.shares_prefixes(on_cpu=torch_device(t.device).type == "cpu"))
 
 
 def _has_package(name: str) -> bool:

@@ -9,10 +9,13 @@ import pytest
 import torch
 from torch import Tensor
 
-from areal.engines import MicroBatch, TorchTrainEngine
+from areal.config import RunConfig
+from areal.engines import MicroBatch, TorchTrainEngine, train_settings
+from areal.errors import ConfigError
 from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.packing import PackingError
 from areal.kernels.shared_prefix import MIN_SHARED_TOKENS, prefix_units, shares_prefixes, unit_length
+from areal.overrides import apply_overrides
 
 # (prompt length, output lengths of its group's members); the last two prompts stand alone
 GROUPS = [(12, [1, 5, 9, 3]), (20, [7, 2, 2, 6]), (9, [4, 8, 1, 5]), (15, [6]), (4, [3])]
@@ -131,3 +134,18 @@ def test_long_outputs_still_share_their_prompt():
     prompt = torch.arange(20)
     seqs = [torch.cat([prompt, torch.full((100,), 50 + k)]) for k in range(4)]
     assert prefix_units(seqs, range(4), max_tokens=10_000) == [(20, [0, 1, 2, 3])]
+
+
+@pytest.mark.parametrize(("setting", "device", "shared"), [
+    ([], "cpu", True), ([], "cuda", False),  # auto: where it was measured to pay
+    (["trainer.shared_prefixes=on"], "cuda", True), (["trainer.shared_prefixes=off"], "cpu", False),
+    (["trainer.shared_prefixes=true"], "cuda", True), (["trainer.shared_prefixes=false"], "cpu", False),
+])
+def test_the_run_setting_shares_prompts_on_the_cpu_by_default_and_as_told_anywhere(setting, device, shared):
+    config = apply_overrides(RunConfig(), [*setting, f"trainer.device={device}"])
+    assert train_settings(config).shared_prefixes is shared
+
+
+def test_a_shared_prefixes_setting_that_is_no_switch_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"trainer\.shared_prefixes"):
+        apply_overrides(RunConfig(), ["trainer.shared_prefixes=sometimes"])
