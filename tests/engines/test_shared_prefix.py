@@ -11,8 +11,8 @@ from torch import Tensor
 
 from areal.config import RunConfig
 from areal.engines import MicroBatch, TorchTrainEngine, train_settings
-from areal.errors import ConfigError
 from areal.engines.trainer_settings import TrainSettings
+from areal.errors import ConfigError
 from areal.kernels.packing import PackingError
 from areal.kernels.shared_prefix import MIN_SHARED_TOKENS, prefix_units, shares_prefixes, unit_length
 from areal.overrides import apply_overrides
