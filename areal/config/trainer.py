@@ -68,7 +68,7 @@ class TrainerConfig(Section):
     @field_validator("shared_prefixes", mode="before")
     @classmethod
     def _switch_from_bool(cls, value: object) -> object:
-        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+        return ("on" if value else "off") if isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _ranks_need_fsdp(self) -> TrainerConfig:
