@@ -46,6 +46,11 @@ def unit_length(sequences: Sequence[Tensor], unit: Unit) -> int:
     return shared + sum(len(sequences[i]) - shared for i in of)
 
 
+def row_positions(sequences: Sequence[Tensor], microbatches: Sequence[Sequence[Unit]]) -> int:
+    """The positions the rows of `microbatches` hold for `sequences` (a shared prefix once), before padding."""
+    return sum(unit_length(sequences, unit) for units in microbatches for unit in units)
+
+
 def members(units: Sequence[Unit]) -> list[int]:
     """The sequences of `units`, row by row: the order a micro-batch's log-probs come in."""
     return [i for _, of in units for i in of]

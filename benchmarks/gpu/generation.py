@@ -63,11 +63,12 @@ def measure(device: torch.device, model_shape: Shape, tiny: bool, variant: str =
     tail_prompts = prompts(n["requests"], g, lo=n["prompt"] // 2, hi=n["prompt"])
     lengths = tail_lengths(n["requests"], g, n["max_len"], n["scale"])
     total = sum(lengths)
+    refills = tuple(dict.fromkeys((1, max(1, n["batch"] // 4))))  # 1: #39's figure; a quarter: a run's default
     runs = {f"engine, refill at {r} free": (lambda r=r: engine_run(model, tail_prompts, lengths, r, n["batch"]))
-            for r in dict.fromkeys((1, max(1, n["batch"] // 4)))}  # 1: #39's figure; a quarter: a run's default
+            for r in refills}
     tail_requests = [GenRequest(i, p, k) for i, (p, k) in enumerate(zip(tail_prompts, lengths, strict=True))]
     for graphs in (True, False):
-        for refill in dict.fromkeys((1, max(1, n["batch"] // 4))):
+        for refill in refills:
             engine = slot_engine(model, device, EOS, n["batch"], refill, graphs)
             runs[f"fixed step, {'graphs' if graphs else 'eager'}, refill at {refill} free"] = (
                 lambda e=engine: e.generate(tail_requests))

@@ -18,7 +18,7 @@ import torch
 from areal.engines.torch_train import MicroBatch, TorchTrainEngine
 from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.ppo import decoupled_ppo_loss
-from areal.kernels.shared_prefix import unit_length
+from areal.kernels.shared_prefix import row_positions
 from benchmarks.gpu.model import Shape, build, device_facts, mfu, peak_gib, reset_peak, shape_facts, timed
 from benchmarks.gpu.section import section_main
 
@@ -119,7 +119,7 @@ def _grouped_step(device: torch.device, model_shape: Shape, dtype: torch.dtype, 
                   shared: bool, advantage: torch.Tensor) -> dict:
     engine = make_engine("torch", build(model_shape, device, dtype), device, n["microbatch_tokens"], shared)
     prompt_lens = [n["prompt"]] * len(sequences)
-    positions = sum(unit_length(sequences, unit) for mb in engine._microbatches(sequences) for unit in mb)
+    positions = row_positions(sequences, engine._microbatches(sequences))
     behaviour = [lp[p - 1 :].float() for lp, p in zip(engine.sequence_logprobs(sequences), prompt_lens)]
     extra = {"behav_logp": behaviour, "prox_logp": behaviour, "advantage": advantage}
     seconds = timed_steps(device, engine, sequences, prompt_lens, extra, n["steps"])

@@ -13,7 +13,7 @@ from areal.engines import GenRequest, TorchGenerationEngine
 from areal.engines.torch_train import MicroBatch, TorchTrainEngine
 from areal.engines.trainer_settings import TrainSettings
 from areal.kernels.ppo import decoupled_ppo_loss
-from areal.kernels.shared_prefix import unit_length
+from areal.kernels.shared_prefix import row_positions
 from areal.nodes.workers.policy import load_weights, save_weights
 from tests.engines.conftest import tiny_qwen2
 from tests.engines.test_shared_prefix import grouped_batch
@@ -95,8 +95,7 @@ def test_shared_prompt_rows_on_cuda_give_what_one_row_a_sequence_gives():
                                                                      shared_prefixes=shared), device=CUDA)
                for shared in (True, False)}
     assert engines[True].shared_prefixes and not engines[False].shared_prefixes
-    rows = engines[True]._microbatches(sequences)
-    assert sum(unit_length(sequences, u) for mb in rows for u in mb) < sum(len(s) for s in sequences)
+    assert row_positions(sequences, engines[True]._microbatches(sequences)) < sum(len(s) for s in sequences)
     shared, plain = (engines[k].sequence_logprobs(sequences) for k in (True, False))
     for got, want in zip(shared, plain, strict=True):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=0)

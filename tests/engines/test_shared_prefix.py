@@ -14,7 +14,7 @@ from areal.engines import MicroBatch, TorchTrainEngine, train_settings
 from areal.engines.trainer_settings import TrainSettings
 from areal.errors import ConfigError
 from areal.kernels.packing import PackingError
-from areal.kernels.shared_prefix import MIN_SHARED_TOKENS, prefix_units, shares_prefixes, unit_length
+from areal.kernels.shared_prefix import MIN_SHARED_TOKENS, prefix_units, row_positions, shares_prefixes, unit_length
 from areal.overrides import apply_overrides
 
 # (prompt length, output lengths of its group's members); the last two prompts stand alone
@@ -96,7 +96,7 @@ def test_shared_rows_give_each_sequences_own_logprobs_and_gradients_in_float64(m
     engine = TorchTrainEngine(copy.deepcopy(model), TrainSettings(lr=1e-3, grad_clip=None, microbatch_tokens=64))
     assert engine.shared_prefixes
     # the rows hold fewer positions than the sequences: each group's prompt once
-    assert sum(unit_length(seqs, u) for mb in engine._microbatches(seqs) for u in mb) < sum(len(s) for s in seqs)
+    assert row_positions(seqs, engine._microbatches(seqs)) < sum(len(s) for s in seqs)
     got = engine.sequence_logprobs(seqs, no_grad=not keep, keep_for_update=keep)
     with torch.no_grad():
         for s, logp in zip(seqs, got, strict=True):

@@ -121,9 +121,9 @@ def test_a_node_busy_longer_than_dead_after_s_is_not_declared_silent(tmp_path, m
     assert min(s["compute_s"] for s in steps) > 2 * 0.5  # each step was silent for over twice dead_after_s
 
 
-def _freeze_rollout_at_version_2(tmp_path, before_freezing=lambda: None) -> tuple[object, list[dict]]:
+def _freeze_rollout_at_version_2(tmp_path, before_freezing=lambda: None) -> list[dict]:
     """A run whose rollout[0] is stopped (SIGSTOP: alive to the OS, silent to the controller) once version 2 is
-    out; the controller after its run, and the restarts it recorded."""
+    out, checked to train every sample once; the restarts it recorded."""
     stopped: list[int] = []
 
     def freeze(controller) -> None:
@@ -149,12 +149,11 @@ def _freeze_rollout_at_version_2(tmp_path, before_freezing=lambda: None) -> tupl
     assert stopped and state.version == STEPS
     run = Path(controller.plan.run_dir)
     assert sorted(_trained_ids(run)) == list(range(STEPS * B * G))
-    return controller, [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
-                        if '"restart"' in line]
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"restart"' in line]
 
 
 def test_a_frozen_worker_is_declared_silent_restarted_and_its_work_trained_once(tmp_path):
-    _, restarts = _freeze_rollout_at_version_2(tmp_path)
+    restarts = _freeze_rollout_at_version_2(tmp_path)
     assert [r["worker"] for r in restarts] == ["rollout[0]"] and "silent" in restarts[0]["why"]
 
 
@@ -165,7 +164,7 @@ def test_a_replacement_that_never_gets_ready_is_replaced_again_and_the_run_train
     hang = tmp_path / "hang-once"
     monkeypatch.setenv("FAKE_SETUP_HANG_ONCE", str(hang))
     monkeypatch.setattr(recovery, "READY_TIMEOUT_S", 3.0)
-    _, restarts = _freeze_rollout_at_version_2(tmp_path, before_freezing=hang.touch)
+    restarts = _freeze_rollout_at_version_2(tmp_path, before_freezing=hang.touch)
     assert [r["worker"] for r in restarts] == ["rollout[0]", "rollout[0]"]
     assert "silent" in restarts[0]["why"] and "was not ready" in restarts[1]["why"]
     assert not hang.exists()  # the replacement did reach the hanging setup
