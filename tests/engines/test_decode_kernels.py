@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 from areal.engines.decode import LeanForward, cpu_kernels
 from areal.engines.decode.cpu_kernels import Shared
@@ -12,9 +13,20 @@ from areal.engines.decode.slots import SlotKV
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler to build the CPU decode kernels")
 
 
+def varied(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with its biases and norm weights drawn at random: as initialised they are zeros and ones, which a
+    kernel that skips a bias or reads the wrong layer's norm would match."""
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5 if "norm" in name else torch.randn(p.shape, generator=g))
+    return model
+
+
 def pair(make_model) -> tuple[LeanForward, LeanForward, SlotKV, SlotKV]:
     """The same float32 model through the kernels and through torch ops, each over its own 4-slot cache."""
-    forwards = [LeanForward(make_model(0), kernels=use) for use in (True, False)]
+    forwards = [LeanForward(varied(make_model(0)), kernels=use) for use in (True, False)]
     caches = []
     for lean in forwards:
         lean.reserve(64)
@@ -89,3 +101,47 @@ def test_without_a_c_compiler_the_lean_forward_says_so_once_and_runs_on_torch_op
     finally:
         cpu_kernels.load.cache_clear()
     assert capsys.readouterr().err.count("the CPU decode kernels need a C compiler (cc or $CC) and found none") == 1
+
+
+def prefill_and_step(lean: LeanForward) -> tuple[torch.Tensor, torch.Tensor, SlotKV]:
+    """A prefill of three prompts into slots 2, 0, 3 (slot 1 free), then a step over the running slots alone."""
+    lean.reserve(64)
+    cache = SlotKV(layers=lean.num_layers, kv_heads=lean.kv_heads, head_dim=lean.head_dim, slots=4, dtype=lean.dtype,
+                   device=lean.device, columns=64)
+    ids = torch.randint(1, 100, (3, 11), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        read = lean.extend(cache.kv, torch.tensor([2, 0, 3]), ids, torch.zeros(3, dtype=torch.int64),
+                           torch.tensor([11, 4, 7]))
+        step = lean.decode(cache.kv, torch.tensor([7, 9, 3]), torch.tensor([4, 11, 7]), 12, None,
+                           torch.tensor([0, 2, 3]))
+    return read, step, cache
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"], ids=["qkv-biases", "no-biases"])
+def test_the_layer_loop_in_one_c_call_gives_the_bits_of_the_loop_over_torch_multiplies(make_model, monkeypatch, kind):
+    def model() -> torch.nn.Module:
+        if kind == "qwen2":
+            return varied(make_model(0))
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                          num_key_value_heads=2, intermediate_size=96, max_position_embeddings=256)
+        return varied(transformers.LlamaForCausalLM(config).eval())
+
+    one_call = LeanForward(model())
+    assert one_call._gemm is not None  # torch's sgemm_ found on this machine (x86 torch links MKL)
+    monkeypatch.setattr(cpu_kernels, "torch_sgemm", lambda: None)
+    per_layer = LeanForward(model())
+    assert per_layer._gemm is None
+    read, step, cache = prefill_and_step(one_call)
+    read_b, step_b, cache_b = prefill_and_step(per_layer)
+    assert torch.equal(read, read_b) and torch.equal(step, step_b)
+    assert torch.equal(cache.kv, cache_b.kv)
+
+
+def test_torch_sgemm_is_none_where_torch_exports_none(monkeypatch, tmp_path):
+    cpu_kernels.torch_sgemm.cache_clear()
+    monkeypatch.setattr(cpu_kernels.torch, "__file__", str(tmp_path / "__init__.py"))  # no lib/libtorch_cpu.so
+    try:
+        assert cpu_kernels.torch_sgemm() is None
+    finally:
+        cpu_kernels.torch_sgemm.cache_clear()

@@ -183,3 +183,54 @@ void rope_attend(float *qkv, const float *cos, const float *sin, const int64_t *
         }
     }
 }
+
+/* The BLAS sgemm_ torch's CPU library exports (MKL's), column-major with Fortran arguments. Its integers are
+ * passed as pointers to int64: an LP64 BLAS reads their low half, which on a little-endian machine is the value,
+ * and an ILP64 one reads them whole. */
+typedef void (*sgemm_fn)(const char *transa, const char *transb, const int64_t *m, const int64_t *n,
+                         const int64_t *k, const float *alpha, const float *a, const int64_t *lda, const float *b,
+                         const int64_t *ldb, const float *beta, float *c, const int64_t *ldc);
+
+/* out [n, rows] = x [n, cols] . w [rows, cols]^T (+ bias [rows]) as torch's F.linear computes it on the CPU (the
+ * bias copied into each row, then the same sgemm_ call adding the product to it), so the results are the same
+ * bits. */
+static void linear(sgemm_fn gemm, const float *x, const float *w, const float *bias, float *out, int64_t n,
+                   int64_t rows, int64_t cols) {
+    float one = 1.0f, beta = 0.0f;
+    if (bias) {
+        for (int64_t i = 0; i < n; i++) memcpy(out + i * rows, bias, rows * sizeof(float));
+        beta = 1.0f;
+    }
+    gemm("T", "N", &rows, &n, &cols, &one, w, &cols, x, &cols, &beta, out, &rows);
+}
+
+/* LeanForward._decode_kernels' layer loop in one call, the matrix multiplies by `gemm` (the calls torch's F.linear
+ * makes): at the tiny coder's size the 32 calls a step from Python cost 5-10 % of it. weights: ten
+ * addresses a layer (input norm, post-attention norm, qkv, its bias, o, its bias, gate_up, its bias, down, its
+ * bias; 0 for an absent bias). x [n, hidden], the residual stream, is updated in place; h [n, hidden] comes in
+ * holding the first layer's normed input and leaves holding the final norm's output. Scratch: qkv [n, (heads + 2
+ * kv heads) d], attn [n, heads d], delta [n, hidden], gate_up [n, 2 inter], act [n, inter], and rope_attend's.
+ * Layer i's keys start at kv + i * layer_stride, its values value_offset after them. */
+#define AT(address) ((const float *)(intptr_t)(address))
+
+void decode_layers(sgemm_fn gemm, const int64_t *weights, int64_t layers, const float *final_norm, float *x, float *h,
+                   float *qkv, float *attn, float *delta, float *gate_up, float *act, const float *cos,
+                   const float *sin, const int64_t *positions, const int64_t *slots, const int64_t *order,
+                   const int64_t *source, const int64_t *shared, float *kv, int64_t layer_stride,
+                   int64_t value_offset, float *scratch, int64_t n, int64_t hidden, int64_t inter, int64_t heads,
+                   int64_t kv_heads, int64_t d, int64_t slot_stride, int64_t head_stride, float scale, float eps) {
+    int64_t width = (heads + 2 * kv_heads) * d;
+    for (int64_t i = 0; i < layers; i++) {
+        const int64_t *w = weights + 10 * i;
+        float *keys = kv + i * layer_stride;
+        linear(gemm, h, AT(w[2]), AT(w[3]), qkv, n, width, hidden);
+        rope_attend(qkv, cos, sin, positions, slots, order, source, shared, keys, keys + value_offset, attn, scratch,
+                    n, heads, kv_heads, d, slot_stride, head_stride, scale);
+        linear(gemm, attn, AT(w[4]), AT(w[5]), delta, n, hidden, heads * d);
+        add_rms_norm(x, delta, AT(w[1]), h, n, hidden, eps);
+        linear(gemm, h, AT(w[6]), AT(w[7]), gate_up, n, 2 * inter, hidden);
+        silu_mul(gate_up, act, n, inter);
+        linear(gemm, act, AT(w[8]), AT(w[9]), delta, n, hidden, inter);
+        add_rms_norm(x, delta, i + 1 < layers ? AT(w[10]) : final_norm, h, n, hidden, eps);
+    }
+}

@@ -4,7 +4,8 @@ Profiled at the tiny coder's shape, one thread, 128 rows, the eager lean step sp
 its matrix multiplies: attention as MKL's batched multiply of 256 tiny matrices ran at a few GFLOP/s, and the
 norms, rotary embedding, cache writes and activation were ~35 torch ops a layer, each costing more to dispatch than
 to compute. torch.compile of the step took 43 s and ran slower than eager (it copied the mutated cache). These
-loops do that work in four calls a layer; the matrix multiplies stay torch's (MKL).
+loops do that work in four calls a layer, and `decode_layers` runs the whole layer loop in one call: its matrix
+multiplies are MKL's `sgemm_`, which torch's CPU library exports, called as torch's F.linear calls it (same bits).
 
 The library is built with `cc -O3 -march=native` (no -ffast-math: loaded into a process, its start-up code
 would flush denormals for torch too) into $AREAL_CACHE/kernels (keyed by the source and the CPU), in
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from areal.models.cache import cache_root
@@ -37,6 +39,8 @@ _SIGNATURES = {
     "add_rms_norm": [_P, _P, _P, _P, _I, _I, _F],
     "silu_mul": [_P, _P, _I, _I],
     "rope_attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F],
+    "decode_layers": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P,
+                      _I, _I, _I, _I, _I, _I, _I, _I, _F, _F],
 }
 
 
@@ -82,7 +86,7 @@ def load() -> CpuKernels | None:
 
 
 class CpuKernels:
-    """The library's three calls over float32 CPU tensors (contiguous where cpu_kernels.c says so)."""
+    """The library's calls over float32 CPU tensors (contiguous where cpu_kernels.c says so)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         for name, arguments in _SIGNATURES.items():
@@ -112,6 +116,46 @@ class CpuKernels:
                               None if slots is None else slots.data_ptr(), order, source, cut, keys.data_ptr(),
                               values.data_ptr(), out.data_ptr(), scratch.data_ptr(), qkv.shape[0], heads, kv_heads,
                               head_dim, keys.stride(0), keys.stride(1), scale)
+
+    def decode_layers(self, gemm: int, weights: Tensor, final_norm: Tensor, x: Tensor, h: Tensor, kv: Tensor,
+                      cos: Tensor, sin: Tensor, positions: Tensor, width: int, *, heads: int, kv_heads: int,
+                      head_dim: int, intermediate: int, scale: float, eps: float, shared: Shared | None = None,
+                      slots: Tensor | None = None) -> None:
+        """Every layer of the lean forward in one call (see cpu_kernels.c), its multiplies by `gemm` (the address
+        torch_sgemm gives): x [n, hidden] updated in place; h [n, hidden] from the first layer's normed input to the
+        final norm's output; weights [layers, 10] int64 addresses; kv [L, 2, S, KVH, C, D], unit column stride;
+        rows, slots and `shared` as in rope_attend, attending over at most `width` columns."""
+        n = x.shape[0]
+        order, source, cut = (None, None, None) if shared is None else (
+            shared.order.data_ptr(), shared.source.data_ptr(), shared.columns.data_ptr())
+        qkv, attn = torch.empty(n, (heads + 2 * kv_heads) * head_dim), torch.empty(n, heads * head_dim)
+        delta, gate_up, act = torch.empty_like(x), torch.empty(n, 2 * intermediate), torch.empty(n, intermediate)
+        scratch = torch.empty(heads // kv_heads * width)
+        self._lib.decode_layers(gemm, weights.data_ptr(), weights.shape[0], final_norm.data_ptr(), x.data_ptr(),
+                                h.data_ptr(), qkv.data_ptr(), attn.data_ptr(), delta.data_ptr(), gate_up.data_ptr(),
+                                act.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+                                None if slots is None else slots.data_ptr(), order, source, cut, kv.data_ptr(),
+                                kv.stride(0), kv.stride(1), scratch.data_ptr(), n, x.shape[1], intermediate, heads,
+                                kv_heads, head_dim, kv.stride(2), kv.stride(3), scale, eps)
+
+
+@cache
+def torch_sgemm() -> int | None:
+    """The address of the BLAS `sgemm_` torch's CPU library exports (MKL's on x86 builds), for `decode_layers`;
+    None when the library has none or a product through it differs from torch's (then the layer loop stays in
+    Python, one torch call per multiply)."""
+    try:
+        sgemm = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).sgemm_
+    except (OSError, AttributeError):
+        return None
+    x, w = torch.arange(6.0).reshape(2, 3), torch.arange(12.0).reshape(4, 3) - 5  # exact in float32
+    out = torch.empty(2, 4)
+    rows, n, cols = (ctypes.byref(ctypes.c_int64(v)) for v in (4, 2, 3))
+    one, zero = ctypes.byref(ctypes.c_float(1.0)), ctypes.byref(ctypes.c_float(0.0))
+    sgemm.restype = None
+    sgemm(b"T", b"N", rows, n, cols, one, _P(w.data_ptr()), cols, _P(x.data_ptr()), cols, zero,
+          _P(out.data_ptr()), rows)
+    return ctypes.cast(sgemm, ctypes.c_void_p).value if torch.equal(out, x @ w.T) else None
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,14 @@ class LeanForward:
         # a float32 model on the CPU decodes with the C kernels when this machine can build them
         on_cpu32 = self.device.type == "cpu" and self.dtype == torch.float32
         self.kernels = cpu_kernels.load() if kernels and on_cpu32 else None
+        # ... and with the layer loop in C too when torch's sgemm_ can be called from there (its weights' addresses
+        # stay valid: new weights are copied into the same storage)
+        tables = [(a.in_norm, a.post_norm, a.qkv, a.qkv_bias, a.o, a.o_bias, a.gate_up, a.gate_up_bias, a.down,
+                   a.down_bias) for a in self.layers]
+        dense = all(t is None or t.is_contiguous() for table in tables for t in table)
+        self._gemm = cpu_kernels.torch_sgemm() if self.kernels is not None and dense else None
+        self._addresses = torch.tensor([[0 if t is None else t.data_ptr() for t in table] for table in tables],
+                                       dtype=torch.int64)
         self.cos = self.sin = torch.zeros(0, self.head_dim, dtype=self.dtype, device=self.device)
         self._index = torch.zeros(0, dtype=torch.int64, device=self.device)  # 0, 1, 2, ... for masks and rows
 
@@ -177,7 +185,8 @@ class LeanForward:
 
     def _decode_kernels(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int,
                         shared: cpu_kernels.Shared | None, slots: Tensor | None = None) -> Tensor:
-        """`decode` with the C kernels: per layer four matrix multiplies and four calls (see cpu_kernels.c). With
+        """`decode` with the C kernels: the layer loop in one C call when torch's sgemm_ is reachable, else per
+        layer four matrix multiplies by torch and four kernel calls (see cpu_kernels.c). With
         `slots`, row i is a token of slot slots[i] (a prefill: a slot's rows in the order of their positions; a
         decode step: the running slots)."""
         if width > kv.shape[4]:  # the kernels write at each position: never past the cache
@@ -186,10 +195,15 @@ class LeanForward:
         assert k is not None
         x = F.embedding(tokens, self.embed)  # the residual stream, updated in place
         h = torch.empty_like(x)
+        k.add_rms_norm(x, None, self.layers[0].in_norm, h, self.eps)
+        if self._gemm is not None:
+            k.decode_layers(self._gemm, self._addresses, self.norm, x, h, kv, self.cos, self.sin, positions, width,
+                            heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                            intermediate=self.intermediate, scale=self.scale, eps=self.eps, shared=shared, slots=slots)
+            return h
         attn = torch.empty(n, self.heads * self.head_dim)
         act = torch.empty(n, self.intermediate)
         scratch = torch.empty(self.heads // self.kv_heads * width)
-        k.add_rms_norm(x, None, self.layers[0].in_norm, h, self.eps)
         for i, layer in enumerate(self.layers):
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
             k.rope_attend(qkv, self.cos, self.sin, positions, kv[i, 0], kv[i, 1], attn, scratch, self.heads,
