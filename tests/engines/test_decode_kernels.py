@@ -9,6 +9,7 @@ import transformers
 from areal.engines.decode import LeanForward, cpu_kernels
 from areal.engines.decode.cpu_kernels import Shared
 from areal.engines.decode.slots import SlotKV
+from areal.engines.sampling import sample_tokens
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler to build the CPU decode kernels")
 
@@ -145,3 +146,20 @@ def test_torch_sgemm_is_none_where_torch_exports_none(monkeypatch, tmp_path):
         assert cpu_kernels.torch_sgemm() is None
     finally:
         cpu_kernels.torch_sgemm.cache_clear()
+
+
+@pytest.mark.parametrize("vocab, temperature", [(101, 1.0), (101, 0.7), (1000, 1.3)])
+def test_the_kernels_draw_the_tokens_of_a_float64_inverse_cdf_with_its_log_probs(vocab, temperature):
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(512, vocab, generator=g) * 3
+    u = torch.rand(512, dtype=torch.float64, generator=g)
+    u[:3] = torch.tensor([0.0, 0.5, 1 - 2**-24], dtype=torch.float64)  # the first token, a middle, the last one
+    logits[2, vocab // 2 :] = -torch.inf  # a row whose upper half can never be drawn, at u near 1
+    tokens, logp = cpu_kernels.load().sample_rows(logits, u, temperature)
+    reference = torch.log_softmax(logits.double() / temperature, dim=-1)
+    cdf = reference.exp().cumsum(-1)
+    expected = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=vocab - 1).squeeze(1)
+    assert torch.equal(tokens, expected)
+    assert (logp.double() - reference.gather(1, tokens[:, None]).squeeze(1)).abs().max() < 3e-6
+    assert tokens[0] == 0 and tokens[2] < vocab // 2
+    assert torch.equal(tokens, sample_tokens(logits, u, temperature=temperature, top_p=1.0)[0])

@@ -244,3 +244,38 @@ void decode_layers(sgemm_fn gemm, const int64_t *weights, int64_t layers, const 
         add_rms_norm(x, delta, i + 1 < layers ? AT(w[10]) : final_norm, h, n, hidden, eps);
     }
 }
+
+/* sampling.sample_tokens at top_p = 1 over float32 logits [n, vocab] in one call: for each row the token drawn by
+ * inverse CDF of softmax(logits / temperature) at the row's uniform u[i], and its log-prob: (z - max) - log(sum(exp(z
+ * - max))) in float32 with z = logits / temperature, as torch's log-softmax. The CDF sums the softmax's terms in
+ * float64 (the total in eight lanes, the running sum in vocabulary order): the first token whose cumulative mass
+ * exceeds u[i] times the total, or the last token of positive mass if rounding leaves none. The exponential is
+ * exp_f32's (~2e-7 relative), so a log-prob may differ from torch's in its last bits, and a draw within that of a
+ * boundary may differ; a term below e^-87 counts as 0 (a -inf logit is never drawn). scratch: 2 vocab floats. */
+void sample_rows(const float *logits, const double *u, int64_t n, int64_t vocab, float temperature,
+                 int64_t *tokens, float *logp, float *scratch) {
+    float *z = scratch, *e = scratch + vocab;
+    for (int64_t i = 0; i < n; i++) {
+        const float *x = logits + i * vocab;
+        float top = x[0] / temperature;
+        for (int64_t c = 0; c < vocab; c++) z[c] = x[c] / temperature;
+        for (int64_t c = 0; c < vocab; c++) top = z[c] > top ? z[c] : top;
+        for (int64_t c = 0; c < vocab; c++) e[c] = z[c] - top < -87.0f ? 0.0f : exp_f32(z[c] - top);
+        float lse = logf(sum(e, vocab));
+        double lanes[LANES] = {0};
+        int64_t c = 0;
+        for (; c + LANES <= vocab; c += LANES)
+            for (int l = 0; l < LANES; l++) lanes[l] += (double)e[c + l];
+        double mass = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+        for (; c < vocab; c++) mass += (double)e[c];
+        double target = u[i] * mass, cumulative = 0.0;
+        int64_t token = -1;
+        for (c = 0; c < vocab; c++) {
+            cumulative += (double)e[c];
+            if (e[c] > 0.0f) token = c;
+            if (cumulative > target) break;
+        }
+        tokens[i] = token;
+        logp[i] = (z[token] - top) - lse;
+    }
+}

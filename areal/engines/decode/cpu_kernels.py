@@ -41,6 +41,7 @@ _SIGNATURES = {
     "rope_attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F],
     "decode_layers": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P,
                       _I, _I, _I, _I, _I, _I, _I, _I, _F, _F],
+    "sample_rows": [_P, _P, _I, _I, _F, _P, _P, _P],
 }
 
 
@@ -137,6 +138,15 @@ class CpuKernels:
                                 None if slots is None else slots.data_ptr(), order, source, cut, kv.data_ptr(),
                                 kv.stride(0), kv.stride(1), scratch.data_ptr(), n, x.shape[1], intermediate, heads,
                                 kv_heads, head_dim, kv.stride(2), kv.stride(3), scale, eps)
+
+    def sample_rows(self, logits: Tensor, u: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+        """`sampling.sample_tokens` at top_p = 1 (temperature > 0) in one call: logits [n, V] float32, u [n]
+        float64, both contiguous; tokens [n] int64 and their log-probs [n] float32."""
+        n, vocab = logits.shape
+        tokens, logp, scratch = torch.empty(n, dtype=torch.int64), torch.empty(n), torch.empty(2 * vocab)
+        self._lib.sample_rows(logits.data_ptr(), u.data_ptr(), n, vocab, temperature, tokens.data_ptr(),
+                              logp.data_ptr(), scratch.data_ptr())
+        return tokens, logp
 
 
 @cache

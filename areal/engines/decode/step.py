@@ -70,6 +70,9 @@ class DecodeStep:
                  capture: Callable[[Callable[[], Any], Any], Callable[[], None]] | None = None) -> None:
         self.forward, self.cache = forward, cache
         self.temperature, self.top_p = temperature, top_p
+        # the CPU kernels draw a step's tokens in one call where they can (sample_tokens' own ops cost more)
+        kernels = getattr(forward, "kernels", None)
+        self._drawer = kernels if temperature > 0 and top_p == 1.0 else None
         self.graphs = graphs
         self.sizes = ladder(cache.slots)
         self._capture = capture or cuda_capture
@@ -108,6 +111,8 @@ class DecodeStep:
         rows, index = (slice(0, n), self._rows[:n]) if slots is None else (slots, slots)  # views where they can be
         logits = self.forward.decode(c.kv, c.pending[rows], c.positions[rows], width, shared, slots)
         u = c.uniforms[index, c.produced[rows]]
+        if self._drawer is not None:
+            return self._drawer.sample_rows(logits, u, self.temperature)
         return sample_tokens(logits, u, temperature=self.temperature, top_p=self.top_p)
 
     def _into_buffers(self, size: int) -> None:
