@@ -15,6 +15,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from areal.engines.lists import list_tensor
+
 _MASK64 = 0xFFFFFFFFFFFFFFFF
 
 
@@ -115,7 +117,8 @@ def checked_request(request: Any, in_flight: set[int], max_new_tokens: int) -> t
     """A request's prompt (1-D int64 on the CPU) and its token limit; ValueError naming the request when its
     prompt is empty, its id is in flight, or its limit is below 1. Every engine checks a batch with this before
     queueing any of it."""
-    prompt = torch.as_tensor(request.prompt_ids, dtype=torch.int64).flatten().cpu()
+    ids = request.prompt_ids
+    prompt = (ids.to(torch.int64) if isinstance(ids, Tensor) else list_tensor(ids, torch.int64)).flatten().cpu()
     if prompt.numel() == 0:
         raise ValueError(f"request {request.request_id}: empty prompt; a prompt needs at least one token")
     if request.request_id in in_flight:
