@@ -151,12 +151,10 @@ void rope_attend(float *qkv, const float *cos, const float *sin, const int64_t *
         int64_t row = order ? order[i] : i, b = slots ? slots[row] : row, pos = positions[row], len = pos + 1;
         int64_t from = source ? source[row] : b, cut = shared ? shared[row] : 0;
         cut = cut < len ? cut : len;
-        if (i + 1 < n) {  /* the next row's own columns, its write column included: cold lines */
+        if (i + 1 < n) {  /* the next row's write column: cold lines */
             int64_t next = order ? order[i + 1] : i + 1, nb = slots ? slots[next] : next, np = positions[next];
-            int64_t ncut = shared ? shared[next] : 0;
-            ncut = ncut < np + 1 ? ncut : np + 1;
             for (int64_t j = 0; j < kv_heads; j++)
-                for (int64_t byte = ncut * d * 4; byte < (np + 1) * d * 4; byte += 64) {
+                for (int64_t byte = np * d * 4; byte < (np + 1) * d * 4; byte += 64) {
                     __builtin_prefetch((const char *)(keys + nb * slot_stride + j * head_stride) + byte, 1);
                     __builtin_prefetch((const char *)(values + nb * slot_stride + j * head_stride) + byte, 1);
                 }
