@@ -267,7 +267,7 @@ void sample_rows(const float *logits, const double *u, int64_t n, int64_t vocab,
         double mass = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
         for (; c < vocab; c++) mass += (double)e[c];
         double target = u[i] * mass, cumulative = 0.0;
-        int64_t token = -1;
+        int64_t token = 0;  /* kept only if no term is positive: never for finite logits (the largest term is 1) */
         for (c = 0; c < vocab; c++) {
             cumulative += (double)e[c];
             if (e[c] > 0.0f) token = c;
