@@ -58,6 +58,7 @@ class WorkerHandle(Protocol):
     pid: int  # the worker process's pid (on its node, for Ray); 0 until it runs
     node: str  # where it runs, as shown: "local", or the Ray node's IP (with its id where nodes share an IP)
     host: str  # the machine, as compared: "local", or the Ray node's id
+    ended_by: str | None  # what ended it, where the launcher knows more than its exit code (Ray's stated cause)
 
     def poll(self) -> int | None: ...
     def kill(self) -> None: ...
@@ -183,6 +184,7 @@ class ForkedHandle:
         self.server = server
         self.pid = pid
         self.node = self.host = "local"
+        self.ended_by: str | None = None  # the exit status says it all
         self._status: int | None = None
 
     def poll(self) -> int | None:

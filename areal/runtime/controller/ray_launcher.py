@@ -91,6 +91,13 @@ def _into_copy(args: list[str], log_path: str, away: dict[str, Any], node: str) 
     return moved, str(local / Path(log_path).relative_to(home))
 
 
+def ray_cause(err: Exception, limit: int = 300) -> str:
+    """Ray's own account of why an actor's call failed (its node died, a health check, `ray.kill`, an exception),
+    in one line: an exit code alone cannot tell these apart."""
+    text = " ".join(str(err).split())
+    return f"Ray: {text[:limit]}" + ("..." if len(text) > limit else "")
+
+
 class RayHandle:
     def __init__(self, launcher: RayLauncher, spec: WorkerSpec, actor: Any) -> None:
         self.launcher, self.spec, self.actor = launcher, spec, actor
@@ -99,6 +106,7 @@ class RayHandle:
         self._done = actor.run.remote(list(spec.args), str(spec.log_path), launcher.away(spec))
         self._since = time.monotonic()
         self._code: int | None = None
+        self.ended_by: str | None = None
         self._released = False
 
     def placed(self) -> bool:
@@ -126,10 +134,12 @@ class RayHandle:
             if ready:
                 try:
                     self._code = int(ray.get(self._done))
-                except ray.exceptions.RayActorError:
+                except ray.exceptions.RayActorError as err:
                     self._code = -signal.SIGKILL  # the actor's process died (killed, crashed, its node lost)
-                except ray.exceptions.RayError:
+                    self.ended_by = ray_cause(err)
+                except ray.exceptions.RayError as err:
                     self._code = 1
+                    self.ended_by = ray_cause(err)
                 # an actor outlives its method and holds its bundle: end it like a process that exited
                 ray.kill(self.actor, no_restart=True)
                 self._release()

@@ -86,7 +86,7 @@ class WorkerRecovery:
                 why = f"was not ready {now - w.started_at:.0f} s after it started"
             elif code is not None and not self._stopping:
                 self._listen(200)  # its last words (an "error" event) may still be in flight
-                why = f"exited with code {code}"
+                why = f"exited with code {code}" + (f" ({w.process.ended_by})" if w.process.ended_by else "")
             else:
                 continue
             self._on_worker_death(w, why)
