@@ -52,6 +52,14 @@ def test_a_ray_error_gives_its_exit_code_and_rays_cause_in_one_line(error, code)
     assert h.ended_by == "Ray: " + " ".join(str(error).split())
 
 
+def test_an_exception_the_call_raised_is_named_not_the_frames_ray_wraps_it_in():
+    error = RayError("ray::WorkerActor.run() (pid=1)\n  File \"main.py\", line 3, in run\n" + "  ^^^^\n" * 80)
+    error.cause = FileNotFoundError(2, "No such file or directory", "checkpoints/step-2")
+    h = handle(error)
+    assert h.poll() == 1
+    assert h.ended_by == "Ray: FileNotFoundError: [Errno 2] No such file or directory: 'checkpoints/step-2'"
+
+
 def test_a_long_cause_is_cut_and_a_worker_that_returned_has_none():
     long = handle(RayActorError("x " * 400))
     assert long.poll() == -9 and long.ended_by is not None

@@ -92,9 +92,12 @@ def _into_copy(args: list[str], log_path: str, away: dict[str, Any], node: str) 
 
 
 def ray_cause(err: Exception, limit: int = 300) -> str:
-    """Ray's own account of why an actor's call failed (its node died, a health check, `ray.kill`, an exception),
-    in one line: an exit code alone cannot tell these apart."""
-    text = " ".join(str(err).split())
+    """Ray's own account of why an actor's call failed (its node died, a health check, `ray.kill`), or the
+    exception the call raised (a task error's `cause`: Ray's text of it is mostly the traceback's frames), in one
+    line: an exit code alone cannot tell these apart."""
+    cause = getattr(err, "cause", None)
+    text = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(err)
+    text = " ".join(text.split())
     return f"Ray: {text[:limit]}" + ("..." if len(text) > limit else "")
 
 
