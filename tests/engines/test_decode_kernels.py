@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from areal.engines.decode import LeanForward, cpu_kernels
 from areal.engines.decode.cpu_kernels import Shared
 from areal.engines.decode.slots import SlotKV
 from areal.engines.sampling import sample_tokens
+from tests.engines.test_decode_lean import slot_cache, tiny
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler to build the CPU decode kernels")
 
@@ -106,9 +106,7 @@ def test_without_a_c_compiler_the_lean_forward_says_so_once_and_runs_on_torch_op
 
 def prefill_and_step(lean: LeanForward) -> tuple[torch.Tensor, torch.Tensor, SlotKV]:
     """A prefill of three prompts into slots 2, 0, 3 (slot 1 free), then a step over the running slots alone."""
-    lean.reserve(64)
-    cache = SlotKV(layers=lean.num_layers, kv_heads=lean.kv_heads, head_dim=lean.head_dim, slots=4, dtype=lean.dtype,
-                   device=lean.device, columns=64)
+    cache = slot_cache(lean, slots=4)
     ids = torch.randint(1, 100, (3, 11), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         read = lean.extend(cache.kv, torch.tensor([2, 0, 3]), ids, torch.zeros(3, dtype=torch.int64),
@@ -119,19 +117,11 @@ def prefill_and_step(lean: LeanForward) -> tuple[torch.Tensor, torch.Tensor, Slo
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"], ids=["qkv-biases", "no-biases"])
-def test_the_layer_loop_in_one_c_call_gives_the_bits_of_the_loop_over_torch_multiplies(make_model, monkeypatch, kind):
-    def model() -> torch.nn.Module:
-        if kind == "qwen2":
-            return varied(make_model(0))
-        torch.manual_seed(0)
-        config = transformers.LlamaConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                          num_key_value_heads=2, intermediate_size=96, max_position_embeddings=256)
-        return varied(transformers.LlamaForCausalLM(config).eval())
-
-    one_call = LeanForward(model())
+def test_the_layer_loop_in_one_c_call_gives_the_bits_of_the_loop_over_torch_multiplies(monkeypatch, kind):
+    one_call = LeanForward(varied(tiny(kind)))
     assert one_call._gemm is not None  # torch's sgemm_ found on this machine (x86 torch links MKL)
     monkeypatch.setattr(cpu_kernels, "torch_sgemm", lambda: None)
-    per_layer = LeanForward(model())
+    per_layer = LeanForward(varied(tiny(kind)))
     assert per_layer._gemm is None
     read, step, cache = prefill_and_step(one_call)
     read_b, step_b, cache_b = prefill_and_step(per_layer)

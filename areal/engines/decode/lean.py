@@ -132,8 +132,9 @@ class LeanForward:
                    a.down_bias) for a in self.layers]
         dense = all(t is None or t.is_contiguous() for table in tables for t in table)
         self._gemm = cpu_kernels.torch_sgemm() if self.kernels is not None and dense else None
-        self._addresses = torch.tensor([[0 if t is None else t.data_ptr() for t in table] for table in tables],
-                                       dtype=torch.int64)
+        if self._gemm is not None:  # the weights' addresses, ten a layer (0: no bias), for decode_layers
+            self._addresses = torch.tensor([[0 if t is None else t.data_ptr() for t in table] for table in tables],
+                                           dtype=torch.int64)
         self.cos = self.sin = torch.zeros(0, self.head_dim, dtype=self.dtype, device=self.device)
         self._index = torch.zeros(0, dtype=torch.int64, device=self.device)  # 0, 1, 2, ... for masks and rows
 
