@@ -138,6 +138,44 @@ def test_torch_sgemm_is_none_where_torch_exports_none(monkeypatch, tmp_path):
         cpu_kernels.torch_sgemm.cache_clear()
 
 
+def group_step(lean: LeanForward, cache: SlotKV) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts read into slots 2 and 0, slot 0's copied to slots 1 and 3 (a group), then three steps over all four,
+    the group's prompt read from slot 0: the prefill's logits and the steps' logits."""
+    ids = torch.randint(1, 100, (2, 13), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        read = lean.extend(cache.kv, torch.tensor([2, 0]), ids, torch.zeros(2, dtype=torch.int64),
+                           torch.tensor([13, 9]))
+        cache.copy_rows(0, [1, 3], 9)
+        shared = Shared(order=torch.tensor([0, 1, 3, 2]), source=torch.tensor([0, 0, 2, 0]),
+                        columns=torch.tensor([9, 9, 0, 9]))
+        positions, steps = torch.tensor([9, 9, 13, 9]), []
+        for tokens in ([4, 8, 15, 16], [23, 42, 4, 8], [15, 16, 23, 42]):
+            steps.append(lean.decode(cache.kv, torch.tensor(tokens), positions, int(positions.max()) + 1, shared))
+            positions += 1
+    return read, torch.stack(steps)
+
+
+@pytest.mark.parametrize("heads, kv_heads, hidden", [(4, 2, 128), (3, 1, 96), (6, 2, 240), (2, 2, 64)],
+                         ids=["group-2", "group-3", "head-dim-40", "group-1"])
+def test_the_kernels_match_the_torch_ops_for_each_head_shape_and_give_the_same_bits_in_either_cache_layout(
+        heads, kv_heads, hidden):
+    # head dims of 32 and 40 take the vector paths of scores and weighted, and their tails; a group of three
+    # attends as a pair of heads and one alone
+    make = lambda: varied(tiny("qwen2", num_attention_heads=heads, num_key_value_heads=kv_heads,  # noqa: E731
+                               hidden_size=hidden))
+    fast, plain = LeanForward(make()), LeanForward(make(), kernels=False)
+    by_column, by_head = slot_cache(fast, 4, by_column=True), slot_cache(fast, 4)
+    assert by_column.kv.stride(4) == 2 * kv_heads * fast.head_dim and by_head.kv.stride(4) == fast.head_dim
+    read, steps = group_step(fast, by_column)
+    read_b, steps_b = group_step(fast, by_head)
+    assert torch.equal(read, read_b) and torch.equal(steps, steps_b) and torch.equal(by_column.kv, by_head.kv)
+    plain_cache = slot_cache(plain, 4)
+    read_p, steps_p = group_step(plain, plain_cache)
+    assert (read - read_p).abs().max() < 1e-5 and (steps - steps_p).abs().max() < 1e-5
+    for slot, filled in ((0, 12), (1, 12), (2, 16), (3, 12)):  # the torch ops' prefill also writes its padding
+        assert (by_column.kv[:, :, slot, :, :filled] - plain_cache.kv[:, :, slot, :, :filled]).abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("vocab, temperature", [(101, 1.0), (101, 0.7), (1000, 1.3)])
 def test_the_kernels_draw_the_tokens_of_a_float64_inverse_cdf_with_its_log_probs(vocab, temperature):
     g = torch.Generator().manual_seed(vocab)

@@ -13,16 +13,16 @@ from areal.engines.decode.slots import SlotKV
 def tiny(kind: str, seed: int = 0, **overrides) -> transformers.PreTrainedModel:
     torch.manual_seed(seed)
     shape = dict(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=96, max_position_embeddings=256, **overrides)
+                 intermediate_size=96, max_position_embeddings=256) | overrides
     if kind == "qwen2":
         return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(tie_word_embeddings=True, **shape)).eval()
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).eval()
 
 
-def slot_cache(lean: LeanForward, slots: int, columns: int = 64) -> SlotKV:
+def slot_cache(lean: LeanForward, slots: int, columns: int = 64, by_column: bool = False) -> SlotKV:
     lean.reserve(columns)
     return SlotKV(layers=lean.num_layers, kv_heads=lean.kv_heads, head_dim=lean.head_dim, slots=slots,
-                  dtype=lean.dtype, device=lean.device, columns=columns)
+                  dtype=lean.dtype, device=lean.device, columns=columns, by_column=by_column)
 
 
 def hf_last_logits(model: torch.nn.Module, rows: list[list[int]]) -> torch.Tensor:

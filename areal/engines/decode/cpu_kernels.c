@@ -49,56 +49,73 @@ static inline float dot(const float *a, const float *b, int64_t d) {
     return s;
 }
 
-/* scores[c] = scale * q . keys[c] for columns [from, to), keys rows of d floats. */
-static void scores(const float *q, const float *keys, int64_t from, int64_t to, int64_t d, float scale,
-                   float *out) {
+/* For q heads qs[0..heads) (heads 1 or 2, d floats apart) and columns [from, to): out[h * stride + c] = scale *
+ * q_h . keys[c], column c's d floats at keys + c * cs. Two heads share each column's loads; each head's sums are
+ * those of one head alone. */
+static void scores(const float *qs, int heads, const float *keys, int64_t from, int64_t to, int64_t d, int64_t cs,
+                   float scale, float *out, int64_t stride) {
     int64_t c = from;
 #if defined(__AVX2__) && defined(__FMA__)
-    if (d % 8 == 0) {  /* eight columns at a time: eight accumulators, reduced together by a tree of hadds */
+    if (d % 8 == 0) {  /* eight columns at a time: eight accumulators a head, reduced together by a tree of hadds */
         __m256 scaled = _mm256_set1_ps(scale);
         for (; c + 8 <= to; c += 8) {
-            __m256 a[8];
-            for (int l = 0; l < 8; l++) a[l] = _mm256_setzero_ps();
+            __m256 a[2][8];
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < 8; l++) a[h][l] = _mm256_setzero_ps();
             for (int64_t t = 0; t < d; t += 8) {
-                __m256 qv = _mm256_loadu_ps(q + t);
-                for (int l = 0; l < 8; l++) a[l] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + (c + l) * d + t), a[l]);
+                __m256 q0 = _mm256_loadu_ps(qs + t), q1 = _mm256_loadu_ps(qs + (heads - 1) * d + t);
+                for (int l = 0; l < 8; l++) {
+                    __m256 k = _mm256_loadu_ps(keys + (c + l) * cs + t);
+                    a[0][l] = _mm256_fmadd_ps(q0, k, a[0][l]);
+                    if (heads == 2) a[1][l] = _mm256_fmadd_ps(q1, k, a[1][l]);
+                }
             }
-            __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-            __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-            __m256 total = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-            _mm256_storeu_ps(out + c, _mm256_mul_ps(total, scaled));
+            for (int h = 0; h < heads; h++) {
+                __m256 *b = a[h];
+                __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(b[0], b[1]), _mm256_hadd_ps(b[2], b[3]));
+                __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(b[4], b[5]), _mm256_hadd_ps(b[6], b[7]));
+                __m256 total = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20),
+                                             _mm256_permute2f128_ps(h0, h1, 0x31));
+                _mm256_storeu_ps(out + h * stride + c, _mm256_mul_ps(total, scaled));
+            }
         }
     }
 #endif
-    for (; c < to; c++) out[c] = dot(q, keys + c * d, d) * scale;
+    for (; c < to; c++)
+        for (int h = 0; h < heads; h++) out[h * stride + c] = dot(qs + h * d, keys + c * cs, d) * scale;
 }
 
-/* o += sum over columns [from, to) of p[c] * values[c], values rows of d floats; o [d]. */
-static void weighted(const float *p, const float *values, int64_t from, int64_t to, int64_t d, float *o) {
+/* For heads h < heads (1 or 2): os[h * d ...] += sum over columns [from, to) of ps[h * stride + c] * values[c]
+ * (d floats at values + c * cs). Two heads share each column's loads; each head's sums are those of one alone. */
+static void weighted(const float *ps, int heads, int64_t stride, const float *values, int64_t from, int64_t to,
+                     int64_t d, int64_t cs, float *os) {
     int64_t t = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-    for (; t + 32 <= d; t += 32) {  /* 32 outputs in four registers across the column loop */
-        __m256 o0 = _mm256_loadu_ps(o + t), o1 = _mm256_loadu_ps(o + t + 8);
-        __m256 o2 = _mm256_loadu_ps(o + t + 16), o3 = _mm256_loadu_ps(o + t + 24);
+    for (; t + 32 <= d; t += 32) {  /* 32 outputs a head in four registers across the column loop */
+        __m256 o[2][4];
+        for (int h = 0; h < 2; h++)
+            for (int r = 0; r < 4; r++) o[h][r] = _mm256_loadu_ps(os + (h < heads ? h : 0) * d + t + 8 * r);
         for (int64_t c = from; c < to; c++) {
-            const float *row = values + c * d + t;
-            __m256 w = _mm256_set1_ps(p[c]);
-            o0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row), o0);
-            o1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8), o1);
-            o2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 16), o2);
-            o3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 24), o3);
+            const float *row = values + c * cs + t;
+            __m256 v[4];
+            for (int r = 0; r < 4; r++) v[r] = _mm256_loadu_ps(row + 8 * r);
+            __m256 w0 = _mm256_set1_ps(ps[c]);
+            for (int r = 0; r < 4; r++) o[0][r] = _mm256_fmadd_ps(w0, v[r], o[0][r]);
+            if (heads == 2) {
+                __m256 w1 = _mm256_set1_ps(ps[stride + c]);
+                for (int r = 0; r < 4; r++) o[1][r] = _mm256_fmadd_ps(w1, v[r], o[1][r]);
+            }
         }
-        _mm256_storeu_ps(o + t, o0);
-        _mm256_storeu_ps(o + t + 8, o1);
-        _mm256_storeu_ps(o + t + 16, o2);
-        _mm256_storeu_ps(o + t + 24, o3);
+        for (int h = 0; h < heads; h++)
+            for (int r = 0; r < 4; r++) _mm256_storeu_ps(os + h * d + t + 8 * r, o[h][r]);
     }
 #endif
-    for (; t < d; t++) {
-        float acc = o[t];
-        for (int64_t c = from; c < to; c++) acc += p[c] * values[c * d + t];
-        o[t] = acc;
-    }
+    for (; t < d; t++)
+        for (int h = 0; h < heads; h++) {
+            float acc = os[h * d + t];
+            for (int64_t c = from; c < to; c++) acc += ps[h * stride + c] * values[c * cs + t];
+            os[h * d + t] = acc;
+        }
 }
 
 /* x += delta (when delta is not NULL), then out = weight * x / sqrt(mean(x^2) + eps), row by row: x, delta, out
@@ -134,8 +151,9 @@ static inline void rotate(float *x, const float *cos, const float *sin, int64_t 
 
 /* For each row i < n, taken in `order` (NULL: 0..n-1), of slot b = slots[i] (NULL: b = i): rotate its q and k
  * (row i of qkv [n, (heads + 2 kv heads) d], in place) by the tables' row positions[i], write k and v into column
- * positions[i] of slot b (keys/values: slot b, kv head j, column c at b * slot_stride + j * head_stride + c * d),
- * then attend with each q head over columns 0..positions[i] of its kv head; out [n, heads d]. Rows of one slot
+ * positions[i] of slot b (keys/values: slot b, kv head j, column c at b * slot_stride + j * head_stride + c *
+ * col_stride), then attend with each q head over columns 0..positions[i] of its kv head, two heads of a group a
+ * pass (they share the pass's loads); out [n, heads d]. Rows of one slot
  * (a prefill's tokens) are taken in the order of their positions, so each sees the columns written before it.
  * Columns below shared[i] are read from slot source[i], which holds the same values (a GRPO group's prompt,
  * copied into each of its slots): rows that share a source are taken one after another, so those columns come
@@ -145,7 +163,7 @@ void rope_attend(float *qkv, const float *cos, const float *sin, const int64_t *
                  const int64_t *order, const int64_t *source, const int64_t *shared, float *keys, float *values,
                  float *out,
                  float *scratch, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, int64_t slot_stride,
-                 int64_t head_stride, float scale) {
+                 int64_t head_stride, int64_t col_stride, float scale) {
     int64_t group = heads / kv_heads, width = (heads + 2 * kv_heads) * d;
     for (int64_t i = 0; i < n; i++) {
         int64_t row = order ? order[i] : i, b = slots ? slots[row] : row, pos = positions[row], len = pos + 1;
@@ -154,7 +172,7 @@ void rope_attend(float *qkv, const float *cos, const float *sin, const int64_t *
         if (i + 1 < n) {  /* the next row's write column: cold lines */
             int64_t next = order ? order[i + 1] : i + 1, nb = slots ? slots[next] : next, np = positions[next];
             for (int64_t j = 0; j < kv_heads; j++)
-                for (int64_t byte = np * d * 4; byte < (np + 1) * d * 4; byte += 64) {
+                for (int64_t byte = np * col_stride * 4; byte < (np * col_stride + d) * 4; byte += 64) {
                     __builtin_prefetch((const char *)(keys + nb * slot_stride + j * head_stride) + byte, 1);
                     __builtin_prefetch((const char *)(values + nb * slot_stride + j * head_stride) + byte, 1);
                 }
@@ -167,13 +185,14 @@ void rope_attend(float *qkv, const float *cos, const float *sin, const int64_t *
             const float *Kf = keys + from * slot_stride + j * head_stride;
             const float *Vf = values + from * slot_stride + j * head_stride;
             for (int64_t t = 0; t < d; t++) {
-                K[pos * d + t] = k[j * d + t];
-                V[pos * d + t] = v[j * d + t];
+                K[pos * col_stride + t] = k[j * d + t];
+                V[pos * col_stride + t] = v[j * d + t];
             }
             const float *Q = q + j * group * d;
-            for (int64_t g = 0; g < group; g++) {
-                scores(Q + g * d, Kf, 0, cut, d, scale, scratch + g * len);
-                scores(Q + g * d, K, cut, len, d, scale, scratch + g * len);
+            for (int64_t g = 0; g < group; g += 2) {  /* two heads a pass where the group has two */
+                int pair = g + 1 < group ? 2 : 1;
+                scores(Q + g * d, pair, Kf, 0, cut, d, col_stride, scale, scratch + g * len, len);
+                scores(Q + g * d, pair, K, cut, len, d, col_stride, scale, scratch + g * len, len);
             }
             float *O = out + (row * heads + j * group) * d;
             for (int64_t g = 0; g < group; g++) {
@@ -184,9 +203,10 @@ void rope_attend(float *qkv, const float *cos, const float *sin, const int64_t *
                 for (int64_t col = 0; col < len; col++) p[col] *= inv;
                 for (int64_t t = 0; t < d; t++) O[g * d + t] = 0.0f;
             }
-            for (int64_t g = 0; g < group; g++) {
-                weighted(scratch + g * len, Vf, 0, cut, d, O + g * d);
-                weighted(scratch + g * len, V, cut, len, d, O + g * d);
+            for (int64_t g = 0; g < group; g += 2) {
+                int pair = g + 1 < group ? 2 : 1;
+                weighted(scratch + g * len, pair, len, Vf, 0, cut, d, col_stride, O + g * d);
+                weighted(scratch + g * len, pair, len, V, cut, len, d, col_stride, O + g * d);
             }
         }
     }
@@ -226,14 +246,15 @@ void decode_layers(sgemm_fn gemm, const int64_t *weights, int64_t layers, const 
                    const float *sin, const int64_t *positions, const int64_t *slots, const int64_t *order,
                    const int64_t *source, const int64_t *shared, float *kv, int64_t layer_stride,
                    int64_t value_offset, float *scratch, int64_t n, int64_t hidden, int64_t inter, int64_t heads,
-                   int64_t kv_heads, int64_t d, int64_t slot_stride, int64_t head_stride, float scale, float eps) {
+                   int64_t kv_heads, int64_t d, int64_t slot_stride, int64_t head_stride, int64_t col_stride,
+                   float scale, float eps) {
     int64_t width = (heads + 2 * kv_heads) * d;
     for (int64_t i = 0; i < layers; i++) {
         const int64_t *w = weights + 10 * i;
         float *keys = kv + i * layer_stride;
         linear(gemm, h, AT(w[2]), AT(w[3]), qkv, n, width, hidden);
         rope_attend(qkv, cos, sin, positions, slots, order, source, shared, keys, keys + value_offset, attn, scratch,
-                    n, heads, kv_heads, d, slot_stride, head_stride, scale);
+                    n, heads, kv_heads, d, slot_stride, head_stride, col_stride, scale);
         linear(gemm, attn, AT(w[4]), AT(w[5]), delta, n, hidden, heads * d);
         add_rms_norm(x, delta, AT(w[1]), h, n, hidden, eps);
         linear(gemm, h, AT(w[6]), AT(w[7]), gate_up, n, 2 * inter, hidden);

@@ -38,9 +38,9 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "add_rms_norm": [_P, _P, _P, _P, _I, _I, _F],
     "silu_mul": [_P, _P, _I, _I],
-    "rope_attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F],
+    "rope_attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _F],
     "decode_layers": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P,
-                      _I, _I, _I, _I, _I, _I, _I, _I, _F, _F],
+                      _I, _I, _I, _I, _I, _I, _I, _I, _I, _F, _F],
     "sample_rows": [_P, _P, _I, _I, _F, _P, _P, _P],
 }
 
@@ -108,7 +108,8 @@ class CpuKernels:
                     out: Tensor, scratch: Tensor, heads: int, kv_heads: int, head_dim: int, scale: float,
                     shared: Shared | None = None, slots: Tensor | None = None) -> None:
         """Rotate q and k of each row (qkv [n, (H + 2 KVH) D], in place), write k and v into its slot (row i's, or
-        slots[i]) at its position (keys and values [S, KVH, C, D] with unit column stride), attend over the slot's
+        slots[i]) at its position (keys and values [S, KVH, C, D], alike strided, each column's D floats adjacent:
+        the layout SlotKV gives, its heads' and columns' order either way), attend over the slot's
         columns up to it; out [n, H D]. `shared`: the rows taken in an order that puts a group together, and the
         columns each reads from the group's source."""
         order, source, cut = (None, None, None) if shared is None else (
@@ -116,7 +117,7 @@ class CpuKernels:
         self._lib.rope_attend(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
                               None if slots is None else slots.data_ptr(), order, source, cut, keys.data_ptr(),
                               values.data_ptr(), out.data_ptr(), scratch.data_ptr(), qkv.shape[0], heads, kv_heads,
-                              head_dim, keys.stride(0), keys.stride(1), scale)
+                              head_dim, keys.stride(0), keys.stride(1), keys.stride(2), scale)
 
     def decode_layers(self, gemm: int, weights: Tensor, final_norm: Tensor, x: Tensor, h: Tensor, kv: Tensor,
                       cos: Tensor, sin: Tensor, positions: Tensor, width: int, *, heads: int, kv_heads: int,
@@ -124,7 +125,7 @@ class CpuKernels:
                       slots: Tensor | None = None) -> None:
         """Every layer of the lean forward in one call (see cpu_kernels.c), its multiplies by `gemm` (the address
         torch_sgemm gives): x [n, hidden] updated in place; h [n, hidden] from the first layer's normed input to the
-        final norm's output; weights [layers, 10] int64 addresses; kv [L, 2, S, KVH, C, D], unit column stride;
+        final norm's output; weights [layers, 10] int64 addresses; kv [L, 2, S, KVH, C, D] as SlotKV lays it out;
         rows, slots and `shared` as in rope_attend, attending over at most `width` columns."""
         n = x.shape[0]
         order, source, cut = (None, None, None) if shared is None else (
@@ -137,7 +138,7 @@ class CpuKernels:
                                 act.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
                                 None if slots is None else slots.data_ptr(), order, source, cut, kv.data_ptr(),
                                 kv.stride(0), kv.stride(1), scratch.data_ptr(), n, x.shape[1], intermediate, heads,
-                                kv_heads, head_dim, kv.stride(2), kv.stride(3), scale, eps)
+                                kv_heads, head_dim, kv.stride(2), kv.stride(3), kv.stride(4), scale, eps)
 
     def sample_rows(self, logits: Tensor, u: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
         """`sampling.sample_tokens` at top_p = 1 (temperature > 0) in one call: logits [n, V] float32, u [n]

@@ -47,8 +47,9 @@ class SlotGenerationEngine(QueuedEngine):
         self.forward: Forward = forward if forward is not None else LeanForward(model)
         f = self.forward
         self.device = f.device
+        self._share = getattr(f, "kernels", None) is not None  # only the CPU kernels read it
         self.cache = SlotKV(layers=f.num_layers, kv_heads=f.kv_heads, head_dim=f.head_dim, slots=self.max_batch,
-                            dtype=f.dtype, device=f.device, uniforms=self.max_new_tokens)
+                            dtype=f.dtype, device=f.device, uniforms=self.max_new_tokens, by_column=self._share)
         f.reserve(self.cache.columns)
         self._step = DecodeStep(f, self.cache, temperature=self.temperature, top_p=self.top_p, graphs=graphs,
                                 capture=capture)
@@ -56,7 +57,6 @@ class SlotGenerationEngine(QueuedEngine):
         # which read wrote each slot's prompt columns: slots of one source hold the same values (a group's prompt)
         self._source = [0] * self.max_batch
         self._sources = 0
-        self._share = getattr(self.forward, "kernels", None) is not None  # only the CPU kernels read it
         self._prompts = KeptPrompts(self.max_batch)
         self._texts: dict[tuple[int, ...], str] = {}  # decoded windows of the last tokens, for the stop strings
         # _lay_out's, kept while no slot is taken or freed and no prompt read (its key: cache.moves, _sources)
