@@ -21,23 +21,37 @@ class RayActorError(RayError):
     pass
 
 
-def handle(outcome: object) -> RayHandle:
-    """A handle whose actor was placed and whose `run` call ended with `outcome` (a return value, or raised)."""
+class ActorUnavailableError(RayActorError):
+    pass
+
+
+def handle(outcome: object, *endings: object, killed: list[str] | None = None) -> RayHandle:
+    """A handle whose actor was placed and whose `run` call ended with `outcome` (a return value, or raised); the
+    calls to its `ending` that follow give `endings` in turn, each None until the test says it is ready."""
+    answers = iter(endings)
+    ready = {"done": True}
 
     def get(ref: str) -> object:
         if ref == "where":
             return 4242, "127.0.0.1", "node-1"
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+        result = outcome if ref == "done" else next(answers)
+        if isinstance(result, Exception):
+            raise result
+        return result
 
-    ray = SimpleNamespace(exceptions=SimpleNamespace(RayError=RayError, RayActorError=RayActorError), get=get,
-                          wait=lambda refs, timeout: (refs, []), kill=lambda actor, no_restart: None)
+    errors = SimpleNamespace(RayError=RayError, RayActorError=RayActorError,
+                             ActorUnavailableError=ActorUnavailableError)
+    killed = [] if killed is None else killed
+    ray = SimpleNamespace(exceptions=errors, get=get, kill=lambda actor, no_restart: killed.append("killed"),
+                          wait=lambda refs, timeout: ([r for r in refs if ready.get(r)], []))
     launcher = SimpleNamespace(ray=ray, away=lambda spec: None, label=lambda ip, node: ip, release=lambda spec: None)
     actor = SimpleNamespace(where=SimpleNamespace(remote=lambda: "where"),
-                            run=SimpleNamespace(remote=lambda *args: "done"))
+                            run=SimpleNamespace(remote=lambda *args: "done"),
+                            ending=SimpleNamespace(remote=lambda: "ending"))
     spec = WorkerSpec(pool="actor", replica=0, replicas=1, args=(), log_path=Path("actor-0.log"))
-    return RayHandle(launcher, spec, actor)  # type: ignore[arg-type]
+    h = RayHandle(launcher, spec, actor)  # type: ignore[arg-type]
+    h.ready = ready  # type: ignore[attr-defined]  # the test marks `ending`'s answer ready
+    return h
 
 
 @pytest.mark.parametrize("error, code", [
@@ -66,3 +80,52 @@ def test_a_long_cause_is_cut_and_a_worker_that_returned_has_none():
     assert len(long.ended_by) < 320 and long.ended_by.endswith("...")
     returned = handle(3)
     assert returned.poll() == 3 and returned.ended_by is None
+
+
+@pytest.mark.parametrize("ending, code, ended_by", [
+    ((0, None), 0, None),
+    ((1, "ValueError: no such pool"), 1, "its run raised ValueError: no such pool"),
+    (RayActorError("The actor died because its node has died."), -9, "Ray: The actor died because its node has died."),
+    (None, 1, "Ray: its run call was lost before it started (the connection to its actor failed)"),
+])
+def test_a_connection_blip_is_not_an_end_the_actor_is_asked_how_its_run_ends(ending, code, ended_by, caplog):
+    # Ray: the actor is "temporarily unavailable", the call "may or may not have been executed" (its worker may
+    # run on): taking that for a death killed a live trainer
+    killed: list[str] = []
+    h = handle(ActorUnavailableError("The actor abc is unavailable: connection reset"), ending, killed=killed)
+    assert h.poll() is None and h.poll() is None  # `ending` not answered yet: the worker runs
+    assert killed == [] and h.ended_by is None
+    assert "actor[0]: the connection to its Ray actor failed (Ray: The actor abc is unavailable" in caplog.text
+    h.ready["ending"] = True  # run returned (or the actor died): `ending` answers
+    assert h.poll() == code and h.ended_by == ended_by
+    assert killed == ["killed"]  # the ended actor's bundle freed, as after any end
+
+
+def test_a_blip_while_asking_asks_again():
+    h = handle(ActorUnavailableError("unavailable"), ActorUnavailableError("unavailable again"), (0, None))
+    h.ready["ending"] = True
+    assert h.poll() is None  # run's result lost: ask
+    assert h.poll() is None  # the question's answer lost too: ask again
+    assert h.poll() == 0
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_a_real_actor_asked_while_its_run_runs_answers_how_the_run_ended(tmp_path):
+    # what the blip handling relies on: the actor takes one call at a time, so `ending`, made while `run` runs,
+    # answers after it, with its outcome (here run fails at once: its plan does not exist)
+    ray = pytest.importorskip("ray")
+    from areal.runtime.controller.ray_launcher import WorkerActor
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        actor = ray.remote(max_restarts=0)(WorkerActor).remote()
+        plan = tmp_path / "no-plan.json"
+        done = actor.run.remote([str(plan), "actor", "0"], str(tmp_path / "actor-0.log"))
+        ending = actor.ending.remote()
+        with pytest.raises(ray.exceptions.RayTaskError):
+            ray.get(done, timeout=120)
+        code, raised = ray.get(ending, timeout=60)
+        assert code == 1 and raised.startswith("FileNotFoundError") and str(plan) in raised
+    finally:
+        ray.shutdown()

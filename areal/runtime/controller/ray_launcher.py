@@ -18,9 +18,11 @@ it sends what it writes.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,8 @@ from areal.runtime.storage.mirror import file_stem, leftovers
 from areal.runtime.storage.resume import RECIPE_COPY
 from areal.runtime.wire.security import KEY_FILE
 
+log = logging.getLogger("areal.controller")
+
 Landing = tuple[str, int, str]  # (pool, replica, Ray node id) of one reserved bundle
 
 
@@ -46,6 +50,9 @@ def ray_session() -> str | None:
 
 class WorkerActor:
     """Runs in the actor's own process (made a Ray actor class by `RayLauncher`)."""
+
+    def __init__(self) -> None:
+        self.ended: tuple[int, str | None] | None = None  # how `run` ended: its exit code, what it raised
 
     def where(self) -> tuple[int, str, str]:
         import ray
@@ -67,7 +74,18 @@ class WorkerActor:
         os.close(fd)
         os.environ["PYTHONUNBUFFERED"] = "1"
         os.environ["AREAL_NODE_IP"] = self.where()[1]  # transport.host=node binds the worker's sockets here
-        return worker.main(args)
+        try:
+            code = worker.main(args)
+        except BaseException as err:
+            self.ended = (1, f"{type(err).__name__}: {err}")
+            raise
+        self.ended = (code, None)
+        return code
+
+    def ending(self) -> tuple[int, str | None] | None:
+        """How `run` ended. The actor takes one call at a time, so this one, made while `run` runs, answers when
+        it has returned (`RayHandle.poll` asks it after losing `run`'s own result to a connection blip)."""
+        return self.ended
 
 
 def _into_copy(args: list[str], log_path: str, away: dict[str, Any], node: str) -> tuple[list[str], str]:
@@ -78,17 +96,31 @@ def _into_copy(args: list[str], log_path: str, away: dict[str, Any], node: str) 
     local = Path(away["scratch"]) / f"{home.name}-{node[:12]}"
     for old in leftovers(local, file_stem(f"{args[1]}[{args[2]}]")):  # a predecessor's: sent, or lost with it
         old.unlink()
-    for name, data in ray.get(away["inputs"][0]).items():
-        path = local / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
-            out.write(data)
-    plan = Plan.from_json((local / "plan.json").read_text())
-    plan = dataclasses.replace(plan, run_dir=str(local), weights_dir=str(local / "weights"),
-                               recipe=str(local / RECIPE_COPY), home_run_dir=str(home))
-    (local / "plan.json").write_text(plan.to_json())
+    inputs, plan_name = ray.get(away["inputs"][0]), Path(args[0]).name
+    for name, data in inputs.items():
+        if name != plan_name:  # the plan goes in as this copy's only: another actor may be reading it already
+            _replace(local / name, data)
+    plan = dataclasses.replace(Plan.from_json(inputs[plan_name].decode()), run_dir=str(local),
+                               weights_dir=str(local / "weights"), recipe=str(local / RECIPE_COPY),
+                               home_run_dir=str(home))
+    _replace(local / plan_name, plan.to_json().encode())
     moved = [str(local / Path(a).relative_to(home)) if i in (0, 4) else a for i, a in enumerate(args)]
     return moved, str(local / Path(log_path).relative_to(home))
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """`path` holds `data` (readable by this user only), written under a name of its own and renamed: the other
+    actors of this node write the same inputs into the same copy, and one reading a file while another rewrote it
+    in place read it empty."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0o600
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def ray_cause(err: Exception, limit: int = 300) -> str:
@@ -120,7 +152,7 @@ class RayHandle:
                 try:
                     pid, ip, node = ray.get(self._where)
                 except ray.exceptions.RayError:
-                    return False  # it died before saying where: `poll` has its exit
+                    return False  # it died before saying where (`poll` has its exit), or the answer was lost
                 self.pid, self.host, self.node = int(pid), str(node), self.launcher.label(ip, node)
         return bool(self.host)
 
@@ -136,7 +168,15 @@ class RayHandle:
             ready, _ = ray.wait([self._done], timeout=0)
             if ready:
                 try:
-                    self._code = int(ray.get(self._done))
+                    self._code, self.ended_by = self._outcome(ray.get(self._done))
+                except ray.exceptions.ActorUnavailableError as err:
+                    # the connection to the actor failed while it was alive (Ray: the call "may or may not have
+                    # been executed"): its worker may still run, so it is not ended. Ask it how `run` ends
+                    # instead, a call that answers once run returns, or fails if the actor dies meanwhile
+                    log.warning("%s: the connection to its Ray actor failed (%s); it may still run, so it is "
+                                "asked how its run ends", self.spec.worker_id, ray_cause(err))
+                    self._done = self.actor.ending.remote()
+                    return None
                 except ray.exceptions.RayActorError as err:
                     self._code = -signal.SIGKILL  # the actor's process died (killed, crashed, its node lost)
                     self.ended_by = ray_cause(err)
@@ -147,6 +187,15 @@ class RayHandle:
                 ray.kill(self.actor, no_restart=True)
                 self._release()
         return self._code
+
+    def _outcome(self, result: int | tuple[int, str | None] | None) -> tuple[int, str | None]:
+        """The exit code and the cause of `run`'s result, or of `ending`'s (after a blip)."""
+        if isinstance(result, int):
+            return result, None
+        if result is None:  # the actor takes calls in turn: `run`, lost with the connection, never reached it
+            return 1, "Ray: its run call was lost before it started (the connection to its actor failed)"
+        code, raised = result
+        return code, None if raised is None else f"its run raised {raised}"
 
     def kill(self) -> None:
         ray = self.launcher.ray
