@@ -42,14 +42,18 @@ def assert_same_results(a: dict[int, GenResult], b: dict[int, GenResult], atol: 
         assert (a[i].logprobs.double() - b[i].logprobs.double()).abs().max() <= atol
 
 
+@pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-6), (torch.float32, 2e-5)],
+                         ids=["torch-ops", "kernels-by-column"])
 @pytest.mark.parametrize("keep_kv", [False, True])
-def test_the_same_requests_give_todays_tokens_through_refills_and_weight_updates(make_model, keep_kv):
-    old, new = make_model(0).double(), make_model(1).double()
+def test_the_same_requests_give_todays_tokens_through_refills_and_weight_updates(make_model, keep_kv, dtype, atol):
+    old, new = make_model(0).to(dtype), make_model(1).to(dtype)
     requests = grouped_requests()
-    runs = [run_with_updates(engine_class(copy.deepcopy(old), eos_token_id=5, pad_token_id=0, max_batch=7,
-                                          refill_min_free=2, top_p=0.9, keep_kv_on_update=keep_kv), old, new, requests)
-            for engine_class in (TorchGenerationEngine, SlotGenerationEngine)]
-    assert_same_results(*runs, atol=1e-6)  # float32 log-probs of float64 logits that agree to rounding
+    engines = [engine_class(copy.deepcopy(old), eos_token_id=5, pad_token_id=0, max_batch=7, refill_min_free=2,
+                            top_p=0.9, keep_kv_on_update=keep_kv)
+               for engine_class in (TorchGenerationEngine, SlotGenerationEngine)]
+    runs = [run_with_updates(engine, old, new, requests) for engine in engines]
+    assert engines[1].cache.by_column == (dtype == torch.float32)  # float32: the C kernels and their layout
+    assert_same_results(*runs, atol=atol)  # float32 log-probs of logits that agree to rounding
     assert {v for r in runs[1].values() for v in r.versions.tolist()} == {0, 5, 11}  # updates landed mid-run
     assert any(r.finish_reason == "eos" for r in runs[1].values())
 
