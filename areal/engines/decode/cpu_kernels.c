@@ -153,8 +153,8 @@ static inline void rotate(float *x, const float *cos, const float *sin, int64_t 
  * (row i of qkv [n, (heads + 2 kv heads) d], in place) by the tables' row positions[i], write k and v into column
  * positions[i] of slot b (keys/values: slot b, kv head j, column c at b * slot_stride + j * head_stride + c *
  * col_stride), then attend with each q head over columns 0..positions[i] of its kv head, two heads of a group a
- * pass (they share the pass's loads); out [n, heads d]. Rows of one slot
- * (a prefill's tokens) are taken in the order of their positions, so each sees the columns written before it.
+ * pass (they share the pass's loads); out [n, heads d]. Rows of one slot (a prefill's tokens) are taken in the
+ * order of their positions, so each sees the columns written before it.
  * Columns below shared[i] are read from slot source[i], which holds the same values (a GRPO group's prompt,
  * copied into each of its slots): rows that share a source are taken one after another, so those columns come
  * from the cache once a group, not once a row (NULL: none shared). scratch holds (heads / kv heads) * (max
