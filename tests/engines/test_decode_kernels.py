@@ -27,14 +27,9 @@ def varied(model: torch.nn.Module) -> torch.nn.Module:
 
 def pair(make_model) -> tuple[LeanForward, LeanForward, SlotKV, SlotKV]:
     """The same float32 model through the kernels and through torch ops, each over its own 4-slot cache."""
-    forwards = [LeanForward(varied(make_model(0)), kernels=use) for use in (True, False)]
-    caches = []
-    for lean in forwards:
-        lean.reserve(64)
-        caches.append(SlotKV(layers=lean.num_layers, kv_heads=lean.kv_heads, head_dim=lean.head_dim, slots=4,
-                             dtype=lean.dtype, device=lean.device, columns=64))
-    assert forwards[0].kernels is not None and forwards[1].kernels is None
-    return forwards[0], forwards[1], caches[0], caches[1]
+    fast, plain = (LeanForward(varied(make_model(0)), kernels=use) for use in (True, False))
+    assert fast.kernels is not None and plain.kernels is None
+    return fast, plain, slot_cache(fast, slots=4), slot_cache(plain, slots=4)
 
 
 def test_a_prefill_and_decode_steps_through_the_kernels_match_the_torch_ops(make_model):
@@ -161,9 +156,10 @@ def test_the_kernels_match_the_torch_ops_for_each_head_shape_and_give_the_same_b
         heads, kv_heads, hidden):
     # head dims of 32 and 40 take the vector paths of scores and weighted, and their tails; a group of three
     # attends as a pair of heads and one alone
-    make = lambda: varied(tiny("qwen2", num_attention_heads=heads, num_key_value_heads=kv_heads,  # noqa: E731
-                               hidden_size=hidden))
-    fast, plain = LeanForward(make()), LeanForward(make(), kernels=False)
+    def model() -> torch.nn.Module:
+        return varied(tiny("qwen2", num_attention_heads=heads, num_key_value_heads=kv_heads, hidden_size=hidden))
+
+    fast, plain = LeanForward(model()), LeanForward(model(), kernels=False)
     by_column, by_head = slot_cache(fast, 4, by_column=True), slot_cache(fast, 4)
     assert by_column.kv.stride(4) == 2 * kv_heads * fast.head_dim and by_head.kv.stride(4) == fast.head_dim
     read, steps = group_step(fast, by_column)

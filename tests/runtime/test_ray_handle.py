@@ -25,11 +25,12 @@ class ActorUnavailableError(RayActorError):
     pass
 
 
-def handle(outcome: object, *endings: object, killed: list[str] | None = None) -> RayHandle:
+def handle(outcome: object, *endings: object, killed: list[str] | None = None,
+           answered: set[str] | None = None) -> RayHandle:
     """A handle whose actor was placed and whose `run` call ended with `outcome` (a return value, or raised); the
-    calls to its `ending` that follow give `endings` in turn, each None until the test says it is ready."""
+    calls to its `ending` that follow give `endings` in turn, once the test adds "ending" to `answered`."""
     answers = iter(endings)
-    ready = {"done": True}
+    answered = {"done"} if answered is None else answered
 
     def get(ref: str) -> object:
         if ref == "where":
@@ -43,15 +44,13 @@ def handle(outcome: object, *endings: object, killed: list[str] | None = None) -
                              ActorUnavailableError=ActorUnavailableError)
     killed = [] if killed is None else killed
     ray = SimpleNamespace(exceptions=errors, get=get, kill=lambda actor, no_restart: killed.append("killed"),
-                          wait=lambda refs, timeout: ([r for r in refs if ready.get(r)], []))
+                          wait=lambda refs, timeout: ([r for r in refs if r in answered], []))
     launcher = SimpleNamespace(ray=ray, away=lambda spec: None, label=lambda ip, node: ip, release=lambda spec: None)
     actor = SimpleNamespace(where=SimpleNamespace(remote=lambda: "where"),
                             run=SimpleNamespace(remote=lambda *args: "done"),
                             ending=SimpleNamespace(remote=lambda: "ending"))
     spec = WorkerSpec(pool="actor", replica=0, replicas=1, args=(), log_path=Path("actor-0.log"))
-    h = RayHandle(launcher, spec, actor)  # type: ignore[arg-type]
-    h.ready = ready  # type: ignore[attr-defined]  # the test marks `ending`'s answer ready
-    return h
+    return RayHandle(launcher, spec, actor)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("error, code", [
@@ -92,18 +91,20 @@ def test_a_connection_blip_is_not_an_end_the_actor_is_asked_how_its_run_ends(end
     # Ray: the actor is "temporarily unavailable", the call "may or may not have been executed" (its worker may
     # run on): taking that for a death killed a live trainer
     killed: list[str] = []
-    h = handle(ActorUnavailableError("The actor abc is unavailable: connection reset"), ending, killed=killed)
+    answered = {"done"}
+    h = handle(ActorUnavailableError("The actor abc is unavailable: connection reset"), ending, killed=killed,
+               answered=answered)
     assert h.poll() is None and h.poll() is None  # `ending` not answered yet: the worker runs
     assert killed == [] and h.ended_by is None
     assert "actor[0]: the connection to its Ray actor failed (Ray: The actor abc is unavailable" in caplog.text
-    h.ready["ending"] = True  # run returned (or the actor died): `ending` answers
+    answered.add("ending")  # run returned (or the actor died): `ending` answers
     assert h.poll() == code and h.ended_by == ended_by
     assert killed == ["killed"]  # the ended actor's bundle freed, as after any end
 
 
 def test_a_blip_while_asking_asks_again():
-    h = handle(ActorUnavailableError("unavailable"), ActorUnavailableError("unavailable again"), (0, None))
-    h.ready["ending"] = True
+    h = handle(ActorUnavailableError("unavailable"), ActorUnavailableError("unavailable again"), (0, None),
+               answered={"done", "ending"})
     assert h.poll() is None  # run's result lost: ask
     assert h.poll() is None  # the question's answer lost too: ask again
     assert h.poll() == 0

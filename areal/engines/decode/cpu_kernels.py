@@ -108,8 +108,8 @@ class CpuKernels:
                     out: Tensor, scratch: Tensor, heads: int, kv_heads: int, head_dim: int, scale: float,
                     shared: Shared | None = None, slots: Tensor | None = None) -> None:
         """Rotate q and k of each row (qkv [n, (H + 2 KVH) D], in place), write k and v into its slot (row i's, or
-        slots[i]) at its position (keys and values [S, KVH, C, D], alike strided, each column's D floats adjacent:
-        the layout SlotKV gives, its heads' and columns' order either way), attend over the slot's
+        slots[i]) at its position (keys and values [S, KVH, C, D], strided alike with each column's D floats
+        adjacent: either of SlotKV's layouts), attend over the slot's
         columns up to it; out [n, H D]. `shared`: the rows taken in an order that puts a group together, and the
         columns each reads from the group's source."""
         order, source, cut = (None, None, None) if shared is None else (

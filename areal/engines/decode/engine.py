@@ -47,7 +47,8 @@ class SlotGenerationEngine(QueuedEngine):
         self.forward: Forward = forward if forward is not None else LeanForward(model)
         f = self.forward
         self.device = f.device
-        self._share = getattr(f, "kernels", None) is not None  # only the CPU kernels read it
+        # with the CPU kernels: which rows share a prompt (only they read it), and the cache in their layout
+        self._share = getattr(f, "kernels", None) is not None
         self.cache = SlotKV(layers=f.num_layers, kv_heads=f.kv_heads, head_dim=f.head_dim, slots=self.max_batch,
                             dtype=f.dtype, device=f.device, uniforms=self.max_new_tokens, by_column=self._share)
         f.reserve(self.cache.columns)

@@ -111,7 +111,7 @@ def _into_copy(args: list[str], log_path: str, away: dict[str, Any], node: str) 
 def _replace(path: Path, data: bytes) -> None:
     """`path` holds `data` (readable by this user only), written under a name of its own and renamed: the other
     actors of this node write the same inputs into the same copy, and one reading a file while another rewrote it
-    in place read it empty."""
+    in place read it empty. (storage's `write_atomically` has one writer, the controller: a fixed temporary name.)"""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0o600
     try:
