@@ -149,66 +149,111 @@ static inline void rotate(float *x, const float *cos, const float *sin, int64_t 
     }
 }
 
+/* max of p[0..len), len >= 1: eight lanes, then across them (exact in any order, so the same as one pass) */
+static inline float row_max(const float *p, int64_t len) {
+    float lanes[LANES];
+    for (int l = 0; l < LANES; l++) lanes[l] = p[0];
+    int64_t c = 0;
+    for (; c + LANES <= len; c += LANES)
+        for (int l = 0; l < LANES; l++) lanes[l] = p[c + l] > lanes[l] ? p[c + l] : lanes[l];
+    float top = lanes[0];
+    for (int l = 1; l < LANES; l++) top = lanes[l] > top ? lanes[l] : top;
+    for (; c < len; c++) top = p[c] > top ? p[c] : top;
+    return top;
+}
+
+/* softmax over p[0..len), len >= 1, in place: exp(p - max) / their sum */
+static void softmax(float *p, int64_t len) {
+    float top = row_max(p, len);
+    for (int64_t col = 0; col < len; col++) p[col] = exp_f32(p[col] - top);
+    float inv = 1.0f / sum(p, len);
+    for (int64_t col = 0; col < len; col++) p[col] *= inv;
+}
+
+typedef struct {
+    float *qkv, *out, *keys, *values;
+    const float *cos, *sin;
+    const int64_t *positions, *slots;
+    int64_t heads, kv_heads, d, slot_stride, head_stride, col_stride;
+    float scale;
+} Attention;
+
+/* Ask for the cache lines row `row` writes its k and v into: they are cold (a column no step has touched). */
+static inline void prefetch_write(const Attention *a, int64_t row) {
+    int64_t b = a->slots ? a->slots[row] : row, column = b * a->slot_stride + a->positions[row] * a->col_stride;
+    for (int64_t j = 0; j < a->kv_heads; j++)
+        for (int64_t byte = 0; byte < a->d * 4; byte += 64) {
+            __builtin_prefetch((const char *)(a->keys + column + j * a->head_stride) + byte, 1);
+            __builtin_prefetch((const char *)(a->values + column + j * a->head_stride) + byte, 1);
+        }
+}
+
+/* Rotate row `row`'s q and k by its position's tables and write its k and v into its slot's column. */
+static void rotate_and_write(const Attention *a, int64_t row) {
+    int64_t d = a->d, b = a->slots ? a->slots[row] : row, pos = a->positions[row];
+    float *q = a->qkv + row * (a->heads + 2 * a->kv_heads) * d, *k = q + a->heads * d, *v = k + a->kv_heads * d;
+    for (int64_t h = 0; h < a->heads + a->kv_heads; h++) rotate(q + h * d, a->cos + pos * d, a->sin + pos * d, d);
+    for (int64_t j = 0; j < a->kv_heads; j++) {
+        float *K = a->keys + b * a->slot_stride + j * a->head_stride + pos * a->col_stride;
+        float *V = a->values + b * a->slot_stride + j * a->head_stride + pos * a->col_stride;
+        for (int64_t t = 0; t < d; t++) {
+            K[t] = k[j * d + t];
+            V[t] = v[j * d + t];
+        }
+    }
+}
+
+/* Row `row` (already rotated and written) attends with each q head over columns 0..positions[row] of its kv head,
+ * those below `cut` read from slot `from`; two heads of a group a pass (they share the pass's loads). */
+static void attend_row(const Attention *a, int64_t row, int64_t from, int64_t cut, float *scratch) {
+    int64_t d = a->d, group = a->heads / a->kv_heads, b = a->slots ? a->slots[row] : row, len = a->positions[row] + 1;
+    const float *q = a->qkv + row * (a->heads + 2 * a->kv_heads) * d;
+    for (int64_t j = 0; j < a->kv_heads; j++) {
+        const float *K = a->keys + b * a->slot_stride + j * a->head_stride;
+        const float *V = a->values + b * a->slot_stride + j * a->head_stride;
+        const float *Kf = a->keys + from * a->slot_stride + j * a->head_stride;
+        const float *Vf = a->values + from * a->slot_stride + j * a->head_stride;
+        const float *Q = q + j * group * d;
+        for (int64_t g = 0; g < group; g += 2) {
+            int pair = g + 1 < group ? 2 : 1;
+            scores(Q + g * d, pair, Kf, 0, cut, d, a->col_stride, a->scale, scratch + g * len, len);
+            scores(Q + g * d, pair, K, cut, len, d, a->col_stride, a->scale, scratch + g * len, len);
+        }
+        float *O = a->out + (row * a->heads + j * group) * d;
+        for (int64_t g = 0; g < group; g++) {
+            softmax(scratch + g * len, len);
+            for (int64_t t = 0; t < d; t++) O[g * d + t] = 0.0f;
+        }
+        for (int64_t g = 0; g < group; g += 2) {
+            int pair = g + 1 < group ? 2 : 1;
+            weighted(scratch + g * len, pair, len, Vf, 0, cut, d, a->col_stride, O + g * d);
+            weighted(scratch + g * len, pair, len, V, cut, len, d, a->col_stride, O + g * d);
+        }
+    }
+}
+
 /* For each row i < n, taken in `order` (NULL: 0..n-1), of slot b = slots[i] (NULL: b = i): rotate its q and k
  * (row i of qkv [n, (heads + 2 kv heads) d], in place) by the tables' row positions[i], write k and v into column
  * positions[i] of slot b (keys/values: slot b, kv head j, column c at b * slot_stride + j * head_stride + c *
- * col_stride), then attend with each q head over columns 0..positions[i] of its kv head, two heads of a group a
- * pass (they share the pass's loads); out [n, heads d]. Rows of one slot (a prefill's tokens) are taken in the
- * order of their positions, so each sees the columns written before it.
+ * col_stride), then attend with each q head over columns 0..positions[i] of its kv head; out [n, heads d]. Rows
+ * of one slot (a prefill's tokens) are taken in the order of their positions, so each sees the columns written
+ * before it.
  * Columns below shared[i] are read from slot source[i], which holds the same values (a GRPO group's prompt,
  * copied into each of its slots): rows that share a source are taken one after another, so those columns come
  * from the cache once a group, not once a row (NULL: none shared). scratch holds (heads / kv heads) * (max
  * position + 1) floats. */
 void rope_attend(float *qkv, const float *cos, const float *sin, const int64_t *positions, const int64_t *slots,
                  const int64_t *order, const int64_t *source, const int64_t *shared, float *keys, float *values,
-                 float *out,
-                 float *scratch, int64_t n, int64_t heads, int64_t kv_heads, int64_t d, int64_t slot_stride,
-                 int64_t head_stride, int64_t col_stride, float scale) {
-    int64_t group = heads / kv_heads, width = (heads + 2 * kv_heads) * d;
+                 float *out, float *scratch, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
+                 int64_t slot_stride, int64_t head_stride, int64_t col_stride, float scale) {
+    Attention a = {qkv, out, keys, values, cos, sin, positions, slots, heads, kv_heads, d, slot_stride, head_stride,
+                   col_stride, scale};
     for (int64_t i = 0; i < n; i++) {
-        int64_t row = order ? order[i] : i, b = slots ? slots[row] : row, pos = positions[row], len = pos + 1;
-        int64_t from = source ? source[row] : b, cut = shared ? shared[row] : 0;
-        cut = cut < len ? cut : len;
-        if (i + 1 < n) {  /* the next row's write column: cold lines */
-            int64_t next = order ? order[i + 1] : i + 1, nb = slots ? slots[next] : next, np = positions[next];
-            for (int64_t j = 0; j < kv_heads; j++)
-                for (int64_t byte = np * col_stride * 4; byte < (np * col_stride + d) * 4; byte += 64) {
-                    __builtin_prefetch((const char *)(keys + nb * slot_stride + j * head_stride) + byte, 1);
-                    __builtin_prefetch((const char *)(values + nb * slot_stride + j * head_stride) + byte, 1);
-                }
-        }
-        float *q = qkv + row * width, *k = q + heads * d, *v = k + kv_heads * d;
-        const float *c = cos + pos * d, *s = sin + pos * d;
-        for (int64_t h = 0; h < heads + kv_heads; h++) rotate(q + h * d, c, s, d);
-        for (int64_t j = 0; j < kv_heads; j++) {
-            float *K = keys + b * slot_stride + j * head_stride, *V = values + b * slot_stride + j * head_stride;
-            const float *Kf = keys + from * slot_stride + j * head_stride;
-            const float *Vf = values + from * slot_stride + j * head_stride;
-            for (int64_t t = 0; t < d; t++) {
-                K[pos * col_stride + t] = k[j * d + t];
-                V[pos * col_stride + t] = v[j * d + t];
-            }
-            const float *Q = q + j * group * d;
-            for (int64_t g = 0; g < group; g += 2) {  /* two heads a pass where the group has two */
-                int pair = g + 1 < group ? 2 : 1;
-                scores(Q + g * d, pair, Kf, 0, cut, d, col_stride, scale, scratch + g * len, len);
-                scores(Q + g * d, pair, K, cut, len, d, col_stride, scale, scratch + g * len, len);
-            }
-            float *O = out + (row * heads + j * group) * d;
-            for (int64_t g = 0; g < group; g++) {
-                float *p = scratch + g * len, top = p[0];
-                for (int64_t col = 1; col < len; col++) top = p[col] > top ? p[col] : top;
-                for (int64_t col = 0; col < len; col++) p[col] = exp_f32(p[col] - top);
-                float inv = 1.0f / sum(p, len);
-                for (int64_t col = 0; col < len; col++) p[col] *= inv;
-                for (int64_t t = 0; t < d; t++) O[g * d + t] = 0.0f;
-            }
-            for (int64_t g = 0; g < group; g += 2) {
-                int pair = g + 1 < group ? 2 : 1;
-                weighted(scratch + g * len, pair, len, Vf, 0, cut, d, col_stride, O + g * d);
-                weighted(scratch + g * len, pair, len, V, cut, len, d, col_stride, O + g * d);
-            }
-        }
+        int64_t row = order ? order[i] : i, len = positions[row] + 1;
+        int64_t from = source ? source[row] : (slots ? slots[row] : row), cut = shared ? shared[row] : 0;
+        if (i + 1 < n) prefetch_write(&a, order ? order[i + 1] : i + 1);
+        rotate_and_write(&a, row);
+        attend_row(&a, row, from, cut < len ? cut : len, scratch);
     }
 }
 
