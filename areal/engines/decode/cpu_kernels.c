@@ -13,6 +13,16 @@
 
 #define LANES 8
 
+/* Prefetches the compiler keeps: GCC 12 deletes a loop of __builtin_prefetch as dead code when its bounds are read
+ * through a pointer (it did so to this file's), so on x86-64 the instructions are written out. */
+#if defined(__x86_64__)
+#define PREFETCH_FOR_WRITE(p) __asm__ volatile("prefetchw %0" : : "m"(*(const char *)(p)))
+#define PREFETCH_TO_L2(p) __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)(p)))
+#else
+#define PREFETCH_FOR_WRITE(p) __builtin_prefetch((p), 1)
+#define PREFETCH_TO_L2(p) __builtin_prefetch((p), 0, 2)
+#endif
+
 /* e^x in float32 for any x: 2^k e^r with k = round(x / ln2), |r| <= ln2/2, and a degree-6 Taylor polynomial
  * (relative error ~2e-7); plain arithmetic (rounding by the 1.5 * 2^23 trick, 2^k by building its bits), so the
  * loops over it vectorize. */
@@ -183,8 +193,24 @@ static inline void prefetch_write(const Attention *a, int64_t row) {
     int64_t b = a->slots ? a->slots[row] : row, column = b * a->slot_stride + a->positions[row] * a->col_stride;
     for (int64_t j = 0; j < a->kv_heads; j++)
         for (int64_t byte = 0; byte < a->d * 4; byte += 64) {
-            __builtin_prefetch((const char *)(a->keys + column + j * a->head_stride) + byte, 1);
-            __builtin_prefetch((const char *)(a->values + column + j * a->head_stride) + byte, 1);
+            PREFETCH_FOR_WRITE((const char *)(a->keys + column + j * a->head_stride) + byte);
+            PREFETCH_FOR_WRITE((const char *)(a->values + column + j * a->head_stride) + byte);
+        }
+}
+
+/* Ask the L2 for columns [from, to) of slot b, at most the first PREFETCHED of them. A decode step's rows each read
+ * a few short runs of columns no step has touched since the last, too short for the core's own prefetcher to get
+ * going on: in the engine the attention kernel spent most of its time waiting on them. */
+#define PREFETCHED 32
+static inline void prefetch_columns(const Attention *a, int64_t b, int64_t from, int64_t to) {
+    to = to < from + PREFETCHED ? to : from + PREFETCHED;
+    for (int64_t c = from; c < to; c++)
+        for (int64_t j = 0; j < a->kv_heads; j++) {
+            int64_t at = b * a->slot_stride + j * a->head_stride + c * a->col_stride;
+            for (int64_t byte = 0; byte < a->d * 4; byte += 64) {
+                PREFETCH_TO_L2((const char *)(a->keys + at) + byte);
+                PREFETCH_TO_L2((const char *)(a->values + at) + byte);
+            }
         }
 }
 
@@ -248,13 +274,23 @@ void rope_attend(float *qkv, const float *cos, const float *sin, const int64_t *
                  int64_t slot_stride, int64_t head_stride, int64_t col_stride, float scale) {
     Attention a = {qkv, out, keys, values, cos, sin, positions, slots, heads, kv_heads, d, slot_stride, head_stride,
                    col_stride, scale};
+#define ROW(i) (order ? order[i] : (i))
+#define SLOT(row) (slots ? slots[row] : (row))
+#define SOURCE(row) (source ? source[row] : SLOT(row))
     for (int64_t i = 0; i < n; i++) {
-        int64_t row = order ? order[i] : i, len = positions[row] + 1;
-        int64_t from = source ? source[row] : (slots ? slots[row] : row), cut = shared ? shared[row] : 0;
-        if (i + 1 < n) prefetch_write(&a, order ? order[i + 1] : i + 1);
+        int64_t row = ROW(i), len = positions[row] + 1, cut = shared ? shared[row] : 0;
+        if (i + 1 < n) prefetch_write(&a, ROW(i + 1));
+        if (i + 2 < n) {  /* the columns the row after next reads, where the row before it reads others */
+            int64_t ahead = ROW(i + 2), before = ROW(i + 1), ahead_cut = shared ? shared[ahead] : 0;
+            if (SLOT(ahead) != SLOT(before)) prefetch_columns(&a, SLOT(ahead), ahead_cut, positions[ahead]);
+            if (SOURCE(ahead) != SOURCE(before)) prefetch_columns(&a, SOURCE(ahead), 0, ahead_cut);
+        }
         rotate_and_write(&a, row);
-        attend_row(&a, row, from, cut < len ? cut : len, scratch);
+        attend_row(&a, row, SOURCE(row), cut < len ? cut : len, scratch);
     }
+#undef ROW
+#undef SLOT
+#undef SOURCE
 }
 
 /* The BLAS sgemm_ torch's CPU library exports (MKL's), column-major with Fortran arguments. Its integers are
