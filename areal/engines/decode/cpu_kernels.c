@@ -266,8 +266,9 @@ static void attend_row(const Attention *a, int64_t row, int64_t from, int64_t cu
  * before it.
  * Columns below shared[i] are read from slot source[i], which holds the same values (a GRPO group's prompt,
  * copied into each of its slots): rows that share a source are taken one after another, so those columns come
- * from the cache once a group, not once a row (NULL: none shared). scratch holds (heads / kv heads) * (max
- * position + 1) floats. */
+ * from the cache once a group, not once a row (NULL: none shared). While a row attends, the kernel asks for the
+ * next row's write column and the L2 for the columns the row after next reads. scratch holds (heads / kv heads) *
+ * (max position + 1) floats. */
 void rope_attend(float *qkv, const float *cos, const float *sin, const int64_t *positions, const int64_t *slots,
                  const int64_t *order, const int64_t *source, const int64_t *shared, float *keys, float *values,
                  float *out, float *scratch, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
