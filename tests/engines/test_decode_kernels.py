@@ -12,6 +12,7 @@ import torch
 from areal.engines.decode import LeanForward, cpu_kernels
 from areal.engines.decode.cpu_kernels import Shared
 from areal.engines.decode.slots import SlotKV
+from areal.engines.decode.step import DecodeStep
 from areal.engines.sampling import sample_tokens
 from tests.engines.test_decode_lean import slot_cache, tiny
 
@@ -174,6 +175,43 @@ def test_the_kernels_match_the_torch_ops_for_each_head_shape_and_give_the_same_b
     assert (read - read_p).abs().max() < 1e-5 and (steps - steps_p).abs().max() < 1e-5
     for slot, filled in ((0, 12), (1, 12), (2, 16), (3, 12)):  # the torch ops' prefill also writes its padding
         assert (by_column.kv[:, :, slot, :, :filled] - plain_cache.kv[:, :, slot, :, :filled]).abs().max() < 1e-5
+
+
+def four_steps(lean: LeanForward, in_c: bool) -> list[torch.Tensor]:
+    """Prompt A read into slot 0 and copied to slot 2, prompt B into slots 1 and 3; two steps over all four (A read
+    from slot 0), slot 1 freed, two steps over slots 0, 2 and 3 alone and one over all four (the free slot decoded
+    and not advanced): every step's tokens, log-probs and slot state, and the cache."""
+    cache = slot_cache(lean, 4, by_column=True)
+    step = DecodeStep(lean, cache, temperature=0.8, top_p=1.0)
+    assert step._in_c  # the C kernels with the layer loop in C: the engine's eager CPU step is one call
+    step._in_c = in_c
+    g = torch.Generator().manual_seed(13)
+    a, b = torch.randint(1, 100, (1, 9), generator=g), torch.randint(1, 100, (2, 6), generator=g)
+    seen = []
+    with torch.no_grad():
+        lean.extend(cache.kv, torch.tensor([0]), a, torch.zeros(1, dtype=torch.int64), torch.tensor([9]))
+        lean.extend(cache.kv, torch.tensor([1, 3]), b, torch.zeros(2, dtype=torch.int64), torch.tensor([6, 6]))
+        cache.copy_rows(0, [2], 9)
+        uniforms = torch.rand(4, 8, dtype=torch.float64, generator=g).tolist()
+        cache.start([0, 1, 2, 3], [5, 6, 7, 8], [9, 6, 9, 6], [1, 0, 2, 1], uniforms)
+        shared = Shared(order=torch.tensor([0, 2, 1, 3]), source=torch.tensor([0, 1, 0, 3]),
+                        columns=torch.tensor([9, 0, 9, 0]))
+        for _ in range(2):
+            seen += [*step(4, int(cache.positions.max()) + 1, shared), cache.pending.clone(),
+                     cache.positions.clone(), cache.produced.clone()]
+        cache.release([1])
+        for slots in (torch.tensor([0, 2, 3]), torch.tensor([0, 2, 3]), None):
+            seen += [*step(4, int(cache.positions.max()) + 1, None, slots), cache.pending.clone(),
+                     cache.positions.clone(), cache.produced.clone()]
+    assert cache.positions[1] == 0  # the free slot, decoded in the last step, stays where it was
+    return [*seen, cache.kv.clone()]
+
+
+def test_the_step_in_one_c_call_gives_the_bits_of_the_forward_the_draw_and_the_update(make_model):
+    one_call = four_steps(LeanForward(varied(make_model(0))), in_c=True)
+    three_calls = four_steps(LeanForward(varied(make_model(0))), in_c=False)
+    assert len(one_call) == len(three_calls) == 26
+    assert all(torch.equal(x, y) for x, y in zip(one_call, three_calls, strict=True))
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("objdump") is None,

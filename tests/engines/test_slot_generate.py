@@ -73,13 +73,18 @@ def test_a_newcomer_takes_the_lowest_free_slot_and_no_running_row_moves(make_mod
 def test_a_free_slot_among_the_running_ones_is_not_decoded(make_model):
     engine = SlotGenerationEngine(make_model(0), eos_token_id=100, pad_token_id=0, max_batch=4, refill_min_free=4)
     fed: list[list[int] | None] = []  # the slots each decode step was given (None: every slot below high)
-    decode = engine.forward.decode
+    decode, decode_step = engine.forward.decode, engine.forward.decode_step
 
     def noted(kv, tokens, positions, width, shared=None, slots=None):  # noqa: ANN001, ANN202
         fed.append(None if slots is None else slots.tolist())
         return decode(kv, tokens, positions, width, shared, slots)
 
+    def noted_step(kv, state, n, width, temperature, shared=None, slots=None):  # noqa: ANN001, ANN202
+        fed.append(None if slots is None else slots.tolist())
+        return decode_step(kv, state, n, width, temperature, shared, slots)
+
     engine.forward.decode = noted  # type: ignore[method-assign]
+    engine.forward.decode_step = noted_step  # type: ignore[method-assign]
     engine.submit([GenRequest(i, [3, 4, 5], n) for i, n in enumerate([3, 9, 2, 9])])
     engine.step()  # all four in slots 0..3, one token from the prefill and one decoded: 2 ends (2 tokens)
     engine.step()  # slots 0, 1 and 3 decoded; 0 ends (3 tokens)

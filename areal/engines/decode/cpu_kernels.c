@@ -380,3 +380,50 @@ void sample_rows(const float *logits, const double *u, int64_t n, int64_t vocab,
         logp[i] = (z[token] - top) - lse;
     }
 }
+
+/* The floats decode_step's `work` holds for n rows (its layout is decode_step's). */
+int64_t decode_step_work(int64_t n, int64_t hidden, int64_t inter, int64_t heads, int64_t kv_heads, int64_t d,
+                         int64_t vocab, int64_t width) {
+    return 4 * n + n * (3 * hidden + (2 * heads + 2 * kv_heads) * d + 3 * inter + vocab) + heads / kv_heads * width
+           + 2 * vocab;
+}
+
+/* A whole decode step of slots slots[0..n) (NULL: 0..n-1) in one call, what LeanForward.decode, the draw and
+ * DecodeStep's state update do with a dozen torch ops and three calls here (their dispatch was 60-70 ms of a
+ * 128-row generate): each slot feeds pending[b] at positions[b] (its embedding row, the first layer's norm,
+ * decode_layers, the head through `gemm` as F.linear multiplies), draws by sample_rows at its uniform
+ * uniforms[b * draws + produced[b]], then pending[b] = its token, and positions[b] and produced[b] advance by
+ * live[b]. tokens [n] and logp [n] receive the draws; work: decode_step_work floats (int64 and float64 first). */
+void decode_step(sgemm_fn gemm, const int64_t *weights, int64_t layers, const float *first_norm,
+                 const float *final_norm, const float *embed, const float *head, int64_t vocab, int64_t n,
+                 const int64_t *slots, const int64_t *order, const int64_t *source, const int64_t *shared,
+                 int64_t *pending, int64_t *positions, int64_t *produced, const int64_t *live,
+                 const double *uniforms, int64_t draws, float *kv, int64_t layer_stride, int64_t value_offset,
+                 const float *cos, const float *sin, int64_t hidden, int64_t inter, int64_t heads, int64_t kv_heads,
+                 int64_t d, int64_t slot_stride, int64_t head_stride, int64_t col_stride, float scale, float eps,
+                 float temperature, int64_t width, float *work, int64_t *tokens, float *logp) {
+    int64_t *rows_at = (int64_t *)work;
+    double *u = (double *)(work + 2 * n);
+    float *x = work + 4 * n, *h = x + n * hidden, *qkv = h + n * hidden;
+    float *attn = qkv + n * (heads + 2 * kv_heads) * d, *delta = attn + n * heads * d, *gate_up = delta + n * hidden;
+    float *act = gate_up + n * 2 * inter, *logits = act + n * inter, *scratch = logits + n * vocab;
+    float *draw = scratch + heads / kv_heads * width;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t b = slots ? slots[i] : i;
+        rows_at[i] = positions[b];
+        u[i] = uniforms[b * draws + produced[b]];
+        memcpy(x + i * hidden, embed + pending[b] * hidden, hidden * sizeof(float));
+    }
+    add_rms_norm(x, NULL, first_norm, h, n, hidden, eps);
+    decode_layers(gemm, weights, layers, final_norm, x, h, qkv, attn, delta, gate_up, act, cos, sin, rows_at, slots,
+                  order, source, shared, kv, layer_stride, value_offset, scratch, n, hidden, inter, heads, kv_heads, d,
+                  slot_stride, head_stride, col_stride, scale, eps);
+    linear(gemm, h, head, NULL, logits, n, vocab, hidden);
+    sample_rows(logits, u, n, vocab, temperature, tokens, logp, draw);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t b = slots ? slots[i] : i;
+        pending[b] = tokens[i];
+        positions[b] += live[b];
+        produced[b] += live[b];
+    }
+}

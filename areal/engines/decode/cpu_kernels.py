@@ -6,6 +6,8 @@ norms, rotary embedding, cache writes and activation were ~35 torch ops a layer,
 to compute. torch.compile of the step took 43 s and ran slower than eager (it copied the mutated cache). These
 loops do that work in four calls a layer, and `decode_layers` runs the whole layer loop in one call: its matrix
 multiplies are MKL's `sgemm_`, which torch's CPU library exports, called as torch's F.linear calls it (same bits).
+`decode_step` runs a whole eager decode step in one call: the embedding, the layers, the head, the draw and the
+slot state's advance (their dozen torch ops were 6-7 % of a 128-row generate).
 
 The library is built with `cc -O3 -march=native` (no -ffast-math: loaded into a process, its start-up code
 would flush denormals for torch too) into $AREAL_CACHE/kernels (keyed by the source and the CPU), in
@@ -27,6 +29,7 @@ import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -42,6 +45,8 @@ _SIGNATURES = {
     "decode_layers": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P,
                       _I, _I, _I, _I, _I, _I, _I, _I, _I, _F, _F],
     "sample_rows": [_P, _P, _I, _I, _F, _P, _P, _P],
+    "decode_step": [_P, _P, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _I, _P, _P,
+                    _I, _I, _I, _I, _I, _I, _I, _I, _F, _F, _F, _I, _P, _P, _P],
 }
 
 
@@ -93,6 +98,7 @@ class CpuKernels:
         for name, arguments in _SIGNATURES.items():
             getattr(library, name).argtypes = arguments
             getattr(library, name).restype = None
+        library.decode_step_work.argtypes, library.decode_step_work.restype = [_I] * 8, _I
         self._lib = library
 
     def add_rms_norm(self, x: Tensor, delta: Tensor | None, weight: Tensor, out: Tensor, eps: float) -> None:
@@ -140,6 +146,29 @@ class CpuKernels:
                                 kv.stride(0), kv.stride(1), scratch.data_ptr(), n, x.shape[1], intermediate, heads,
                                 kv_heads, head_dim, kv.stride(2), kv.stride(3), kv.stride(4), scale, eps)
 
+    def decode_step(self, gemm: int, weights: Tensor, norms: tuple[Tensor, Tensor], embed: Tensor, head: Tensor,
+                    kv: Tensor, state: SlotState, cos: Tensor, sin: Tensor, n: int, width: int, temperature: float, *,
+                    heads: int, kv_heads: int, head_dim: int, intermediate: int, scale: float, eps: float,
+                    shared: Shared | None = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """A decode step of slots 0..n-1 (or slots[i]) in one call (see cpu_kernels.c): the embedding, decode_layers
+        (`norms`: the first layer's input norm and the final one), the head, the draw at top_p = 1 and the slot
+        state's advance; the tokens [n] int64 and their log-probs [n] float32."""
+        vocab, hidden = head.shape
+        order, source, cut = (None, None, None) if shared is None else (
+            shared.order.data_ptr(), shared.source.data_ptr(), shared.columns.data_ptr())
+        work = torch.empty(self._lib.decode_step_work(n, hidden, intermediate, heads, kv_heads, head_dim, vocab,
+                                                      width))
+        tokens, logp = torch.empty(n, dtype=torch.int64), torch.empty(n)
+        self._lib.decode_step(gemm, weights.data_ptr(), weights.shape[0], norms[0].data_ptr(), norms[1].data_ptr(),
+                              embed.data_ptr(), head.data_ptr(), vocab, n, None if slots is None else slots.data_ptr(),
+                              order, source, cut, state.pending.data_ptr(), state.positions.data_ptr(),
+                              state.produced.data_ptr(), state.live.data_ptr(), state.uniforms.data_ptr(),
+                              state.uniforms.stride(0), kv.data_ptr(), kv.stride(0), kv.stride(1), cos.data_ptr(),
+                              sin.data_ptr(), hidden, intermediate, heads, kv_heads, head_dim, kv.stride(2),
+                              kv.stride(3), kv.stride(4), scale, eps, temperature, width, work.data_ptr(),
+                              tokens.data_ptr(), logp.data_ptr())
+        return tokens, logp
+
     def sample_rows(self, logits: Tensor, u: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
         """`sampling.sample_tokens` at top_p = 1 (temperature > 0) in one call: logits [n, V] float32, u [n]
         float64, both contiguous; tokens [n] int64 and their log-probs [n] float32."""
@@ -167,6 +196,17 @@ def torch_sgemm() -> int | None:
     sgemm(b"T", b"N", rows, n, cols, one, _P(w.data_ptr()), cols, _P(x.data_ptr()), cols, zero,
           _P(out.data_ptr()), rows)
     return ctypes.cast(sgemm, ctypes.c_void_p).value if torch.equal(out, x @ w.T) else None
+
+
+class SlotState(Protocol):
+    """The per-slot decode state decode_step reads and advances (SlotKV's): int64 [slots] each, and the requests'
+    uniforms, float64 [slots, draws], rows contiguous."""
+
+    pending: Tensor
+    positions: Tensor
+    produced: Tensor
+    live: Tensor
+    uniforms: Tensor
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,27 @@ class LeanForward:
             x = x + self._mlp(rms_norm(x, layer.post_norm, self.eps), layer)
         return F.linear(rms_norm(x, self.norm, self.eps), self.lm_head)
 
+    @property
+    def steps_in_c(self) -> bool:
+        """Whether `decode_step` can run: the C kernels with the layer loop in C, over a dense embedding and head."""
+        return self._gemm is not None and self.embed.is_contiguous() and self.lm_head.is_contiguous()
+
+    def decode_step(self, kv: Tensor, state: cpu_kernels.SlotState, n: int, width: int, temperature: float,
+                    shared: cpu_kernels.Shared | None = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """`decode` of each slot's pending token at its position (`state`: SlotKV's), the draw at top_p = 1 at the
+        slot's next uniform, and the state's advance, in one C call: the tokens and their log-probs. The same bits
+        as `decode` then `sample_rows` then DecodeStep's update (a test holds it to that)."""
+        if not self.steps_in_c:
+            raise ValueError("LeanForward.decode_step needs the C kernels with the layer loop in C (steps_in_c)")
+        if width > kv.shape[4]:
+            raise ValueError(f"LeanForward: width {width} is past the cache's {kv.shape[4]} columns")
+        assert self.kernels is not None and self._gemm is not None
+        return self.kernels.decode_step(self._gemm, self._addresses, (self.layers[0].in_norm, self.norm), self.embed,
+                                        self.lm_head, kv, state, self.cos, self.sin, n, width, temperature,
+                                        heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                                        intermediate=self.intermediate, scale=self.scale, eps=self.eps,
+                                        shared=shared, slots=slots)
+
     def _decode_kernels(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int,
                         shared: cpu_kernels.Shared | None, slots: Tensor | None = None) -> Tensor:
         """`decode` with the C kernels: the layer loop in one C call when torch's sgemm_ is reachable, else per
