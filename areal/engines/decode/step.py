@@ -10,6 +10,9 @@ capturing, which runs the step once to warm up, changes nothing. Prefill stays e
 A graph is captured the first time its size is needed (its warm-up run is that step's result), and all are
 dropped when the cache is reallocated (`SlotKV.generation`). New weights land in the same storage (see lean.py),
 so nothing captured goes stale on a weight update.
+
+On a CPU with the C kernels running the layer loop (and the draw at top_p = 1), the eager step is one C call
+(`LeanForward.decode_step`): the forward, the draw and the state's advance, with the same bits as the three calls.
 """
 
 from __future__ import annotations
