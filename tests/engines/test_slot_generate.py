@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import copy
+import random
 
 import pytest
 import torch
 
 from areal.engines import GenRequest, GenResult, TorchGenerationEngine
 from areal.engines.decode import SlotGenerationEngine
+from areal.engines.decode.requests import Request, StopWindows, stop_pattern
 from areal.engines.decode.step import ladder
 
 
@@ -147,3 +149,36 @@ def test_the_ladder_pads_a_step_by_at_most_a_third_past_eight_rows():
     assert ladder(128) == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128]
     assert ladder(100) == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 100]
 
+
+
+@pytest.mark.parametrize("capacity", [1 << 16, 5], ids=["remembers-all", "forgets-often"])
+def test_stop_windows_answer_as_a_search_of_each_rows_decoded_last_tokens(capacity):
+    decoded: list[list[int]] = []
+
+    def decode(ids: list[int]) -> str:  # token i is the i-th letter
+        decoded.append(ids)
+        return "".join(chr(96 + i) for i in ids)
+
+    windows = StopWindows(decode, capacity=capacity)
+    kinds = [(stop_pattern(("ab", "ca")), 2), (stop_pattern(("bbb", "c")), 3)]  # two patterns over the same tokens
+    rows = [Request(request_id=i, prompt=torch.tensor([1]), limit=99, uniforms=[], stop_pattern=pattern,
+                    stop_window=width) for i, (pattern, width) in enumerate(kinds * 3)]
+    for r in rows[:2]:  # both first draw "c", which only the second's pattern stops at
+        r.output.append(3)
+        assert windows.holds_stop(r) == (r is rows[1])
+    rng = random.Random(3)
+    seen = set()  # the (pattern, last tokens) windows the rows reached
+    for step in range(80):
+        if step == 40:  # a row re-queued: a new request with the output so far, no window yet
+            rows[0] = Request(request_id=0, prompt=torch.tensor([1]), limit=99, uniforms=[],
+                              stop_pattern=kinds[0][0], stop_window=2, output=list(rows[0].output))
+        for r in rows:
+            r.output.append(rng.randint(1, 3))
+            window = r.output[-r.stop_window :]
+            seen.add((r.stop_pattern, tuple(window)))
+            expected = r.stop_pattern.search("".join(chr(96 + i) for i in window)) is not None
+            assert windows.holds_stop(r) == expected, (step, r.request_id, window)
+    if capacity == 1 << 16:  # each window decoded once, however many rows and steps reached it
+        assert len(decoded) == len(seen | {(kinds[0][0], (3,)), (kinds[1][0], (3,))}) < 80 * len(rows) // 10
+        assert len(windows._after) > len(seen)  # and rows step from window to window, not by their last tokens
+    assert len(windows._ids) <= capacity and len(windows._after) <= capacity  # bounded

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from areal.engines.decode.cpu_kernels import Shared
 from areal.engines.decode.lean import LeanForward
-from areal.engines.decode.requests import KeptPrompts, Request, right_padded, stop_pattern
+from areal.engines.decode.requests import KeptPrompts, Request, StopWindows, right_padded, stop_pattern
 from areal.engines.decode.slots import SlotKV
 from areal.engines.decode.step import DecodeStep, Forward
 from areal.engines.generation import FinishReason, GenRequest, GenResult
@@ -59,7 +59,7 @@ class SlotGenerationEngine(QueuedEngine):
         self._source = [0] * self.max_batch
         self._sources = 0
         self._prompts = KeptPrompts(self.max_batch)
-        self._texts: dict[tuple[int, ...], str] = {}  # decoded windows of the last tokens, for the stop strings
+        self._stop_windows = None if self.decode is None else StopWindows(self.decode)
         # _lay_out's, kept while no slot is taken or freed and no prompt read (its key: cache.moves, _sources)
         self._layout: tuple[tuple[int, int], list[int], Tensor | None, Shared | None] | None = None
 
@@ -257,16 +257,8 @@ class SlotGenerationEngine(QueuedEngine):
             return "eos"
         if self.stop_sequences and any(len(s) <= len(out) and out[-len(s) :] == s for s in self.stop_sequences):
             return "stop"
-        if r.stop_pattern is not None and r.stop_pattern.search(self._text(tuple(out[-r.stop_window :]))):
-            return "stop"
+        if r.stop_pattern is not None:
+            assert self._stop_windows is not None  # a request with stop strings was refused without a decode
+            if self._stop_windows.holds_stop(r):
+                return "stop"
         return "length" if len(out) >= r.limit else None
-
-    def _text(self, window: tuple[int, ...]) -> str:
-        """decode(window), remembered: a group's rows often write the same tokens, so the same windows recur."""
-        text = self._texts.get(window)
-        if text is None:
-            if len(self._texts) >= 1 << 16:  # bounded: a long run's windows do not pile up
-                self._texts.clear()
-            assert self.decode is not None  # a request with stop strings was refused without one
-            text = self._texts[window] = self.decode(list(window))
-        return text
