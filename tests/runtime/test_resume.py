@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -29,6 +30,18 @@ def _trained(run: Path) -> list[dict]:
 
 def _ids(records: list[dict]) -> list[int]:
     return [sid for r in records for sid in r["sample_ids"]]
+
+
+def _holding(run: Path) -> list[int]:
+    """The live processes (not zombies) holding a file of this run directory open: its workers, read from /proc."""
+    found = []
+    for process in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, IndexError):
+            if (process / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            if any(os.readlink(fd).startswith(f"{run}/") for fd in (process / "fd").iterdir()):
+                found.append(int(process.name))
+    return found
 
 
 def test_resume_after_a_clean_stop_continues_the_source(tmp_path):
@@ -69,8 +82,14 @@ def test_kill_9_of_the_whole_run_then_resume_trains_each_acknowledged_sample_onc
         assert second_checkpoint_done(), f"the run never reached its second checkpoint:\n{log.read_text()[-3000:]}"
     finally:
         with contextlib.suppress(ProcessLookupError):  # a run that already ended has no group left
-            os.killpg(proc.pid, signal.SIGKILL)  # the controller and every worker: they share its session
+            os.killpg(proc.pid, signal.SIGKILL)  # the controller; its fork server and workers die with it
         proc.wait(timeout=30)
+    # the workers die after the controller (each with its parent, in a session of its own): one still writing a
+    # step's record when `before` was read would be taken for the resumed run's (CI saw it once)
+    deadline = time.monotonic() + 30
+    while (left := _holding(run)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"processes {left} of the killed run outlived it by 30 s"
     before = _trained(run)
     done = sorted(p for p in (run / "checkpoints").glob("step-*") if (p / "controller.json").exists())
     acknowledged = int(done[-1].name.split("-")[1])
