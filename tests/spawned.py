@@ -1,8 +1,9 @@
-"""Running a function in a few spawned processes (ranks, group members), bounded in time."""
+"""Running a function in a few spawned processes (ranks, group members), bounded in time; waiting on pids."""
 
 from __future__ import annotations
 
 import os
+import select
 import socket
 import time
 from collections.abc import Callable
@@ -40,3 +41,22 @@ def _run_then_exit(index: int, fn: Callable[..., None], *args: Any) -> None:
     an active exception"). An exception still reaches the parent with its traceback."""
     fn(index, *args)
     os._exit(0)
+
+
+def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
+    """Wait on each pid (any process, not only a child: through a pidfd) until it has ended or `timeout_s` has
+    passed; the pids still running then. A zombie nobody has reaped counts as ended."""
+    deadline = time.monotonic() + timeout_s
+    left = []
+    for pid in pids:
+        try:
+            handle = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue  # gone already
+        try:
+            readable, _, _ = select.select([handle], [], [], max(0.0, deadline - time.monotonic()))
+        finally:
+            os.close(handle)
+        if not readable:
+            left.append(pid)
+    return left

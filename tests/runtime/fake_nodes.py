@@ -7,8 +7,11 @@ its advantages) to `trained.jsonl` in the run directory, so tests assert on reco
 values, not timings. Knobs come from environment variables so one file serves every test.
 """
 
+import contextlib
+import ctypes
 import json
 import os
+import select
 import time
 from pathlib import Path
 
@@ -42,13 +45,28 @@ def compute_for(seconds: float) -> None:
         compute(50)
 
 
+_IN_ATTRIB, _IN_CREATE, _IN_MOVED_TO = 0x4, 0x100, 0x80
+
+
 def wait_for(path: Path, timeout_s: float = HOLD_TIMEOUT_S) -> None:
-    """Block until the test creates `path` (an event the test controls), or fail after `timeout_s`."""
+    """Block until the test creates `path` (an event the test controls), or fail after `timeout_s`: woken by
+    inotify when an entry of its folder is made, moved in or touched."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    watch = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if watch < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1")
     deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} never appeared")
-        time.sleep(0.05)
+    try:
+        if libc.inotify_add_watch(watch, os.fsencode(path.parent), _IN_CREATE | _IN_MOVED_TO | _IN_ATTRIB) < 0:
+            raise OSError(ctypes.get_errno(), f"inotify_add_watch {path.parent}")
+        while not path.exists():  # looked at after the watch is set: a file made before it is seen here
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([watch], [], [], remaining)[0]:
+                raise TimeoutError(f"{path} never appeared")
+            with contextlib.suppress(BlockingIOError):
+                os.read(watch, 1 << 16)  # the events themselves do not matter: the loop looks again
+    finally:
+        os.close(watch)
 
 
 @node(inputs={"reward": Float["S"], "group_id": Int["S"]}, outputs={}, role="filter")

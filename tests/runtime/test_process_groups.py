@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from areal.cli.run import build_controller
+from tests.spawned import wait_gone
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 DEADLINE_S = 20.0
@@ -43,11 +44,8 @@ def _alive(pid: int) -> bool:
 
 
 def _survivors(pids: list[int]) -> list[int]:
-    """The pids still alive after they have had DEADLINE_S to die (checked every 0.1 s)."""
-    deadline = time.monotonic() + DEADLINE_S
-    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
+    """The pids still alive after they have had DEADLINE_S to die."""
+    return wait_gone(pids, DEADLINE_S)
 
 
 def _kill_all(pids: list[int]) -> None:

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -18,6 +17,7 @@ from safetensors.torch import load_file
 
 from areal.cli.run import run_recipe
 from tests.local_model import make_checkpoint
+from tests.spawned import wait_gone
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 TINY_RL = Path(__file__).with_name("tiny_rl.py")  # a real model in sync mode, a checkpoint every 2 steps
@@ -86,9 +86,7 @@ def test_kill_9_of_the_whole_run_then_resume_trains_each_acknowledged_sample_onc
         proc.wait(timeout=30)
     # the workers die after the controller (each with its parent, in a session of its own): one still writing a
     # step's record when `before` was read would be taken for the resumed run's (CI saw it once)
-    deadline = time.monotonic() + 30
-    while (left := _holding(run)) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    left = wait_gone(_holding(run), timeout_s=30)
     assert not left, f"processes {left} of the killed run outlived it by 30 s"
     before = _trained(run)
     done = sorted(p for p in (run / "checkpoints").glob("step-*") if (p / "controller.json").exists())

@@ -8,6 +8,7 @@ tests have seen what they need, so its length does not depend on the machine's s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -49,17 +50,21 @@ class Run:
     url: str
     view_pid: int
     said: list[str]  # what it printed, as it printed it
+    reader: threading.Thread  # fills `said`; ends when the run's output does
 
 
-def _until(predicate: Any, timeout_s: float, what: str) -> Any:
-    """Poll `predicate` until it returns something true; its value. Fails naming `what` after `timeout_s`."""
+def _until(predicate: Any, timeout_s: float, what: str, run: Run) -> Any:
+    """Look at `predicate` each time the live run has had 0.2 s more (waiting on its process, so a run that ends
+    fails at once) until it returns something true; its value. Fails naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+    while not (value := predicate()):
+        if run.process.poll() is not None:
+            raise AssertionError(f"{what}: the run ended first (exit code {run.process.returncode})")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            run.process.wait(timeout=0.2)
+    return value
 
 
 def _get(url: str) -> Any:
@@ -83,8 +88,9 @@ def run(tmp_path_factory):
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     lines: queue.Queue[str] = queue.Queue()
     said: list[str] = []
-    threading.Thread(target=lambda: [(lines.put(line), said.append(line)) for line in process.stdout],
-                     daemon=True).start()
+    reader = threading.Thread(target=lambda: [(lines.put(line), said.append(line)) for line in process.stdout],
+                              daemon=True)
+    reader.start()
     view_pid = None
     try:
         line = lines.get(timeout=START_TIMEOUT_S)
@@ -93,7 +99,7 @@ def run(tmp_path_factory):
         found = re.match(r"view: (http://127\.0\.0\.1:\d+/)\s+\(pid (\d+);", line)
         assert found, line
         view_pid = int(found.group(2))
-        yield Run(process, run_dir, found.group(1), view_pid, said)
+        yield Run(process, run_dir, found.group(1), view_pid, said, reader)
     finally:
         if process.poll() is None:
             process.kill()
@@ -106,7 +112,7 @@ def run(tmp_path_factory):
 def stopped(run):
     """The run, once it has trained a few steps, stopped by SIGTERM as a user's Ctrl-C or a scheduler would."""
     _until(lambda: (s := _live(run.url)) and (s["status"] or {}).get("version", 0) >= 3, START_TIMEOUT_S,
-           "three steps")
+           "three steps", run)
     run.process.send_signal(signal.SIGTERM)
     assert run.process.wait(120) == 128 + signal.SIGTERM
     return run.run_dir
@@ -134,9 +140,9 @@ def _exists(pid: int) -> bool:
 
 def test_the_live_numbers_change_between_two_reads_of_a_running_run(run):
     first = _until(lambda: (s := _live(run.url)) and s["run"]["alive"] and (s["status"] or {}).get("version", 0) >= 1
-                   and s, START_TIMEOUT_S, "a first step")
+                   and s, START_TIMEOUT_S, "a first step", run)
     later = _until(lambda: (s := _live(run.url)) and s["status"]["version"] > first["status"]["version"] + 1 and s,
-                   STEP_TIMEOUT_S, "two more steps")
+                   STEP_TIMEOUT_S, "two more steps", run)
     assert later["status"]["status"] == "running" and later["run"]["alive"]
     assert later["status"]["elapsed_s"] > first["status"]["elapsed_s"]
     assert later["status"]["gate"]["admitted"] > first["status"]["gate"]["admitted"]
@@ -150,10 +156,10 @@ def test_the_live_numbers_change_between_two_reads_of_a_running_run(run):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium) for the headless browser")
 def test_the_page_in_a_headless_browser_shows_the_graph_with_numbers_that_change(run, tmp_path):
-    _until(lambda: (s := _live(run.url)) and (s["status"] or {}).get("version", 0) >= 1, START_TIMEOUT_S, "a step")
+    _until(lambda: (s := _live(run.url)) and (s["status"] or {}).get("version", 0) >= 1, START_TIMEOUT_S, "a step", run)
     first = _dom(run.url, tmp_path)
     version = int(first.find(".//*[@id='h-version']").text.split("/")[0])
-    _until(lambda: _live(run.url)["status"]["version"] > version + 1, STEP_TIMEOUT_S, "two more steps")
+    _until(lambda: _live(run.url)["status"]["version"] > version + 1, STEP_TIMEOUT_S, "two more steps", run)
     second = _dom(run.url, tmp_path)
     assert int(second.find(".//*[@id='h-version']").text.split("/")[0]) > version
     plan = Plan.from_json((run.run_dir / "plan.json").read_text())
@@ -199,7 +205,8 @@ def _rows(dom: ET.Element, table: str) -> list[list[str]]:
 
 def test_stopping_the_run_stops_its_view(run, stopped):
     assert not _exists(run.view_pid)  # gone with the run, whose exit waited for it
-    _until(lambda: any(f"reopen it with: areal view {stopped}" in line for line in run.said), 10, "the way back")
+    run.reader.join(timeout=10)  # the run has ended: its last lines are read once its output closes
+    assert any(f"reopen it with: areal view {stopped}" in line for line in run.said), "the way back"
 
 
 def test_the_metrics_endpoint_serves_metrics_jsonl_line_for_line(finished, stopped):

@@ -83,6 +83,12 @@ class _Layer:
     down_bias: Tensor | None
 
 
+def _within(kv: Tensor, width: int) -> None:
+    """The C kernels write at each position: never past the cache."""
+    if width > kv.shape[4]:
+        raise ValueError(f"LeanForward: width {width} is past the cache's {kv.shape[4]} columns")
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """HF's RMS norm as it rounds: in float32, cast back, then scaled by the weight in the input's dtype."""
     h = x.float()
@@ -196,8 +202,7 @@ class LeanForward:
         as `decode` then `sample_rows` then DecodeStep's update (a test holds it to that)."""
         if not self.steps_in_c:
             raise ValueError("LeanForward.decode_step needs the C kernels with the layer loop in C (steps_in_c)")
-        if width > kv.shape[4]:
-            raise ValueError(f"LeanForward: width {width} is past the cache's {kv.shape[4]} columns")
+        _within(kv, width)
         assert self.kernels is not None and self._gemm is not None
         return self.kernels.decode_step(self._gemm, self._addresses, (self.layers[0].in_norm, self.norm), self.embed,
                                         self.lm_head, kv, state, self.cos, self.sin, n, width, temperature,
@@ -211,8 +216,7 @@ class LeanForward:
         layer four matrix multiplies by torch and four kernel calls (see cpu_kernels.c). With
         `slots`, row i is a token of slot slots[i] (a prefill: a slot's rows in the order of their positions; a
         decode step: the running slots)."""
-        if width > kv.shape[4]:  # the kernels write at each position: never past the cache
-            raise ValueError(f"LeanForward: width {width} is past the cache's {kv.shape[4]} columns")
+        _within(kv, width)
         k, n = self.kernels, tokens.shape[0]
         assert k is not None
         x = F.embedding(tokens, self.embed)  # the residual stream, updated in place
