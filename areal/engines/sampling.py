@@ -30,8 +30,14 @@ def request_seed(seed: int, request_id: int) -> int:
 
 def request_uniforms(seed: int, request_id: int, n: int) -> list[float]:
     """The n uniforms in [0, 1) that decide request_id's tokens 0..n-1."""
+    return uniform_stream(seed, request_id, n).tolist()
+
+
+def uniform_stream(seed: int, request_id: int, n: int) -> Tensor:
+    """`request_uniforms` as the float32 tensor [n] they are drawn as (the slot engine keeps them so: a refill's
+    conversion of Python floats cost more than the draw)."""
     generator = torch.Generator().manual_seed(request_seed(seed, request_id))
-    return torch.rand(n, generator=generator).tolist()
+    return torch.rand(n, generator=generator)
 
 
 def sample_tokens(logits: Tensor, u: Tensor, *, temperature: float, top_p: float) -> tuple[Tensor, Tensor]:

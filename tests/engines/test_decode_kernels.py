@@ -192,7 +192,7 @@ def four_steps(lean: LeanForward, in_c: bool) -> list[torch.Tensor]:
         lean.extend(cache.kv, torch.tensor([0]), a, torch.zeros(1, dtype=torch.int64), torch.tensor([9]))
         lean.extend(cache.kv, torch.tensor([1, 3]), b, torch.zeros(2, dtype=torch.int64), torch.tensor([6, 6]))
         cache.copy_rows(0, [2], 9)
-        uniforms = torch.rand(4, 8, dtype=torch.float64, generator=g).tolist()
+        uniforms = list(torch.rand(4, 8, dtype=torch.float64, generator=g))
         cache.start([0, 1, 2, 3], [5, 6, 7, 8], [9, 6, 9, 6], [1, 0, 2, 1], uniforms)
         shared = Shared(order=torch.tensor([0, 2, 1, 3]), source=torch.tensor([0, 1, 0, 3]),
                         columns=torch.tensor([9, 0, 9, 0]))

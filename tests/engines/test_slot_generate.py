@@ -161,7 +161,7 @@ def test_stop_windows_answer_as_a_search_of_each_rows_decoded_last_tokens(capaci
 
     windows = StopWindows(decode, capacity=capacity)
     kinds = [(stop_pattern(("ab", "ca")), 2), (stop_pattern(("bbb", "c")), 3)]  # two patterns over the same tokens
-    rows = [Request(request_id=i, prompt=torch.tensor([1]), limit=99, uniforms=[], stop_pattern=pattern,
+    rows = [Request(request_id=i, prompt=torch.tensor([1]), limit=99, uniforms=torch.zeros(0), stop_pattern=pattern,
                     stop_window=width) for i, (pattern, width) in enumerate(kinds * 3)]
     for r in rows[:2]:  # both first draw "c", which only the second's pattern stops at
         r.output.append(3)
@@ -170,7 +170,7 @@ def test_stop_windows_answer_as_a_search_of_each_rows_decoded_last_tokens(capaci
     seen = set()  # the (pattern, last tokens) windows the rows reached
     for step in range(80):
         if step == 40:  # a row re-queued: a new request with the output so far, no window yet
-            rows[0] = Request(request_id=0, prompt=torch.tensor([1]), limit=99, uniforms=[],
+            rows[0] = Request(request_id=0, prompt=torch.tensor([1]), limit=99, uniforms=torch.zeros(0),
                               stop_pattern=kinds[0][0], stop_window=2, output=list(rows[0].output))
         for r in rows:
             r.output.append(rng.randint(1, 3))

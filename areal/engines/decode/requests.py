@@ -20,7 +20,7 @@ from areal.engines.lists import list_tensor
 class Request(InFlight):
     """A request in flight, with its own stream of uniforms and its stop strings as one pattern."""
 
-    uniforms: list[float]
+    uniforms: Tensor  # [limit] float32: token t is drawn at uniforms[t] (sampling.uniform_stream)
     stop_pattern: re.Pattern[str] | None = None
     stop_window: int = 0  # tokens decoded to look for a stop string: the longest's length (a token is >= 1 char)
     window: int = -1  # StopWindows' id of its last tokens (-1: none yet)

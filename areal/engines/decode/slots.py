@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from areal.engines.lists import list_tensor
 
@@ -65,7 +66,8 @@ class SlotKV:
         grown = False
         if columns > self.columns:
             wider = self._empty(max(columns, 2 * self.columns))
-            wider[..., : self.columns, :] = self.kv
+            if self.high:  # what the slots in use hold (a cache with none in use is grown empty)
+                wider[..., : self.columns, :] = self.kv
             self.kv, grown = wider, True
         if uniforms > self.uniforms.shape[1]:
             wider_u = torch.zeros(self.slots, max(uniforms, 2 * self.uniforms.shape[1]), dtype=torch.float64,
@@ -95,15 +97,15 @@ class SlotKV:
         self.moves += 1
 
     def start(self, slots: list[int], pending: list[int], positions: list[int], produced: list[int],
-              uniforms: list[list[float]]) -> None:
-        """Set the decode state of newly filled slots: the token each feeds next, its position, its draws."""
+              uniforms: list[Tensor]) -> None:
+        """Set the decode state of newly filled slots: the token each feeds next, its position, its draws (a 1-D
+        tensor a slot)."""
         index = list_tensor(slots, torch.int64, self.device)
         for state, values in ((self.pending, pending), (self.positions, positions), (self.produced, produced)):
             state[index] = list_tensor(values, torch.int64, self.device)
         self.live[index] = 1
-        width = max(map(len, uniforms))  # one conversion of the padded rows: a refill's cost was one per row
-        self.uniforms[index, :width] = list_tensor([draws + [0.0] * (width - len(draws)) for draws in uniforms],
-                                                   torch.float64, self.device)
+        draws = pad_sequence(uniforms, batch_first=True)  # one copy of them all: a refill's cost was one per row
+        self.uniforms[index, : draws.shape[1]] = draws.to(self.device, torch.float64)
 
     def put_rows(self, slot: int, rows: Tensor) -> None:
         """Write a prompt's K/V ([layers, 2, kv heads, length, head dim]) into a slot's first columns."""
