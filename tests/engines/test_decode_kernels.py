@@ -129,6 +129,28 @@ def test_the_layer_loop_in_one_c_call_gives_the_bits_of_the_loop_over_torch_mult
     assert torch.equal(cache.kv, cache_b.kv)
 
 
+@pytest.mark.parametrize("prompts", [1, 3, 6])
+def test_a_prefill_goes_on_past_the_last_layers_keys_with_each_prompts_last_token_alone_and_the_same_bits(prompts):
+    """Only each prompt's last token is read after a prefill: the last layer writes every token's k and v, then
+    runs the rest for those alone. Their outputs and the whole cache are the bits of the chunk run whole, also for
+    fewer than four prompts (sgemm_ rounds fewer than four rows otherwise)."""
+    lean = LeanForward(varied(tiny("qwen2")))
+    assert lean._gemm is not None
+    g = torch.Generator().manual_seed(prompts)
+    lengths = torch.randint(3, 12, (prompts,), generator=g)
+    ids = torch.cat([torch.randint(1, 100, (int(n),), generator=g) for n in lengths])
+    slots = torch.repeat_interleave(torch.arange(prompts), lengths)
+    positions = torch.cat([torch.arange(int(n)) for n in lengths])
+    last = lengths.cumsum(0) - 1
+    whole_cache, kept_cache = (slot_cache(lean, slots=prompts, by_column=True) for _ in range(2))
+    with torch.no_grad():
+        whole = lean._decode_kernels(whole_cache.kv, ids, positions, 12, None, slots)
+        kept = lean._decode_kernels(kept_cache.kv, ids, positions, 12, None, slots, kept=last)
+    assert kept.shape == (prompts, 64)
+    assert torch.equal(kept, whole[last])
+    assert torch.equal(kept_cache.kv, whole_cache.kv)
+
+
 def test_torch_sgemm_is_none_where_torch_exports_none(monkeypatch, tmp_path):
     cpu_kernels.torch_sgemm.cache_clear()
     monkeypatch.setattr(cpu_kernels.torch, "__file__", str(tmp_path / "__init__.py"))  # no lib/libtorch_cpu.so

@@ -230,8 +230,9 @@ static void rotate_and_write(const Attention *a, int64_t row) {
 }
 
 /* Row `row` (already rotated and written) attends with each q head over columns 0..positions[row] of its kv head,
- * those below `cut` read from slot `from`; two heads of a group a pass (they share the pass's loads). */
-static void attend_row(const Attention *a, int64_t row, int64_t from, int64_t cut, float *scratch) {
+ * those below `cut` read from slot `from`, into row `at` of out; two heads of a group a pass (they share the pass's
+ * loads). */
+static void attend_row(const Attention *a, int64_t row, int64_t at, int64_t from, int64_t cut, float *scratch) {
     int64_t d = a->d, group = a->heads / a->kv_heads, b = a->slots ? a->slots[row] : row, len = a->positions[row] + 1;
     const float *q = a->qkv + row * (a->heads + 2 * a->kv_heads) * d;
     for (int64_t j = 0; j < a->kv_heads; j++) {
@@ -245,7 +246,7 @@ static void attend_row(const Attention *a, int64_t row, int64_t from, int64_t cu
             scores(Q + g * d, pair, Kf, 0, cut, d, a->col_stride, a->scale, scratch + g * len, len);
             scores(Q + g * d, pair, K, cut, len, d, a->col_stride, a->scale, scratch + g * len, len);
         }
-        float *O = a->out + (row * a->heads + j * group) * d;
+        float *O = a->out + (at * a->heads + j * group) * d;
         for (int64_t g = 0; g < group; g++) {
             softmax(scratch + g * len, len);
             for (int64_t t = 0; t < d; t++) O[g * d + t] = 0.0f;
@@ -287,11 +288,27 @@ void rope_attend(float *qkv, const float *cos, const float *sin, const int64_t *
             if (SOURCE(ahead) != SOURCE(before)) prefetch_columns(&a, SOURCE(ahead), 0, ahead_cut);
         }
         rotate_and_write(&a, row);
-        attend_row(&a, row, SOURCE(row), cut < len ? cut : len, scratch);
+        attend_row(&a, row, row, SOURCE(row), cut < len ? cut : len, scratch);
     }
 #undef ROW
 #undef SLOT
 #undef SOURCE
+}
+
+/* rope_attend for a chunk whose outputs are wanted for `kept` rows only (a prefill: each prompt's last token):
+ * every row rotated and written (later tokens read its k and v), then the kept rows (increasing, any repeated)
+ * attend, kept[j]'s output into row j of out [m, heads d]. No row reads another slot's columns here. */
+static void rope_attend_kept(float *qkv, const float *cos, const float *sin, const int64_t *positions,
+                             const int64_t *slots, float *keys, float *values, float *out, float *scratch, int64_t n,
+                             const int64_t *kept, int64_t m, int64_t heads, int64_t kv_heads, int64_t d,
+                             int64_t slot_stride, int64_t head_stride, int64_t col_stride, float scale) {
+    Attention a = {qkv, out, keys, values, cos, sin, positions, slots, heads, kv_heads, d, slot_stride, head_stride,
+                   col_stride, scale};
+    for (int64_t i = 0; i < n; i++) rotate_and_write(&a, i);
+    for (int64_t j = 0; j < m; j++) {
+        int64_t row = kept[j];
+        attend_row(&a, row, j, slots ? slots[row] : row, 0, scratch);
+    }
 }
 
 /* The BLAS sgemm_ torch's CPU library exports (MKL's), column-major with Fortran arguments. Its integers are
@@ -320,7 +337,11 @@ static void linear(sgemm_fn gemm, const float *x, const float *w, const float *b
  * bias; 0 for an absent bias). x [n, hidden], the residual stream, is updated in place; h [n, hidden] comes in
  * holding the first layer's normed input and leaves holding the final norm's output. Scratch: qkv [n, (heads + 2
  * kv heads) d], attn [n, heads d], delta [n, hidden], gate_up [n, 2 inter], act [n, inter], and rope_attend's.
- * Layer i's keys start at kv + i * layer_stride, its values value_offset after them. */
+ * Layer i's keys start at kv + i * layer_stride, its values value_offset after them.
+ * kept (NULL: every row): the rows whose output is wanted, m of them, increasing, any repeated (a prefill wants each
+ * prompt's last token only). The last layer writes every row's k and v, then goes on with the kept rows alone, their
+ * residuals moved to x's first m rows; h's first m rows receive their outputs. (At the tiny coder's shape the last
+ * layer past its k and v is a fifth of a prefill's arithmetic.) No shared prompt (`shared` NULL) with kept rows. */
 #define AT(address) ((const float *)(intptr_t)(address))
 
 void decode_layers(sgemm_fn gemm, const int64_t *weights, int64_t layers, const float *final_norm, float *x, float *h,
@@ -329,20 +350,27 @@ void decode_layers(sgemm_fn gemm, const int64_t *weights, int64_t layers, const 
                    const int64_t *source, const int64_t *shared, float *kv, int64_t layer_stride,
                    int64_t value_offset, float *scratch, int64_t n, int64_t hidden, int64_t inter, int64_t heads,
                    int64_t kv_heads, int64_t d, int64_t slot_stride, int64_t head_stride, int64_t col_stride,
-                   float scale, float eps) {
-    int64_t width = (heads + 2 * kv_heads) * d;
+                   float scale, float eps, const int64_t *kept, int64_t m) {
+    int64_t width = (heads + 2 * kv_heads) * d, rows = n;
     for (int64_t i = 0; i < layers; i++) {
         const int64_t *w = weights + 10 * i;
         float *keys = kv + i * layer_stride;
-        linear(gemm, h, AT(w[2]), AT(w[3]), qkv, n, width, hidden);
-        rope_attend(qkv, cos, sin, positions, slots, order, source, shared, keys, keys + value_offset, attn, scratch,
-                    n, heads, kv_heads, d, slot_stride, head_stride, col_stride, scale);
-        linear(gemm, attn, AT(w[4]), AT(w[5]), delta, n, hidden, heads * d);
-        add_rms_norm(x, delta, AT(w[1]), h, n, hidden, eps);
-        linear(gemm, h, AT(w[6]), AT(w[7]), gate_up, n, 2 * inter, hidden);
-        silu_mul(gate_up, act, n, inter);
-        linear(gemm, act, AT(w[8]), AT(w[9]), delta, n, hidden, inter);
-        add_rms_norm(x, delta, i + 1 < layers ? AT(w[10]) : final_norm, h, n, hidden, eps);
+        linear(gemm, h, AT(w[2]), AT(w[3]), qkv, rows, width, hidden);
+        if (kept && i + 1 == layers) {
+            rope_attend_kept(qkv, cos, sin, positions, slots, keys, keys + value_offset, attn, scratch, n, kept, m,
+                             heads, kv_heads, d, slot_stride, head_stride, col_stride, scale);
+            for (int64_t j = 0; j < m; j++) memmove(x + j * hidden, x + kept[j] * hidden, hidden * sizeof(float));
+            rows = m;
+        } else {
+            rope_attend(qkv, cos, sin, positions, slots, order, source, shared, keys, keys + value_offset, attn,
+                        scratch, n, heads, kv_heads, d, slot_stride, head_stride, col_stride, scale);
+        }
+        linear(gemm, attn, AT(w[4]), AT(w[5]), delta, rows, hidden, heads * d);
+        add_rms_norm(x, delta, AT(w[1]), h, rows, hidden, eps);
+        linear(gemm, h, AT(w[6]), AT(w[7]), gate_up, rows, 2 * inter, hidden);
+        silu_mul(gate_up, act, rows, inter);
+        linear(gemm, act, AT(w[8]), AT(w[9]), delta, rows, hidden, inter);
+        add_rms_norm(x, delta, i + 1 < layers ? AT(w[10]) : final_norm, h, rows, hidden, eps);
     }
 }
 
@@ -417,7 +445,7 @@ void decode_step(sgemm_fn gemm, const int64_t *weights, int64_t layers, const fl
     add_rms_norm(x, NULL, first_norm, h, n, hidden, eps);
     decode_layers(gemm, weights, layers, final_norm, x, h, qkv, attn, delta, gate_up, act, cos, sin, rows_at, slots,
                   order, source, shared, kv, layer_stride, value_offset, scratch, n, hidden, inter, heads, kv_heads, d,
-                  slot_stride, head_stride, col_stride, scale, eps);
+                  slot_stride, head_stride, col_stride, scale, eps, NULL, 0);
     linear(gemm, h, head, NULL, logits, n, vocab, hidden);
     sample_rows(logits, u, n, vocab, temperature, tokens, logp, draw);
     for (int64_t i = 0; i < n; i++) {

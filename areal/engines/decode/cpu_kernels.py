@@ -43,7 +43,7 @@ _SIGNATURES = {
     "silu_mul": [_P, _P, _I, _I],
     "rope_attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _F],
     "decode_layers": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P,
-                      _I, _I, _I, _I, _I, _I, _I, _I, _I, _F, _F],
+                      _I, _I, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _I],
     "sample_rows": [_P, _P, _I, _I, _F, _P, _P, _P],
     "decode_step": [_P, _P, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _I, _P, _P,
                     _I, _I, _I, _I, _I, _I, _I, _I, _F, _F, _F, _I, _P, _P, _P],
@@ -128,11 +128,12 @@ class CpuKernels:
     def decode_layers(self, gemm: int, weights: Tensor, final_norm: Tensor, x: Tensor, h: Tensor, kv: Tensor,
                       cos: Tensor, sin: Tensor, positions: Tensor, width: int, *, heads: int, kv_heads: int,
                       head_dim: int, intermediate: int, scale: float, eps: float, shared: Shared | None = None,
-                      slots: Tensor | None = None) -> None:
+                      slots: Tensor | None = None, kept: Tensor | None = None) -> None:
         """Every layer of the lean forward in one call (see cpu_kernels.c), its multiplies by `gemm` (the address
         torch_sgemm gives): x [n, hidden] updated in place; h [n, hidden] from the first layer's normed input to the
         final norm's output; weights [layers, 10] int64 addresses; kv [L, 2, S, KVH, C, D] as SlotKV lays it out;
-        rows, slots and `shared` as in rope_attend, attending over at most `width` columns."""
+        rows, slots and `shared` as in rope_attend, attending over at most `width` columns. `kept` (int64 [m],
+        increasing, any repeated; no `shared` with it): only these rows' outputs are wanted, in h's first m rows."""
         n = x.shape[0]
         order, source, cut = (None, None, None) if shared is None else (
             shared.order.data_ptr(), shared.source.data_ptr(), shared.columns.data_ptr())
@@ -144,7 +145,8 @@ class CpuKernels:
                                 act.data_ptr(), cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
                                 None if slots is None else slots.data_ptr(), order, source, cut, kv.data_ptr(),
                                 kv.stride(0), kv.stride(1), scratch.data_ptr(), n, x.shape[1], intermediate, heads,
-                                kv_heads, head_dim, kv.stride(2), kv.stride(3), kv.stride(4), scale, eps)
+                                kv_heads, head_dim, kv.stride(2), kv.stride(3), kv.stride(4), scale, eps,
+                                None if kept is None else kept.data_ptr(), 0 if kept is None else kept.shape[0])
 
     def decode_step(self, gemm: int, weights: Tensor, norms: tuple[Tensor, Tensor], embed: Tensor, head: Tensor,
                     kv: Tensor, state: SlotState, cos: Tensor, sin: Tensor, n: int, width: int, temperature: float, *,

@@ -89,6 +89,15 @@ def _within(kv: Tensor, width: int) -> None:
         raise ValueError(f"LeanForward: width {width} is past the cache's {kv.shape[4]} columns")
 
 
+def _at_least_four(kept: Tensor, rows: int) -> Tensor:
+    """`kept` with its last row repeated up to four rows (of `rows` at least four): torch's sgemm_ rounds a row the
+    same for any count of rows from four on and otherwise below, so a prompt's last token then rounds as it does in
+    the whole chunk's multiply (and as in a decode step of four rows or more)."""
+    if kept.shape[0] >= 4 or rows < 4:
+        return kept
+    return torch.cat([kept, kept[-1:].expand(4 - kept.shape[0])])
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """HF's RMS norm as it rounds: in float32, cast back, then scaled by the weight in the input's dtype."""
     h = x.float()
@@ -211,11 +220,13 @@ class LeanForward:
                                         shared=shared, slots=slots)
 
     def _decode_kernels(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int,
-                        shared: cpu_kernels.Shared | None, slots: Tensor | None = None) -> Tensor:
+                        shared: cpu_kernels.Shared | None, slots: Tensor | None = None,
+                        kept: Tensor | None = None) -> Tensor:
         """`decode` with the C kernels: the layer loop in one C call when torch's sgemm_ is reachable, else per
         layer four matrix multiplies by torch and four kernel calls (see cpu_kernels.c). With
         `slots`, row i is a token of slot slots[i] (a prefill: a slot's rows in the order of their positions; a
-        decode step: the running slots)."""
+        decode step: the running slots). The final norm's output of every row, or of the rows `kept` (increasing:
+        a prefill's last token a prompt, whose logits alone are read) in their order."""
         _within(kv, width)
         k, n = self.kernels, tokens.shape[0]
         assert k is not None
@@ -223,10 +234,12 @@ class LeanForward:
         h = torch.empty_like(x)
         k.add_rms_norm(x, None, self.layers[0].in_norm, h, self.eps)
         if self._gemm is not None:
+            wanted = None if kept is None else _at_least_four(kept, n)
             k.decode_layers(self._gemm, self._addresses, self.norm, x, h, kv, self.cos, self.sin, positions, width,
                             heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
-                            intermediate=self.intermediate, scale=self.scale, eps=self.eps, shared=shared, slots=slots)
-            return h
+                            intermediate=self.intermediate, scale=self.scale, eps=self.eps, shared=shared, slots=slots,
+                            kept=wanted)
+            return h if kept is None else h[: kept.shape[0]]
         attn = torch.empty(n, self.heads * self.head_dim)
         act = torch.empty(n, self.intermediate)
         scratch = torch.empty(self.heads // self.kv_heads * width)
@@ -238,7 +251,7 @@ class LeanForward:
             k.silu_mul(F.linear(h, layer.gate_up, layer.gate_up_bias), act)
             following = self.layers[i + 1].in_norm if i + 1 < len(self.layers) else self.norm
             k.add_rms_norm(x, F.linear(act, layer.down, layer.down_bias), following, h, self.eps)
-        return h  # the final norm's output; the caller takes the rows it needs through the head
+        return h if kept is None else h[kept]
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
         """Grouped-query attention of one query a slot without copying the cache: q [n, H, D] as [n·KVH, G, D]
@@ -268,8 +281,8 @@ class LeanForward:
         if self.kernels is not None:  # the real tokens as rows of their slots, no padding
             real = self._index[:width] < lengths[:, None]
             h = self._decode_kernels(kv, ids[real], positions[real], int(positions.max()) + 1, None,
-                                     slots[:, None].expand(m, width)[real])
-            return F.linear(h[lengths.cumsum(0) - 1], self.lm_head)
+                                     slots[:, None].expand(m, width)[real], kept=lengths.cumsum(0) - 1)
+            return F.linear(h, self.lm_head)
         columns = int(starts.max()) + width
         visible = self._index[:columns] <= positions[:, :, None]  # [m, T, columns]: causal within the slot
         cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]  # [m, T, 1, D]
