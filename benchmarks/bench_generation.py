@@ -38,6 +38,7 @@ CPU seconds (best of --repeat runs): on a shared machine wall time mostly measur
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import time
 from collections.abc import Callable
@@ -504,6 +505,7 @@ def main() -> None:
         from areal.models.loading import load_policy
 
         model, tokenizer = load_policy("builtin:tiny-coder")
+        gc.freeze()  # as a worker does once set up (runtime/worker/main.py): no full collection scans torch's objects
         recipe_table(model, tokenizer, args.repeat)
     if "host" in args.sections:
         host_table()

@@ -9,6 +9,7 @@ values, not timings. Knobs come from environment variables so one file serves ev
 
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import select
@@ -160,6 +161,7 @@ class FakeTrainer:
         # FAKE_HOLD_AT=k: the update of version k waits for the test's file run_dir/release, after writing
         # run_dir/held (a trainer busy for as long as the test needs)
         self.hold_at, self.run_dir = knob("FAKE_HOLD_AT", -1), Path(context.run_dir)
+        self.frozen_at_setup = gc.get_freeze_count()  # what the garbage collector no longer scans, at setup
 
     def __call__(self, batch):
         started = time.monotonic()
@@ -170,7 +172,8 @@ class FakeTrainer:
             wait_for(self.run_dir / "release")
         record = {"version": self.version, "sample_ids": batch["sample_id"].tolist(),
                   "min_versions": [int(r.min()) for r in batch["versions"].rows()],
-                  "advantages": batch["advantage"].tolist(), "compute_s": compute_s}
+                  "advantages": batch["advantage"].tolist(), "compute_s": compute_s,
+                  "frozen": [self.frozen_at_setup, gc.get_freeze_count()]}
         with self.log.open("a") as out:
             out.write(json.dumps(record) + "\n")
         self.version += 1

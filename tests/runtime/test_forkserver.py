@@ -18,14 +18,14 @@ from areal.runtime.controller.launchers import ForkServer
 from tests.runtime.kills import exits_within
 
 PROBE = textwrap.dedent("""
-    import json, os, random, signal, subprocess, sys
+    import gc, json, os, random, signal, subprocess, sys
 
     def main(argv):
         what, code = argv
         print(json.dumps({"argv": argv, "leads_session": os.getsid(0) == os.getpid(), "env": os.environ.get("PROBE"),
                           "draw": random.random(), "stdin": sys.stdin.read(),
                           "sigchld_default": signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL,
-                          "cwd": os.getcwd()}), flush=True)
+                          "cwd": os.getcwd(), "frozen": gc.get_freeze_count()}), flush=True)
         print("said on stderr", file=sys.stderr, flush=True)
         if what == "child":  # a worker that started a process of its own, like a sandbox
             child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
@@ -75,6 +75,7 @@ def test_each_forked_worker_is_a_new_process_with_its_log_environment_and_exit_s
     assert a["leads_session"] and b["leads_session"] and a["sigchld_default"] and a["stdin"] == ""
     assert a["draw"] != b["draw"]  # seeded afresh, not the server's sequence twice
     assert a["cwd"] == str(tmp_path)
+    assert a["frozen"] > 10_000  # the server's imports, frozen before the fork: no full collection scans them
     assert "said on stderr" in (tmp_path / "a.log").read_text()
     assert first.pid not in {os.getpid(), server.process.pid} and first.pid != second.pid
 

@@ -55,6 +55,16 @@ def test_take_gets_the_named_producers_field_and_both_branches_are_joined_row_by
     assert sum(controller.workers[f"judge_b[{r}]"].counts["batches"] for r in (0, 1)) >= 4 * B
 
 
+def test_a_worker_runs_with_what_it_imported_and_built_frozen_out_of_the_garbage_collectors_scans(tmp_path):
+    """A full collection in a worker would scan torch's and transformers' objects (~400k, 0.2 s each time): the
+    fork server freezes its imports before forking, and the worker what its nodes' setup built."""
+    controller = _controller(tmp_path, "steps=1")
+    controller.run()
+    at_setup, running = _trained(Path(controller.plan.run_dir))[0]["frozen"]
+    assert at_setup > 10_000  # the imports, frozen in the fork server
+    assert running > at_setup  # and the trainer's own setup (this node among it), frozen before the run
+
+
 def test_a_filter_drops_whole_groups_the_source_refills_and_every_step_holds_b_groups(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_FILTER", "1")
     monkeypatch.setenv("FAKE_STEP_WORK", "20")  # a slow generator: η is what bounds the lag

@@ -18,6 +18,7 @@ state (torch's own native thread, idle after import, is not copied and is not ne
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -54,6 +55,9 @@ def serve(replies: int) -> dict[str, Any]:
             request = json.loads(line)
             sys.stdout.flush()
             sys.stderr.flush()
+            # the imports every child shares, frozen: a child's full collections neither scan them nor write to
+            # their pages (which copy-on-write then keeps shared)
+            gc.freeze()
             pid = os.fork()
             if pid == 0:
                 _become_new(request, (replies, wake_read, wake_write))
