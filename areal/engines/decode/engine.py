@@ -247,7 +247,7 @@ class SlotGenerationEngine(QueuedEngine):
         """Append each row's new token, its log-prob and the version to its request; the rows that end there (their
         index in `rows`, and why), by sampling.finish_reason's rules in its order (eos, a stop sequence, a stop
         string in the decoded last tokens, the length), with the stop strings searched at once. One pass with the
-        checks inline: as a call a row, this was 6 % of a 128-row generate."""
+        checks inline: this loop is 5-6 % of a 128-row generate, and a call a row for the checks was 3 ms of it."""
         ended: list[tuple[int, FinishReason]] = []
         version, eos, sequences, windows = self.version, self.eos_token_id, self.stop_sequences, self._stop_windows
         for i, (r, token, lp) in enumerate(zip(rows, tokens, logps, strict=True)):
