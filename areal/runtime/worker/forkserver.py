@@ -56,7 +56,8 @@ def serve(replies: int) -> dict[str, Any]:
             sys.stdout.flush()
             sys.stderr.flush()
             # the imports every child shares, frozen: a child's full collections neither scan them nor write to
-            # their pages (which copy-on-write then keeps shared)
+            # their pages (which copy-on-write then keeps shared); cyclic garbage collected first, or never
+            gc.collect()
             gc.freeze()
             pid = os.fork()
             if pid == 0:

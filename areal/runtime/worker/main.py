@@ -308,7 +308,9 @@ def main(argv: list[str]) -> int:
     try:
         worker = Worker(plan, pool_name, replica, version, resume_dir, control)
         # what the worker built to run (its imports, model, engine: ~400k objects) lives as long as it does: frozen,
-        # a full collection no longer scans it (0.2 s each, a few a minute in the default run's workers)
+        # a full collection no longer scans it (0.2 s each, a few a minute in the default run's workers); what setup
+        # left as cyclic garbage is collected first, or it would never be
+        gc.collect()
         gc.freeze()
         worker.run()
         return 0
