@@ -89,11 +89,13 @@ def _within(kv: Tensor, width: int) -> None:
         raise ValueError(f"LeanForward: width {width} is past the cache's {kv.shape[4]} columns")
 
 
-def _at_least_four(kept: Tensor, rows: int) -> Tensor:
-    """`kept` with its last row repeated up to four rows (of `rows` at least four): torch's sgemm_ rounds a row the
-    same for any count of rows from four on and otherwise below, so a prompt's last token then rounds as it does in
-    the whole chunk's multiply (and as in a decode step of four rows or more)."""
-    if kept.shape[0] >= 4 or rows < 4:
+def _kept_rows(kept: Tensor | None, rows: int) -> Tensor | None:
+    """The rows a chunk of `rows` goes on with past its last layer's keys (None: all of them): `kept`, its last row
+    repeated up to four. torch's sgemm_ rounds a row the same for any count of rows from four on and otherwise
+    below, so a kept row then rounds as in the whole chunk's multiply; a chunk of fewer than four goes on whole."""
+    if kept is None or rows < 4:
+        return None
+    if kept.shape[0] >= 4:
         return kept
     return torch.cat([kept, kept[-1:].expand(4 - kept.shape[0])])
 
@@ -234,12 +236,14 @@ class LeanForward:
         h = torch.empty_like(x)
         k.add_rms_norm(x, None, self.layers[0].in_norm, h, self.eps)
         if self._gemm is not None:
-            wanted = None if kept is None else _at_least_four(kept, n)
+            wanted = _kept_rows(kept, n)
             k.decode_layers(self._gemm, self._addresses, self.norm, x, h, kv, self.cos, self.sin, positions, width,
                             heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
                             intermediate=self.intermediate, scale=self.scale, eps=self.eps, shared=shared, slots=slots,
                             kept=wanted)
-            return h if kept is None else h[: kept.shape[0]]
+            if kept is None:
+                return h
+            return h[: kept.shape[0]] if wanted is not None else h[kept]
         attn = torch.empty(n, self.heads * self.head_dim)
         act = torch.empty(n, self.intermediate)
         scratch = torch.empty(self.heads // self.kv_heads * width)
