@@ -114,6 +114,32 @@ def test_rows_longer_than_the_cache_grow_it_mid_run_and_decode_on_as_today(make_
     assert_same_results(*results, atol=atol)
 
 
+@pytest.mark.parametrize("move", ["abort", "requeue"])
+def test_a_group_goes_on_as_it_would_have_when_the_row_holding_its_prompt_leaves(make_model, move):
+    """With the C kernels a group's rows read its prompt from the one slot that read it; when that row is aborted
+    or re-queued, its prompt is copied to a row of the group that stays, which the others then read."""
+    model = make_model(0).float()
+    prompts = [[5, 9, 2, 7, 3, 8, 6], [4, 4, 1, 9, 2]]
+    requests = [GenRequest(i, prompts[i // 4], 14) for i in range(8)]  # 0 and 4 read their group's prompt
+
+    def engine() -> SlotGenerationEngine:
+        return SlotGenerationEngine(model, eos_token_id=100, pad_token_id=0, max_batch=8)
+
+    untouched = {r.request_id: r for r in engine().generate(requests)}
+    moved = engine()
+    assert moved.cache.by_column  # the C kernels, which read a group's prompt from one slot
+    moved.submit(requests)
+    for _ in range(3):
+        moved.step()
+    assert moved.prompt_cache_hits == 6  # the other six rows did not read their prompt
+    assert (moved.abort if move == "abort" else moved.requeue)([0, 4])
+    done = {}
+    while moved.pending():
+        done |= {r.request_id: r for r in moved.step()}
+    assert sorted(done) == (list(range(1, 4)) + list(range(5, 8)) if move == "abort" else list(range(8)))
+    assert_same_results(done, {i: untouched[i] for i in done}, atol=1e-5)
+
+
 def faked_capture(captures: list[int]):
     """A capture that runs the step (the warm-up) and returns a replay that runs it again: on the CPU, what
     replaying a CUDA graph of the step would compute."""

@@ -7,7 +7,9 @@ tokens are the same. What differs is where the rows live: each running request o
 (preallocated for max_batch rows), so
 
 - a newcomer is written into a free slot: its prompt read by a prefill into that slot, or copied there from a kept
-  prompt (a GRPO group's other samples); nothing running is concatenated or re-padded;
+  prompt (a GRPO group's other samples; with the CPU kernels, which read a group's prompt from the one slot that
+  holds it, only when no running slot does: the holder's columns are copied to another of its group when it is
+  freed); nothing running is concatenated or re-padded;
 - a finished, aborted or re-queued row frees its slot; the others do not move;
 - a decode step (decode/step.py) feeds every running slot its pending token at its own position, draws the next
   token and its behaviour log-prob, and advances the slot state, in one call, eager or replayed from a CUDA graph
@@ -61,6 +63,9 @@ class SlotGenerationEngine(QueuedEngine):
         # which read wrote each slot's prompt columns: slots of one source hold the same values (a group's prompt)
         self._source = [0] * self.max_batch
         self._sources = 0
+        # with the CPU kernels, which read a group's prompt from one slot: the slot holding each running source's
+        # prompt columns, and how many (its other slots are not given a copy; one is when that slot is freed)
+        self._holders: dict[int, tuple[int, int]] = {}
         self._prompts = KeptPrompts(self.max_batch)
         self._stop_windows = None if self.decode is None else StopWindows(self.decode)
         # _lay_out's, kept while no slot is taken or freed and no prompt read (its key: cache.moves, _sources)
@@ -104,8 +109,24 @@ class SlotGenerationEngine(QueuedEngine):
         taken = [self._rows[i] for i in slots]
         for i in slots:
             self._rows[i] = None
-        self.cache.release(slots)
+        self._release(slots)
         return [r for r in taken if r is not None]
+
+    def _release(self, slots: list[int]) -> None:
+        """Free these slots (their requests already out of _rows). One that holds a prompt other running slots
+        read (the CPU kernels') first copies it to one of them, which holds it from then on."""
+        for slot in slots if self._share else ():
+            source = self._source[slot]
+            holder = self._holders.get(source)
+            if holder is None or holder[0] != slot:
+                continue
+            heir = next((c for c, r in enumerate(self._rows) if r is not None and self._source[c] == source), None)
+            if heir is None:
+                del self._holders[source]
+            else:
+                self.cache.copy_rows(slot, [heir], holder[1])
+                self._holders[source] = (heir, holder[1])
+        self.cache.release(slots)
 
     def _reserve(self, columns: int, uniforms: int = 0) -> None:
         if self.cache.reserve(columns, uniforms):
@@ -133,13 +154,20 @@ class SlotGenerationEngine(QueuedEngine):
             read = self._extend(slots[: len(fresh)], [r.tokens() for r in fresh], [0] * len(fresh))
             for row, (slot, r) in enumerate(zip(slots, fresh, strict=False)):
                 self._source[slot] = self._new_source()
+                if self._share:
+                    self._holders[self._source[slot]] = (slot, r.prompt_len)
                 if not r.output:  # a prompt alone: later requests of the same prompt copy it
                     self._prompts.remember(r.prompt_key, self.cache.rows(slot, r.prompt_len), read[row].clone(),
                                            self._source[slot])
             logits.append(read)
         for slot, r in zip(slots[len(fresh) :], copies, strict=True):
-            rows, kept_logits, self._source[slot] = held.get(r.prompt_key) or self._prompts.get(r.prompt_key)
-            self.cache.put_rows(slot, rows)
+            rows, kept_logits, source = held.get(r.prompt_key) or self._prompts.get(r.prompt_key)
+            self._source[slot] = source
+            if not self._share:  # the torch ops read each slot's own copy
+                self.cache.put_rows(slot, rows)
+            elif source not in self._holders:  # no running slot holds it: this one does
+                self.cache.put_rows(slot, rows)
+                self._holders[source] = (slot, r.prompt_len)
             logits.append(kept_logits[None])
         tokens, reasons = self._sample_into(ordered, torch.cat(logits))
         finished, ended = [], []
@@ -149,7 +177,7 @@ class SlotGenerationEngine(QueuedEngine):
             else:
                 finished.append(r.result(reason))
                 ended.append(slot)
-        self.cache.release(ended)
+        self._release(ended)
         going = [(slot, r, t) for slot, r, t, reason in zip(slots, ordered, tokens, reasons, strict=True)
                  if reason is None]
         if going:
@@ -175,6 +203,8 @@ class SlotGenerationEngine(QueuedEngine):
         for row, (key, slot) in enumerate(readers.items()):
             self._source[slot] = self._new_source()
             self._prompts.remember(key, self.cache.rows(slot, len(key)), read[row].clone(), self._source[slot])
+        if self._share:  # every running row's source is now a new read, held by its reader
+            self._holders = {self._source[slot]: (slot, len(key)) for key, slot in readers.items()}
         for key, reader in readers.items():
             sharing = [slot for slot, r in running if r.prompt_key == key and slot != reader]
             if sharing:
@@ -203,7 +233,7 @@ class SlotGenerationEngine(QueuedEngine):
             finished.append(requests[i].result(reason))
             ended.append(running[i])
             rows[running[i]] = None
-        self.cache.release(ended)
+        self._release(ended)
         return finished
 
     def _lay_out(self, high: int) -> _Layout:
@@ -225,10 +255,9 @@ class SlotGenerationEngine(QueuedEngine):
         return self._sources
 
     def _shared(self, running: list[int]) -> Shared:
-        """For the CPU kernels, per row of the step (slot running[i]): the first running slot of its source, the
+        """For the CPU kernels, per row of the step (slot running[i]): the slot holding its source's prompt, the
         prompt columns they share, and an order of the rows that takes a source's rows one after another."""
-        first: dict[int, int] = {}
-        source = [first.setdefault(self._source[slot], slot) for slot in running]
+        source = [self._holders[self._source[slot]][0] for slot in running]
         columns = [self._rows[slot].prompt_len for slot in running]  # type: ignore[union-attr]
         order = sorted(range(len(running)), key=source.__getitem__)
         return Shared(*(list_tensor(x, torch.int64) for x in (order, source, columns)))
