@@ -176,7 +176,6 @@ def test_the_ladder_pads_a_step_by_at_most_a_third_past_eight_rows():
     assert ladder(100) == [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 100]
 
 
-
 @pytest.mark.parametrize("capacity", [1 << 16, 5], ids=["remembers-all", "forgets-often"])
 def test_stop_windows_answer_as_a_search_of_each_rows_decoded_last_tokens(capacity):
     decoded: list[list[int]] = []

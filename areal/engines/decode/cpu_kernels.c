@@ -265,8 +265,8 @@ static void attend_row(const Attention *a, int64_t row, int64_t at, int64_t from
  * col_stride), then attend with each q head over columns 0..positions[i] of its kv head; out [n, heads d]. Rows
  * of one slot (a prefill's tokens) are taken in the order of their positions, so each sees the columns written
  * before it.
- * Columns below shared[i] are read from slot source[i], which holds the same values (a GRPO group's prompt,
- * copied into each of its slots): rows that share a source are taken one after another, so those columns come
+ * Columns below shared[i] are read from slot source[i], which holds the same values (a GRPO group's prompt, held
+ * by one of its slots): rows that share a source are taken one after another, so those columns come
  * from the cache once a group, not once a row (NULL: none shared). While a row attends, the kernel asks for the
  * next row's write column and the L2 for the columns the row after next reads. scratch holds (heads / kv heads) *
  * (max position + 1) floats. */

@@ -213,8 +213,8 @@ class SlotState(Protocol):
 
 @dataclass(frozen=True)
 class Shared:
-    """Which slots hold the same leading columns (a prompt copied to each row of its group): slot b's first
-    columns[b] columns equal those of slot source[b]; `order` takes the slots group by group. [n] int64 each."""
+    """Which slots read the same leading columns (a group's prompt, held by one of its slots): slot b's first
+    columns[b] columns are read from slot source[b]; `order` takes the slots group by group. [n] int64 each."""
 
     order: Tensor
     source: Tensor

@@ -60,12 +60,12 @@ class SlotGenerationEngine(QueuedEngine):
         self._step = DecodeStep(f, self.cache, temperature=self.temperature, top_p=self.top_p, graphs=graphs,
                                 capture=capture)
         self._rows: list[Request | None] = [None] * self.max_batch  # slot i runs _rows[i]
-        # which read wrote each slot's prompt columns: slots of one source hold the same values (a group's prompt)
+        # which read wrote each slot's prompt columns: a group's slots share one source (its prompt)
         self._source = [0] * self.max_batch
         self._sources = 0
         # with the CPU kernels, which read a group's prompt from one slot: the slot holding each running source's
-        # prompt columns, and how many (its other slots are not given a copy; one is when that slot is freed)
-        self._holders: dict[int, tuple[int, int]] = {}
+        # prompt columns (its other slots are not given a copy; one of them is when that slot is freed)
+        self._holders: dict[int, int] = {}
         self._prompts = KeptPrompts(self.max_batch)
         self._stop_windows = None if self.decode is None else StopWindows(self.decode)
         # _lay_out's, kept while no slot is taken or freed and no prompt read (its key: cache.moves, _sources)
@@ -117,15 +117,14 @@ class SlotGenerationEngine(QueuedEngine):
         read (the CPU kernels') first copies it to one of them, which holds it from then on."""
         for slot in slots if self._share else ():
             source = self._source[slot]
-            holder = self._holders.get(source)
-            if holder is None or holder[0] != slot:
+            if self._holders.get(source) != slot:
                 continue
             heir = next((c for c, r in enumerate(self._rows) if r is not None and self._source[c] == source), None)
             if heir is None:
                 del self._holders[source]
             else:
-                self.cache.copy_rows(slot, [heir], holder[1])
-                self._holders[source] = (heir, holder[1])
+                self.cache.copy_rows(slot, [heir], self._rows[heir].prompt_len)  # type: ignore[union-attr]
+                self._holders[source] = heir
         self.cache.release(slots)
 
     def _reserve(self, columns: int, uniforms: int = 0) -> None:
@@ -155,7 +154,7 @@ class SlotGenerationEngine(QueuedEngine):
             for row, (slot, r) in enumerate(zip(slots, fresh, strict=False)):
                 self._source[slot] = self._new_source()
                 if self._share:
-                    self._holders[self._source[slot]] = (slot, r.prompt_len)
+                    self._holders[self._source[slot]] = slot
                 if not r.output:  # a prompt alone: later requests of the same prompt copy it
                     self._prompts.remember(r.prompt_key, self.cache.rows(slot, r.prompt_len), read[row].clone(),
                                            self._source[slot])
@@ -167,7 +166,7 @@ class SlotGenerationEngine(QueuedEngine):
                 self.cache.put_rows(slot, rows)
             elif source not in self._holders:  # no running slot holds it: this one does
                 self.cache.put_rows(slot, rows)
-                self._holders[source] = (slot, r.prompt_len)
+                self._holders[source] = slot
             logits.append(kept_logits[None])
         tokens, reasons = self._sample_into(ordered, torch.cat(logits))
         finished, ended = [], []
@@ -204,7 +203,7 @@ class SlotGenerationEngine(QueuedEngine):
             self._source[slot] = self._new_source()
             self._prompts.remember(key, self.cache.rows(slot, len(key)), read[row].clone(), self._source[slot])
         if self._share:  # every running row's source is now a new read, held by its reader
-            self._holders = {self._source[slot]: (slot, len(key)) for key, slot in readers.items()}
+            self._holders = {self._source[slot]: slot for slot in readers.values()}
         for key, reader in readers.items():
             sharing = [slot for slot, r in running if r.prompt_key == key and slot != reader]
             if sharing:
@@ -218,18 +217,17 @@ class SlotGenerationEngine(QueuedEngine):
 
     def _decode(self) -> list[GenResult]:
         rows, high = self._rows, self.cache.high
-        if self._step.graphs:  # a replay decodes every slot below high and reads every column
-            tokens, logp = self._step(high, 0)
+        if self._step.graphs:  # a replay decodes every slot below high (free ones too) and reads every column
+            every, every_logp = (t.tolist() for t in self._step(high, 0))
             taken = [(slot, r) for slot, r in enumerate(rows[:high]) if r is not None]
             running, requests = [slot for slot, _ in taken], [r for _, r in taken]
-            keep = list_tensor(running, torch.int64, tokens.device)
-            tokens, logp = tokens[keep], logp[keep]
+            tokens, logps = [every[s] for s in running], [every_logp[s] for s in running]
         else:
             running, requests, index, shared = self._lay_out(high)
             width = int(self.cache.positions[:high].max()) + 1
-            tokens, logp = self._step(high, width, shared, index)
+            tokens, logps = (t.tolist() for t in self._step(high, width, shared, index))
         finished, ended = [], []
-        for i, reason in self._record(requests, tokens.tolist(), logp.tolist()):
+        for i, reason in self._record(requests, tokens, logps):
             finished.append(requests[i].result(reason))
             ended.append(running[i])
             rows[running[i]] = None
@@ -257,7 +255,7 @@ class SlotGenerationEngine(QueuedEngine):
     def _shared(self, running: list[int]) -> Shared:
         """For the CPU kernels, per row of the step (slot running[i]): the slot holding its source's prompt, the
         prompt columns they share, and an order of the rows that takes a source's rows one after another."""
-        source = [self._holders[self._source[slot]][0] for slot in running]
+        source = [self._holders[self._source[slot]] for slot in running]
         columns = [self._rows[slot].prompt_len for slot in running]  # type: ignore[union-attr]
         order = sorted(range(len(running)), key=source.__getitem__)
         return Shared(*(list_tensor(x, torch.int64) for x in (order, source, columns)))
