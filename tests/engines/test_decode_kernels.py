@@ -240,13 +240,38 @@ def test_the_step_in_one_c_call_gives_the_bits_of_the_forward_the_draw_and_the_u
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("objdump") is None,
                     reason="reads the built x86-64 code with objdump")
-def test_the_built_attention_kernel_keeps_its_prefetches():
+def test_the_built_kernels_keep_their_prefetches():
     # GCC 12 once deleted the kernel's __builtin_prefetch loops as dead code, silently: without them the engine's
     # attention waits on each row's K/V columns (a third more of its time there)
+    # (its row loop is attend_rows, which rope_attend and decode_layers call, or rope_attend itself if inlined there)
     library = cpu_kernels.load()._lib._name
-    code = subprocess.run(["objdump", "-d", "--disassemble=rope_attend", library], capture_output=True, text=True,
-                          check=True).stdout
+    code = "".join(subprocess.run(["objdump", "-d", f"--disassemble={name}", library], capture_output=True,
+                                  text=True, check=True).stdout for name in ("attend_rows", "rope_attend"))
     assert "prefetchw" in code and "prefetcht1" in code
+    # and the asks for the next multiplies' weights (pull, whose plan ahead_plan reports) are instructions too
+    plan = subprocess.run(["objdump", "-d", "--disassemble=ahead_plan", library], capture_output=True, text=True,
+                          check=True).stdout
+    assert "prefetcht1" in plan
+
+
+def line_count(address: int, floats: int) -> int:
+    return 0 if floats == 0 else -(-(address % 64 + 4 * floats) // 64)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 128, 1001])
+def test_the_next_multiplies_weights_are_asked_for_every_line_once_within_the_loops_first_half(rows):
+    # decode_layers asks the L2 for the next multiplies' weights while attention and the activation run (pull, a
+    # few lines a row); ahead_plan reports the bytes asked at each row of such a loop
+    buffer = torch.empty(200_000)
+    for a_at, a_floats, b_at, b_floats in [(0, 128 * 128, 20_000, 768 * 128), (3, 100, 0, 0), (5, 1, 7, 17),
+                                           (1, 384 * 128, 50_001, 256 * 128)]:
+        a, b = buffer.data_ptr() + 4 * a_at, buffer.data_ptr() + 4 * b_at if b_floats else None
+        asked = torch.zeros(rows, dtype=torch.int64)
+        cpu_kernels.load()._lib.ahead_plan(a, a_floats, b, b_floats, rows, asked.data_ptr())
+        lines, half = line_count(a, a_floats) + line_count(b or 0, b_floats), max(rows // 2, 1)
+        assert asked.sum() == 64 * lines
+        assert asked[half:].sum() == 0
+        assert asked.max() == 64 * -(-lines // half)  # a little each row, not all at once
 
 
 @pytest.mark.parametrize("vocab, temperature", [(101, 1.0), (101, 0.7), (1000, 1.3)])

@@ -45,6 +45,7 @@ _SIGNATURES = {
     "decode_layers": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P,
                       _I, _I, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _I],
     "sample_rows": [_P, _P, _I, _I, _F, _P, _P, _P],
+    "ahead_plan": [_P, _I, _P, _I, _I, _P],
     "decode_step": [_P, _P, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _I, _P, _P,
                     _I, _I, _I, _I, _I, _I, _I, _I, _F, _F, _F, _I, _P, _P, _P],
 }
