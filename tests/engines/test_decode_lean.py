@@ -19,10 +19,21 @@ def tiny(kind: str, seed: int = 0, **overrides) -> transformers.PreTrainedModel:
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).eval()
 
 
-def slot_cache(lean: LeanForward, slots: int, columns: int = 64, by_column: bool = False) -> SlotKV:
+def slot_cache(lean: LeanForward, slots: int, columns: int = 64, by_column: bool = False,
+               garbage: bool = False) -> SlotKV:
+    """A slot cache for `lean`; `garbage` fills it with NaN, as an unzeroed cache may hold anything: the C kernels
+    must read only columns a row wrote (the torch ops' masked attention reads them all: zeros for those)."""
     lean.reserve(columns)
-    return SlotKV(layers=lean.num_layers, kv_heads=lean.kv_heads, head_dim=lean.head_dim, slots=slots,
-                  dtype=lean.dtype, device=lean.device, columns=columns, by_column=by_column)
+    cache = SlotKV(layers=lean.num_layers, kv_heads=lean.kv_heads, head_dim=lean.head_dim, slots=slots,
+                   dtype=lean.dtype, device=lean.device, columns=columns, by_column=by_column)
+    if garbage:
+        cache.kv.fill_(torch.nan)
+    return cache
+
+
+def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Equal bit for bit, NaN where the other is NaN (a garbage-filled cache's unwritten columns)."""
+    return torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(0.0), y.nan_to_num(0.0))
 
 
 def hf_last_logits(model: torch.nn.Module, rows: list[list[int]]) -> torch.Tensor:

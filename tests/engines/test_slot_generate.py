@@ -12,7 +12,21 @@ import torch
 from areal.engines import GenRequest, GenResult, TorchGenerationEngine
 from areal.engines.decode import SlotGenerationEngine
 from areal.engines.decode.requests import Request, StopWindows, stop_pattern
+from areal.engines.decode.slots import SlotKV
 from areal.engines.decode.step import ladder
+
+
+@pytest.fixture
+def garbage_caches(monkeypatch):
+    """Every by-column cache an engine allocates holds NaN until a row writes it: that cache is not zeroed, and the
+    C kernels must read no column a row did not write (a NaN read would show in every log-prob after it)."""
+    allocate = SlotKV._empty
+
+    def filled(self: SlotKV, columns: int) -> torch.Tensor:
+        kv = allocate(self, columns)
+        return kv.fill_(torch.nan) if self.by_column else kv
+
+    monkeypatch.setattr(SlotKV, "_empty", filled)
 
 
 def grouped_requests(seed: int = 7, groups: int = 6, group: int = 4) -> list[GenRequest]:
@@ -47,7 +61,8 @@ def assert_same_results(a: dict[int, GenResult], b: dict[int, GenResult], atol: 
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-6), (torch.float32, 2e-5)],
                          ids=["torch-ops", "kernels-by-column"])
 @pytest.mark.parametrize("keep_kv", [False, True])
-def test_the_same_requests_give_todays_tokens_through_refills_and_weight_updates(make_model, keep_kv, dtype, atol):
+def test_the_same_requests_give_todays_tokens_through_refills_and_weight_updates(make_model, keep_kv, dtype, atol,
+                                                                                 garbage_caches):
     old, new = make_model(0).to(dtype), make_model(1).to(dtype)
     requests = grouped_requests()
     engines = [engine_class(copy.deepcopy(old), eos_token_id=5, pad_token_id=0, max_batch=7, refill_min_free=2,
@@ -97,7 +112,7 @@ def test_a_free_slot_among_the_running_ones_is_not_decoded(make_model):
 
 @pytest.mark.parametrize("dtype, atol", [(torch.float64, 1e-6), (torch.float32, 2e-5)],
                          ids=["torch-ops", "kernels-by-column"])
-def test_rows_longer_than_the_cache_grow_it_mid_run_and_decode_on_as_today(make_model, dtype, atol):
+def test_rows_longer_than_the_cache_grow_it_mid_run_and_decode_on_as_today(make_model, dtype, atol, garbage_caches):
     model = make_model(0).to(dtype)
     short = [GenRequest(i, [7, 8, 9], n) for i, n in enumerate((6, 20, 6))]  # row 1 runs while the cache grows
     long = [GenRequest(9, list(range(1, 41)), 60)]  # 100 columns: more than the 64 the cache starts with
@@ -115,7 +130,7 @@ def test_rows_longer_than_the_cache_grow_it_mid_run_and_decode_on_as_today(make_
 
 
 @pytest.mark.parametrize("move", ["abort", "requeue"])
-def test_a_group_goes_on_as_it_would_have_when_the_row_holding_its_prompt_leaves(make_model, move):
+def test_a_group_goes_on_as_it_would_have_when_the_row_holding_its_prompt_leaves(make_model, move, garbage_caches):
     """With the C kernels a group's rows read its prompt from the one slot that read it; when that row is aborted
     or re-queued, its prompt is copied to a row of the group that stays, which the others then read."""
     model = make_model(0).float()
