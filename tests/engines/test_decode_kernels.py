@@ -208,8 +208,8 @@ def four_steps(lean: LeanForward, in_c: bool) -> list[torch.Tensor]:
     and not advanced): every step's tokens, log-probs and slot state, and the cache."""
     cache = slot_cache(lean, 4, by_column=True, garbage=True)
     step = DecodeStep(lean, cache, temperature=0.8, top_p=1.0)
-    assert step._in_c  # the C kernels with the layer loop in C: the engine's eager CPU step is one call
-    step._in_c = in_c
+    assert step.in_c  # the C kernels with the layer loop in C: the engine's eager CPU step is one call
+    step.in_c = in_c
     g = torch.Generator().manual_seed(13)
     a, b = torch.randint(1, 100, (1, 9), generator=g), torch.randint(1, 100, (2, 6), generator=g)
     seen = []

@@ -222,3 +222,23 @@ def test_stop_windows_answer_as_a_search_of_each_rows_decoded_last_tokens(capaci
         assert len(decoded) == len(seen | {(kinds[0][0], (3,)), (kinds[1][0], (3,))}) < 80 * len(rows) // 10
         assert len(windows._after) > len(seen)  # and rows step from window to window, not by their last tokens
     assert len(windows._ids) <= capacity and len(windows._after) <= capacity  # bounded
+
+
+def test_slots_taken_and_freed_keep_high_one_past_the_highest_in_use_and_a_freed_slots_state_zero():
+    cache = SlotKV(layers=1, kv_heads=1, head_dim=2, slots=9, dtype=torch.float32, device=torch.device("cpu"))
+    rng, used = random.Random(3), set()
+    for _ in range(200):
+        if used and (rng.random() < 0.5 or len(used) == 9):
+            freed = rng.sample(sorted(used), rng.randint(1, len(used)))
+            cache.release(freed)
+            used -= set(freed)
+            assert cache.live[freed].eq(0).all() and cache.positions[freed].eq(0).all()
+            assert cache.pending[freed].eq(0).all() and cache.produced[freed].eq(0).all()
+        else:
+            taken = cache.take(rng.randint(1, 9 - len(used)))
+            cache.start(taken, [5] * len(taken), [3] * len(taken), [1] * len(taken),
+                        [torch.rand(2) for _ in taken])
+            used |= set(taken)
+            assert cache.live[taken].eq(1).all() and cache.positions[taken].eq(3).all()
+        assert cache.high == (max(used) + 1 if used else 0)
+        assert cache.live.sum() == len(used)

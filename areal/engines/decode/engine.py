@@ -224,7 +224,9 @@ class SlotGenerationEngine(QueuedEngine):
             tokens, logps = [every[s] for s in running], [every_logp[s] for s in running]
         else:
             running, requests, index, shared = self._lay_out(high)
-            width = int(self.cache.positions[:high].max()) + 1
+            # the columns the step reads at most: the longest row's (the C step reads each row's own, and needs
+            # only a bound: the cache's)
+            width = self.cache.columns if self._step.in_c else int(self.cache.positions[:high].max()) + 1
             tokens, logps = (t.tolist() for t in self._step(high, width, shared, index))
         finished, ended = [], []
         for i, reason in self._record(requests, tokens, logps):

@@ -38,11 +38,11 @@ class SlotKV:
         self.kv = self._empty(columns)
         self.slots = slots
         self.generation = 0  # bumped whenever a tensor below is reallocated
-        long = dict(dtype=torch.int64, device=device)
-        self.pending = torch.zeros(slots, **long)  # the token each slot feeds next
-        self.positions = torch.zeros(slots, **long)  # its position = the slot's filled columns
-        self.produced = torch.zeros(slots, **long)  # output tokens sampled so far (index of the next uniform)
-        self.live = torch.zeros(slots, **long)  # 1 where a request runs, 0 where the slot is free
+        # rows of one tensor, so that freeing or filling slots sets all four in one op
+        self._state = torch.zeros(4, slots, dtype=torch.int64, device=device)
+        # the token each slot feeds next; its position (= the slot's filled columns); the output tokens it sampled
+        # so far (the index of its next uniform); 1 where a request runs, 0 where the slot is free
+        self.pending, self.positions, self.produced, self.live = self._state
         self.uniforms = torch.zeros(slots, uniforms, dtype=torch.float64, device=device)  # each request's stream
         self._free = list(range(slots))  # kept sorted: newcomers take the lowest
         self.high = 0  # one past the highest slot in use
@@ -90,12 +90,12 @@ class SlotKV:
         """Free these slots; their state is zeroed so a free slot decodes harmlessly (its results ignored)."""
         if not slots:
             return
-        index = list_tensor(slots, torch.int64, self.device)
-        for state in (self.pending, self.positions, self.produced, self.live):
-            state.index_fill_(0, index, 0)
+        self._state.index_fill_(1, list_tensor(slots, torch.int64, self.device), 0)
         self._free = sorted(self._free + slots)
-        in_use = set(range(self.slots)) - set(self._free)
-        self.high = max(in_use) + 1 if in_use else 0
+        high, last = self.slots, len(self._free) - 1
+        while last >= 0 and self._free[last] == high - 1:  # the free slots at the top
+            high, last = high - 1, last - 1
+        self.high = high
         self.moves += 1
 
     def start(self, slots: list[int], pending: list[int], positions: list[int], produced: list[int],
@@ -103,9 +103,7 @@ class SlotKV:
         """Set the decode state of newly filled slots: the token each feeds next, its position, its draws (a 1-D
         tensor a slot)."""
         index = list_tensor(slots, torch.int64, self.device)
-        for state, values in ((self.pending, pending), (self.positions, positions), (self.produced, produced)):
-            state[index] = list_tensor(values, torch.int64, self.device)
-        self.live[index] = 1
+        self._state[:, index] = list_tensor([pending, positions, produced, [1] * len(slots)], torch.int64, self.device)
         draws = pad_sequence(uniforms, batch_first=True)  # one copy of them all: a refill's cost was one per row
         self.uniforms[index, : draws.shape[1]] = draws.to(self.device, torch.float64)
 

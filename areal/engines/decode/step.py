@@ -77,7 +77,7 @@ class DecodeStep:
         # where the layer loop is in C too, run the whole eager step in one call (its dozen torch ops cost more)
         kernels = getattr(forward, "kernels", None)
         self._drawer = kernels if temperature > 0 and top_p == 1.0 else None
-        self._in_c = self._drawer is not None and not graphs and getattr(forward, "steps_in_c", False)
+        self.in_c = self._drawer is not None and not graphs and getattr(forward, "steps_in_c", False)
         self.graphs = graphs
         self.sizes = ladder(cache.slots)
         self._capture = capture or cuda_capture
@@ -95,7 +95,7 @@ class DecodeStep:
         slots' draws mean nothing). Eager only, `slots` (int64, all below n) decodes those slots alone, the running
         ones when free slots sit among them: the tokens and log-probs are then theirs, in that order."""
         c = self.cache
-        if self._in_c:  # the forward, the draw and the state's advance in one call
+        if self.in_c:  # the forward, the draw and the state's advance in one call
             rows = n if slots is None else slots.shape[0]
             return self.forward.decode_step(c.kv, c, rows, width, self.temperature, shared, slots)  # type: ignore[attr-defined]
         if self.graphs:
