@@ -407,6 +407,9 @@ class _StubForward:
     def reserve(self, columns: int) -> None:
         pass
 
+    def refresh(self) -> None:
+        pass
+
     def decode(self, kv, tokens, positions, width, shared=None, slots=None):  # noqa: ANN001, ANN201 (the Forward Protocol)
         return self.logits[: tokens.shape[0]]
 

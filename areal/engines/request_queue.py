@@ -107,6 +107,9 @@ class QueuedEngine:
         """Take the running rows of these requests out of the batch; the requests taken, in batch order."""
         raise NotImplementedError
 
+    def _weights_loaded(self) -> None:
+        """New weights are in the model's storage: what the engine derived from them, again (nothing here)."""
+
     # ---- the GenerationEngine Protocol --------------------------------------------------------------------------
 
     def submit(self, requests: Iterable[GenRequest]) -> None:
@@ -134,6 +137,7 @@ class QueuedEngine:
         new weights."""
         with torch.no_grad():
             self.model.load_state_dict(state_dict)
+        self._weights_loaded()
         self.version = version
         self._prompts.clear()
         if not self.keep_kv_on_update:

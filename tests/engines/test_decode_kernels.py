@@ -119,7 +119,7 @@ def prefill_and_step(lean: LeanForward) -> tuple[torch.Tensor, torch.Tensor, Slo
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"], ids=["qkv-biases", "no-biases"])
 def test_the_layer_loop_in_one_c_call_gives_the_bits_of_the_loop_over_torch_multiplies(monkeypatch, kind):
-    one_call = LeanForward(varied(tiny(kind)))
+    one_call = LeanForward(varied(tiny(kind)), packed=False)  # its multiplies through sgemm_, as F.linear's
     assert one_call._gemm is not None  # torch's sgemm_ found on this machine (x86 torch links MKL)
     monkeypatch.setattr(cpu_kernels, "torch_sgemm", lambda: None)
     per_layer = LeanForward(varied(tiny(kind)))
@@ -128,6 +128,42 @@ def test_the_layer_loop_in_one_c_call_gives_the_bits_of_the_loop_over_torch_mult
     read_b, step_b, cache_b = prefill_and_step(per_layer)
     assert torch.equal(read, read_b) and torch.equal(step, step_b)
     assert same_bits(cache.kv, cache_b.kv)
+
+
+needs_packed = pytest.mark.skipif(not cpu_kernels.load().panel, reason="the packed multiplies need AVX-512")
+
+
+@needs_packed
+@pytest.mark.parametrize("kind", ["qwen2", "llama"], ids=["qkv-biases", "no-biases"])
+def test_the_layer_loop_over_packed_weights_gives_the_sgemm_loops_results_to_float32_rounding(kind):
+    packed, plain = LeanForward(varied(tiny(kind))), LeanForward(varied(tiny(kind)), packed=False)
+    assert packed._packed and not plain._packed
+    read, step, cache = prefill_and_step(packed)
+    read_b, step_b, cache_b = prefill_and_step(plain)
+    assert (read - read_b).abs().max() < 1e-5 and (step - step_b).abs().max() < 1e-5
+    written = ~cache_b.kv.isnan()
+    assert (cache.kv[written] - cache_b.kv[written]).abs().max() < 1e-5 and torch.equal(cache.kv.isnan(), ~written)
+
+
+@needs_packed
+@pytest.mark.parametrize("rows, cols", [(96, 128), (101, 17), (20, 384), (7, 1), (32, 200)])
+def test_the_packed_multiply_is_a_float32_product_each_row_the_same_whatever_rows_come_with_it(rows, cols):
+    # panels of 32 outputs (a last one partial: 101, 20, 7), tiles of 12, 4 and 1 input rows (13 = 12 + 1), 96
+    # rows a block (110 = 96 + 14), with and without a bias
+    kernels = cpu_kernels.load()
+    g = torch.Generator().manual_seed(rows * cols)
+    weight, bias = torch.randn(rows, cols, generator=g), torch.randn(rows, generator=g)
+    x = torch.randn(110, cols, generator=g)
+    packed = kernels.pack_weight(weight)
+    assert packed.shape == (-(-rows // 32), cols, 32)
+    for b in (None, bias):
+        reference = x.double() @ weight.double().T + (0 if b is None else b.double())
+        bound = 4 * cols * 2**-24 * (x.double().abs() @ weight.double().abs().T + (0 if b is None else b.abs()))
+        whole = kernels.linear_packed(x, packed, b, rows)
+        assert ((whole.double() - reference).abs() <= bound + 1e-30).all()
+        for n in (1, 3, 4, 5, 12, 13, 97):
+            assert torch.equal(kernels.linear_packed(x[:n], packed, b, rows), whole[:n])
+        assert torch.equal(kernels.linear_packed(x[100:101], packed, b, rows), whole[100:101])
 
 
 @pytest.mark.parametrize("prompts, shortest", [(1, 3), (3, 3), (6, 3), (1, 2), (2, 1)])

@@ -5,8 +5,9 @@ its matrix multiplies: attention as MKL's batched multiply of 256 tiny matrices 
 norms, rotary embedding, cache writes and activation were ~35 torch ops a layer, each costing more to dispatch than
 to compute. torch.compile of the step took 43 s and ran slower than eager (it copied the mutated cache). These
 loops do that work in four calls a layer, and `decode_layers` runs the whole layer loop in one call: its matrix
-multiplies are MKL's `sgemm_`, which torch's CPU library exports, called as torch's F.linear calls it (same bits).
-`decode_step` runs a whole eager decode step in one call: the embedding, the layers, the head, the draw and the
+multiplies are its own over packed copies of the weights where the machine has AVX-512 (`pack_weight`,
+`linear_packed`: MKL re-packed them on every call), else MKL's `sgemm_`, which torch's CPU library exports, called
+as torch's F.linear calls it (same bits); the head's is `sgemm_`. `decode_step` runs a whole eager decode step in one call: the embedding, the layers, the head, the draw and the
 slot state's advance (their dozen torch ops were 6-7 % of a 128-row generate).
 
 The library is built with `cc -O3 -march=native` (no -ffast-math: loaded into a process, its start-up code
@@ -43,11 +44,13 @@ _SIGNATURES = {
     "silu_mul": [_P, _P, _I, _I],
     "rope_attend": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _F],
     "decode_layers": [_P, _P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _P,
-                      _I, _I, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _I],
+                      _I, _I, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _I, _I],
     "sample_rows": [_P, _P, _I, _I, _F, _P, _P, _P],
     "ahead_plan": [_P, _I, _P, _I, _I, _P],
+    "pack_weight": [_P, _P, _I, _I],
+    "linear_packed": [_P, _P, _P, _P, _I, _I, _I],
     "decode_step": [_P, _P, _I, _P, _P, _P, _P, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _I, _I, _P, _P,
-                    _I, _I, _I, _I, _I, _I, _I, _I, _F, _F, _F, _I, _P, _P, _P],
+                    _I, _I, _I, _I, _I, _I, _I, _I, _F, _F, _F, _I, _P, _P, _P, _I],
 }
 
 
@@ -100,6 +103,8 @@ class CpuKernels:
             getattr(library, name).argtypes = arguments
             getattr(library, name).restype = None
         library.decode_step_work.argtypes, library.decode_step_work.restype = [_I] * 8, _I
+        library.packed_panel.argtypes, library.packed_panel.restype = [], _I
+        self.panel = int(library.packed_panel())  # rows a packed weight's panel holds; 0: the layers use sgemm_
         self._lib = library
 
     def add_rms_norm(self, x: Tensor, delta: Tensor | None, weight: Tensor, out: Tensor, eps: float) -> None:
@@ -129,9 +134,10 @@ class CpuKernels:
     def decode_layers(self, gemm: int, weights: Tensor, final_norm: Tensor, x: Tensor, h: Tensor, kv: Tensor,
                       cos: Tensor, sin: Tensor, positions: Tensor, width: int, *, heads: int, kv_heads: int,
                       head_dim: int, intermediate: int, scale: float, eps: float, shared: Shared | None = None,
-                      slots: Tensor | None = None, kept: Tensor | None = None) -> None:
-        """Every layer of the lean forward in one call (see cpu_kernels.c), its multiplies by `gemm` (the address
-        torch_sgemm gives): x [n, hidden] updated in place; h [n, hidden] from the first layer's normed input to the
+                      slots: Tensor | None = None, kept: Tensor | None = None, packed: bool = False) -> None:
+        """Every layer of the lean forward in one call (see cpu_kernels.c), its multiplies by the packed kernel
+        where `packed` (weights' addresses of pack_weight's copies), else by `gemm` (the address torch_sgemm gives,
+        as F.linear): x [n, hidden] updated in place; h [n, hidden] from the first layer's normed input to the
         final norm's output; weights [layers, 10] int64 addresses; kv [L, 2, S, KVH, C, D] as SlotKV lays it out;
         rows, slots and `shared` as in rope_attend, attending over at most `width` columns. `kept` (int64 [m],
         increasing, any repeated; no `shared` with it): only these rows' outputs are wanted, in h's first m rows."""
@@ -147,15 +153,17 @@ class CpuKernels:
                                 None if slots is None else slots.data_ptr(), order, source, cut, kv.data_ptr(),
                                 kv.stride(0), kv.stride(1), scratch.data_ptr(), n, x.shape[1], intermediate, heads,
                                 kv_heads, head_dim, kv.stride(2), kv.stride(3), kv.stride(4), scale, eps,
-                                None if kept is None else kept.data_ptr(), 0 if kept is None else kept.shape[0])
+                                None if kept is None else kept.data_ptr(), 0 if kept is None else kept.shape[0],
+                                int(packed))
 
     def decode_step(self, gemm: int, weights: Tensor, norms: tuple[Tensor, Tensor], embed: Tensor, head: Tensor,
                     kv: Tensor, state: SlotState, cos: Tensor, sin: Tensor, n: int, width: int, temperature: float, *,
                     heads: int, kv_heads: int, head_dim: int, intermediate: int, scale: float, eps: float,
-                    shared: Shared | None = None, slots: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                    shared: Shared | None = None, slots: Tensor | None = None, packed: bool = False,
+                    ) -> tuple[Tensor, Tensor]:
         """A decode step of slots 0..n-1 (or slots[i]) in one call (see cpu_kernels.c): the embedding, decode_layers
-        (`norms`: the first layer's input norm and the final one), the head, the draw at top_p = 1 and the slot
-        state's advance; the tokens [n] int64 and their log-probs [n] float32."""
+        (`norms`: the first layer's input norm and the final one; `packed` as there), the head, the draw at top_p =
+        1 and the slot state's advance; the tokens [n] int64 and their log-probs [n] float32."""
         vocab, hidden = head.shape
         order, source, cut = (None, None, None) if shared is None else (
             shared.order.data_ptr(), shared.source.data_ptr(), shared.columns.data_ptr())
@@ -169,8 +177,25 @@ class CpuKernels:
                               state.uniforms.stride(0), kv.data_ptr(), kv.stride(0), kv.stride(1), cos.data_ptr(),
                               sin.data_ptr(), hidden, intermediate, heads, kv_heads, head_dim, kv.stride(2),
                               kv.stride(3), kv.stride(4), scale, eps, temperature, width, work.data_ptr(),
-                              tokens.data_ptr(), logp.data_ptr())
+                              tokens.data_ptr(), logp.data_ptr(), int(packed))
         return tokens, logp
+
+    def pack_weight(self, weight: Tensor, out: Tensor | None = None) -> Tensor:
+        """A weight [rows, cols] (float32, contiguous) as decode_layers' multiplies read it when `panel` > 0:
+        panels of `panel` rows, [ceil(rows / panel), cols, panel], the last one's missing rows zero; into `out`
+        (that shape) if given, so that the addresses decode_layers was given stay valid."""
+        rows, cols = weight.shape
+        if out is None:
+            out = torch.empty(-(-rows // self.panel), cols, self.panel)
+        self._lib.pack_weight(weight.data_ptr(), out.data_ptr(), rows, cols)
+        return out
+
+    def linear_packed(self, x: Tensor, packed: Tensor, bias: Tensor | None, rows: int) -> Tensor:
+        """x [n, cols] . w^T (+ bias) [n, rows], w packed by pack_weight: the layers' multiply in decode_layers."""
+        out = torch.empty(x.shape[0], rows)
+        self._lib.linear_packed(x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(),
+                                out.data_ptr(), x.shape[0], rows, x.shape[1])
+        return out
 
     def sample_rows(self, logits: Tensor, u: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
         """`sampling.sample_tokens` at top_p = 1 (temperature > 0) in one call: logits [n, V] float32, u [n]

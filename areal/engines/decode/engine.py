@@ -14,7 +14,8 @@ tokens are the same. What differs is where the rows live: each running request o
 - a decode step (decode/step.py) feeds every running slot its pending token at its own position, draws the next
   token and its behaviour log-prob, and advances the slot state, in one call, eager or replayed from a CUDA graph
   (eager, a free slot among the running ones is skipped; a replay decodes it and ignores it);
-- new weights are written into the same parameter storage (decode/lean.py); unless keep-kv, the next step re-reads
+- new weights are written into the same parameter storage (decode/lean.py; the packed copies the CPU kernels
+  multiply by are packed again); unless keep-kv, the next step re-reads
   the running rows into their slots: each distinct prompt once (kept for its newcomers), copied to the rows that
   share it, then every row's output but its pending token.
 """
@@ -126,6 +127,9 @@ class SlotGenerationEngine(QueuedEngine):
                 self.cache.copy_rows(slot, [heir], self._rows[heir].prompt_len)  # type: ignore[union-attr]
                 self._holders[source] = heir
         self.cache.release(slots)
+
+    def _weights_loaded(self) -> None:
+        self.forward.refresh()
 
     def _reserve(self, columns: int, uniforms: int = 0) -> None:
         if self.cache.reserve(columns, uniforms):

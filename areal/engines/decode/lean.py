@@ -92,7 +92,8 @@ def _within(kv: Tensor, width: int) -> None:
 def _kept_rows(kept: Tensor | None, rows: int) -> Tensor | None:
     """The rows a chunk of `rows` goes on with past its last layer's keys (None: all of them): `kept`, its last row
     repeated up to four. torch's sgemm_ rounds a row the same for any count of rows from four on and otherwise
-    below, so a kept row then rounds as in the whole chunk's multiply; a chunk of fewer than four goes on whole."""
+    below, so a kept row then rounds as in the whole chunk's multiply; a chunk of fewer than four goes on whole.
+    (The packed multiplies round a row alike for any count: there the padding only costs three rows.)"""
     if kept is None or rows < 4:
         return None
     if kept.shape[0] >= 4:
@@ -114,9 +115,11 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class LeanForward:
-    """The forward of a Qwen2/Llama `model` over a slot cache; the model's parameters are its storage."""
+    """The forward of a Qwen2/Llama `model` over a slot cache; the model's parameters are its storage (and, where
+    the kernels multiply the layers themselves, packed copies of its layers' weights: `packed=False` keeps sgemm_'s
+    multiplies, with F.linear's bits)."""
 
-    def __init__(self, model: Any, *, kernels: bool = True) -> None:
+    def __init__(self, model: Any, *, kernels: bool = True, packed: bool = True) -> None:
         problem = lean_problem(model)
         if problem is not None:
             raise ValueError(f"LeanForward: {problem}")
@@ -149,11 +152,24 @@ class LeanForward:
                    a.down_bias) for a in self.layers]
         dense = all(t is None or t.is_contiguous() for table in tables for t in table)
         self._gemm = cpu_kernels.torch_sgemm() if self.kernels is not None and dense else None
+        # where the kernels multiply the layers themselves (AVX-512), each layer's four weights packed for them
+        # (refresh() packs them again after new weights), else read as they are by sgemm_
+        self._packed: list[list[Tensor]] = []
+        if packed and self._gemm is not None and self.kernels is not None and self.kernels.panel:
+            self._packed = [[self.kernels.pack_weight(w) for w in (a.qkv, a.o, a.gate_up, a.down)] for a in self.layers]
         if self._gemm is not None:  # the weights' addresses, ten a layer (0: no bias), for decode_layers
             self._addresses = torch.tensor([[0 if t is None else t.data_ptr() for t in table] for table in tables],
                                            dtype=torch.int64)
+            for i, packed in enumerate(self._packed):
+                self._addresses[i, [2, 4, 6, 8]] = torch.tensor([w.data_ptr() for w in packed])
         self.cos = self.sin = torch.zeros(0, self.head_dim, dtype=self.dtype, device=self.device)
         self._index = torch.zeros(0, dtype=torch.int64, device=self.device)  # 0, 1, 2, ... for masks and rows
+
+    def refresh(self) -> None:
+        """After new weights landed in the model's storage: the packed copies the kernels multiply by, again."""
+        for layer, packed in zip(self.layers, self._packed, strict=False):
+            for weight, into in zip((layer.qkv, layer.o, layer.gate_up, layer.down), packed, strict=True):
+                self.kernels.pack_weight(weight, into)  # type: ignore[union-attr]
 
     @property
     def num_layers(self) -> int:
@@ -219,7 +235,7 @@ class LeanForward:
                                         self.lm_head, kv, state, self.cos, self.sin, n, width, temperature,
                                         heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
                                         intermediate=self.intermediate, scale=self.scale, eps=self.eps,
-                                        shared=shared, slots=slots)
+                                        shared=shared, slots=slots, packed=bool(self._packed))
 
     def _decode_kernels(self, kv: Tensor, tokens: Tensor, positions: Tensor, width: int,
                         shared: cpu_kernels.Shared | None, slots: Tensor | None = None,
@@ -240,7 +256,7 @@ class LeanForward:
             k.decode_layers(self._gemm, self._addresses, self.norm, x, h, kv, self.cos, self.sin, positions, width,
                             heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
                             intermediate=self.intermediate, scale=self.scale, eps=self.eps, shared=shared, slots=slots,
-                            kept=wanted)
+                            kept=wanted, packed=bool(self._packed))
             if kept is None:
                 return h
             return h[: kept.shape[0]] if wanted is not None else h[kept]
