@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fnmatch
 import platform
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from areal.engines.decode import LeanForward, cpu_kernels
@@ -103,6 +106,27 @@ def test_without_a_c_compiler_the_lean_forward_says_so_once_and_runs_on_torch_op
     finally:
         cpu_kernels.load.cache_clear()
     assert capsys.readouterr().err.count("the CPU decode kernels need a C compiler (cc or $CC) and found none") == 1
+
+
+def test_without_the_kernels_sources_the_lean_forward_says_so_once_and_runs_on_torch_ops(make_model, monkeypatch,
+                                                                                          capsys, tmp_path):
+    cpu_kernels.load.cache_clear()
+    monkeypatch.setattr(cpu_kernels, "SOURCES", tmp_path)  # an install that left them out
+    try:
+        assert LeanForward(make_model(0)).kernels is None
+        assert LeanForward(make_model(0)).kernels is None
+    finally:
+        cpu_kernels.load.cache_clear()
+    assert capsys.readouterr().err.count(f"no C sources in {tmp_path}") == 1
+
+
+def test_every_kernel_source_is_package_data_an_install_carries():
+    declared = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["areal.engines.decode"]
+    package = Path(cpu_kernels.__file__).parent
+    sources = [p.relative_to(package).as_posix() for p in cpu_kernels.SOURCES.iterdir()]
+    assert {"attention.c", "multiply.c", "step.c", "kernels.h"} <= {Path(s).name for s in sources}
+    assert all(any(fnmatch.fnmatch(s, glob) for glob in declared) for s in sources)
 
 
 def prefill_and_step(lean: LeanForward) -> tuple[torch.Tensor, torch.Tensor, SlotKV]:

@@ -1,4 +1,4 @@
-"""The CPU decode kernels (cpu_kernels.c): built once per machine with the system's C compiler, called by ctypes.
+"""The CPU decode kernels (csrc/): built once per machine with the system's C compiler, called by ctypes.
 
 Profiled at the tiny coder's shape, one thread, 128 rows, the eager lean step spent less than half its time in
 its matrix multiplies: attention as MKL's batched multiply of 256 tiny matrices ran at a few GFLOP/s, and the
@@ -7,11 +7,13 @@ to compute. torch.compile of the step took 43 s and ran slower than eager (it co
 loops do that work in four calls a layer, and `decode_layers` runs the whole layer loop in one call: its matrix
 multiplies are its own over packed copies of the weights where the machine has AVX-512 (`pack_weight`,
 `linear_packed`: MKL re-packed them on every call), else MKL's `sgemm_`, which torch's CPU library exports, called
-as torch's F.linear calls it (same bits); the head's is `sgemm_`. `decode_step` runs a whole eager decode step in one call: the embedding, the layers, the head, the draw and the
-slot state's advance (their dozen torch ops were 6-7 % of a 128-row generate).
+as torch's F.linear calls it (same bits); the head's is `sgemm_`. `decode_step` runs a whole eager decode step in
+one call: the embedding, the layers, the head, the draw and the slot state's advance (their dozen torch ops were 6-7 %
+of a 128-row generate).
 
-The library is built with `cc -O3 -march=native` (no -ffast-math: loaded into a process, its start-up code
-would flush denormals for torch too) into $AREAL_CACHE/kernels (keyed by the source and the CPU), in
+The sources are in csrc/ by job (attention.c, multiply.c, step.c, the header they share). The library is built
+with `cc -O3 -march=native` (no -ffast-math: loaded into a process, its start-up code would flush denormals for
+torch too) into $AREAL_CACHE/kernels (keyed by the sources and the CPU), in
 about a second, and loaded with ctypes: no torch headers, no Python extension build. Without a C compiler (or if
 the build fails) `load()` says why once and the lean forward runs on torch ops alone. Float32 only: a float64
 model (the tests' references) takes the torch ops.
@@ -37,7 +39,7 @@ from torch import Tensor
 
 from areal.models.cache import cache_root
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCES = Path(__file__).with_name("csrc")  # attention.c, multiply.c, step.c and the header they share
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {
     "add_rms_norm": [_P, _P, _P, _P, _I, _I, _F],
@@ -64,13 +66,21 @@ def _cpu_key() -> str:
     return f"{platform.machine()} {flags}"
 
 
-def _build(compiler: str, target: Path) -> None:
+def _sources() -> list[Path]:
+    """The kernels' C sources and header, in a fixed order; OSError when the package holds none."""
+    sources = sorted(p for p in SOURCES.iterdir() if p.suffix in (".c", ".h"))
+    if not any(p.suffix == ".c" for p in sources):
+        raise FileNotFoundError(f"no C sources in {SOURCES}")
+    return sources
+
+
+def _build(compiler: str, target: Path, sources: list[Path]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:  # two workers may build at once: rename wins
         built = Path(scratch) / target.name
         flags = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC"]
-        subprocess.run([compiler, *flags, "-o", str(built), str(SOURCE)], check=True, capture_output=True,
-                       timeout=120)
+        units = [str(p) for p in sources if p.suffix == ".c"]
+        subprocess.run([compiler, *flags, "-o", str(built), *units], check=True, capture_output=True, timeout=120)
         os.replace(built, target)
 
 
@@ -82,11 +92,14 @@ def load() -> CpuKernels | None:
         print("areal: generation: the CPU decode kernels need a C compiler (cc or $CC) and found none; the lean "
               "forward runs on torch ops alone (slower; install gcc to build them)", file=sys.stderr)
         return None
-    key = hashlib.sha256(SOURCE.read_bytes() + _cpu_key().encode()).hexdigest()[:16]
-    target = cache_root() / "kernels" / key / "decode_kernels.so"
     try:
+        sources = _sources()
+        digest = hashlib.sha256(_cpu_key().encode())
+        for p in sources:
+            digest.update(p.name.encode() + b"\0" + p.read_bytes())
+        target = cache_root() / "kernels" / digest.hexdigest()[:16] / "decode_kernels.so"
         if not target.exists():
-            _build(compiler, target)
+            _build(compiler, target, sources)
         return CpuKernels(ctypes.CDLL(str(target)))
     except (OSError, subprocess.SubprocessError) as e:
         detail = getattr(e, "stderr", b"") or b""
@@ -96,7 +109,7 @@ def load() -> CpuKernels | None:
 
 
 class CpuKernels:
-    """The library's calls over float32 CPU tensors (contiguous where cpu_kernels.c says so)."""
+    """The library's calls over float32 CPU tensors (contiguous where csrc/ says so)."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         for name, arguments in _SIGNATURES.items():
@@ -135,7 +148,7 @@ class CpuKernels:
                       cos: Tensor, sin: Tensor, positions: Tensor, width: int, *, heads: int, kv_heads: int,
                       head_dim: int, intermediate: int, scale: float, eps: float, shared: Shared | None = None,
                       slots: Tensor | None = None, kept: Tensor | None = None, packed: bool = False) -> None:
-        """Every layer of the lean forward in one call (see cpu_kernels.c), its multiplies by the packed kernel
+        """Every layer of the lean forward in one call (see csrc/step.c), its multiplies by the packed kernel
         where `packed` (weights' addresses of pack_weight's copies), else by `gemm` (the address torch_sgemm gives,
         as F.linear): x [n, hidden] updated in place; h [n, hidden] from the first layer's normed input to the
         final norm's output; weights [layers, 10] int64 addresses; kv [L, 2, S, KVH, C, D] as SlotKV lays it out;
@@ -161,7 +174,7 @@ class CpuKernels:
                     heads: int, kv_heads: int, head_dim: int, intermediate: int, scale: float, eps: float,
                     shared: Shared | None = None, slots: Tensor | None = None, packed: bool = False,
                     ) -> tuple[Tensor, Tensor]:
-        """A decode step of slots 0..n-1 (or slots[i]) in one call (see cpu_kernels.c): the embedding, decode_layers
+        """A decode step of slots 0..n-1 (or slots[i]) in one call (see csrc/step.c): the embedding, decode_layers
         (`norms`: the first layer's input norm and the final one; `packed` as there), the head, the draw at top_p =
         1 and the slot state's advance; the tokens [n] int64 and their log-probs [n] float32."""
         vocab, hidden = head.shape

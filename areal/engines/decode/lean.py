@@ -241,7 +241,7 @@ class LeanForward:
                         shared: cpu_kernels.Shared | None, slots: Tensor | None = None,
                         kept: Tensor | None = None) -> Tensor:
         """`decode` with the C kernels: the layer loop in one C call when torch's sgemm_ is reachable, else per
-        layer four matrix multiplies by torch and four kernel calls (see cpu_kernels.c). With
+        layer four matrix multiplies by torch and four kernel calls (see decode/csrc/). With
         `slots`, row i is a token of slot slots[i] (a prefill: a slot's rows in the order of their positions; a
         decode step: the running slots). The final norm's output of every row, or of the rows `kept` (increasing:
         a prefill's last token a prompt, whose logits alone are read) in their order."""
