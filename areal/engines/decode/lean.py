@@ -167,7 +167,9 @@ class LeanForward:
 
     def refresh(self) -> None:
         """After new weights landed in the model's storage: the packed copies the kernels multiply by, again."""
-        for layer, packed in zip(self.layers, self._packed, strict=False):
+        if not self._packed:
+            return
+        for layer, packed in zip(self.layers, self._packed, strict=True):
             for weight, into in zip((layer.qkv, layer.o, layer.gate_up, layer.down), packed, strict=True):
                 self.kernels.pack_weight(weight, into)  # type: ignore[union-attr]
 

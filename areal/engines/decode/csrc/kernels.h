@@ -18,7 +18,7 @@
 #define LANES 8
 
 /* Prefetches the compiler keeps: GCC 12 deletes a loop of __builtin_prefetch as dead code when its bounds are read
- * through a pointer (it did so to this file's), so on x86-64 the instructions are written out. */
+ * through a pointer (it did so to the attention kernel's), so on x86-64 the instructions are written out. */
 #if defined(__x86_64__)
 #define PREFETCH_FOR_WRITE(p) __asm__ volatile("prefetchw %0" : : "m"(*(const char *)(p)))
 #define PREFETCH_TO_L2(p) __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)(p)))
@@ -29,9 +29,10 @@
 
 /* Weights the next multiplies read, asked of the L2 a few lines a row by the loop that runs before them (attention
  * before o and gate_up, the activation before down and the next layer's qkv). A decode step's weights (3 MB at the
- * tiny coder's shape) do not stay in a 1 MiB L2 from one step to the next, and MKL's packing read them from the L3
- * as it went: 10 % of a 128-row generate, 3 % with them asked for ahead (the generate 1.03-1.07x). Spread over the
- * loop's first half, the asks overlap its work and the last lines arrive before it ends. */
+ * tiny coder's shape) do not stay in a 1 MiB L2 from one step to the next, so each multiply read its weights from
+ * the L3 as it went (MKL's packing of them: 10 % of a 128-row generate, 3 % with them asked for ahead; the generate
+ * 1.03-1.07x). Spread over the loop's first half, the asks overlap its work and the last lines arrive before it
+ * ends. */
 typedef struct {
     const char *at[2];
     int64_t left[2];   /* bytes still to ask for, of each region (whole lines) */
