@@ -2,6 +2,37 @@
  * attention over that slot's own filled columns (a group's prompt read from the one slot holding it). */
 #include "kernels.h"
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* Columns [c, c + count) of scores (count <= 8): eight accumulators a head, one a column, reduced together by a tree
+ * of hadds. A column's sum comes out the same wherever it falls in a block (the accumulators past count load column
+ * c again and are not stored), so a row gets the same bits whichever slot it reads a shared prompt from. */
+static inline void score_block(const float *qs, int heads, const float *keys, int64_t c, int count, int64_t d,
+                               int64_t cs, __m256 scaled, float *out, int64_t stride) {
+    __m256 a[2][8];
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 8; l++) a[h][l] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < d; t += 8) {
+        __m256 q0 = _mm256_loadu_ps(qs + t), q1 = _mm256_loadu_ps(qs + (heads - 1) * d + t);
+        for (int l = 0; l < 8; l++) {
+            __m256 k = _mm256_loadu_ps(keys + (c + (l < count ? l : 0)) * cs + t);
+            a[0][l] = _mm256_fmadd_ps(q0, k, a[0][l]);
+            if (heads == 2) a[1][l] = _mm256_fmadd_ps(q1, k, a[1][l]);
+        }
+    }
+    __m256i stored = _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int h = 0; h < heads; h++) {
+        __m256 *b = a[h];
+        __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(b[0], b[1]), _mm256_hadd_ps(b[2], b[3]));
+        __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(b[4], b[5]), _mm256_hadd_ps(b[6], b[7]));
+        __m256 total = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+        if (count == 8)
+            _mm256_storeu_ps(out + h * stride + c, _mm256_mul_ps(total, scaled));
+        else
+            _mm256_maskstore_ps(out + h * stride + c, stored, _mm256_mul_ps(total, scaled));
+    }
+}
+#endif
+
 /* For q heads qs[0..heads) (heads 1 or 2, d floats apart) and columns [from, to): out[h * stride + c] = scale *
  * q_h . keys[c], column c's d floats at keys + c * cs. Two heads share each column's loads; each head's sums are
  * those of one head alone. */
@@ -9,39 +40,22 @@ static void scores(const float *qs, int heads, const float *keys, int64_t from, 
                    float scale, float *out, int64_t stride) {
     int64_t c = from;
 #if defined(__AVX2__) && defined(__FMA__)
-    if (d % 8 == 0) {  /* eight columns at a time: eight accumulators a head, reduced together by a tree of hadds */
+    if (d % 8 == 0) {
         __m256 scaled = _mm256_set1_ps(scale);
-        for (; c + 8 <= to; c += 8) {
-            __m256 a[2][8];
-            for (int h = 0; h < 2; h++)
-                for (int l = 0; l < 8; l++) a[h][l] = _mm256_setzero_ps();
-            for (int64_t t = 0; t < d; t += 8) {
-                __m256 q0 = _mm256_loadu_ps(qs + t), q1 = _mm256_loadu_ps(qs + (heads - 1) * d + t);
-                for (int l = 0; l < 8; l++) {
-                    __m256 k = _mm256_loadu_ps(keys + (c + l) * cs + t);
-                    a[0][l] = _mm256_fmadd_ps(q0, k, a[0][l]);
-                    if (heads == 2) a[1][l] = _mm256_fmadd_ps(q1, k, a[1][l]);
-                }
-            }
-            for (int h = 0; h < heads; h++) {
-                __m256 *b = a[h];
-                __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(b[0], b[1]), _mm256_hadd_ps(b[2], b[3]));
-                __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(b[4], b[5]), _mm256_hadd_ps(b[6], b[7]));
-                __m256 total = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20),
-                                             _mm256_permute2f128_ps(h0, h1, 0x31));
-                _mm256_storeu_ps(out + h * stride + c, _mm256_mul_ps(total, scaled));
-            }
-        }
+        for (; c + 8 <= to; c += 8) score_block(qs, heads, keys, c, 8, d, cs, scaled, out, stride);
+        if (c < to) score_block(qs, heads, keys, c, (int)(to - c), d, cs, scaled, out, stride);
+        return;
     }
 #endif
     for (; c < to; c++)
         for (int h = 0; h < heads; h++) out[h * stride + c] = dot(qs + h * d, keys + c * cs, d) * scale;
 }
 
-/* For heads h < heads (1 or 2): os[h * d ...] += sum over columns [from, to) of ps[h * stride + c] * values[c]
- * (d floats at values + c * cs). Two heads share each column's loads; each head's sums are those of one alone. */
-static void weighted(const float *ps, int heads, int64_t stride, const float *values, int64_t from, int64_t to,
-                     int64_t d, int64_t cs, float *os) {
+/* For heads h < heads (1 or 2): os[h * d ...] += sum over columns [from, to) of (ps[h * stride + c] * inv[h]) *
+ * values[c] (d floats at values + c * cs). Two heads share each column's loads; each head's sums are those of one
+ * alone. */
+static void weighted(const float *ps, const float *inv, int heads, int64_t stride, const float *values, int64_t from,
+                     int64_t to, int64_t d, int64_t cs, float *os) {
     int64_t t = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     for (; t + 32 <= d; t += 32) {  /* 32 outputs a head in four registers across the column loop */
@@ -52,10 +66,10 @@ static void weighted(const float *ps, int heads, int64_t stride, const float *va
             const float *row = values + c * cs + t;
             __m256 v[4];
             for (int r = 0; r < 4; r++) v[r] = _mm256_loadu_ps(row + 8 * r);
-            __m256 w0 = _mm256_set1_ps(ps[c]);
+            __m256 w0 = _mm256_set1_ps(ps[c] * inv[0]);
             for (int r = 0; r < 4; r++) o[0][r] = _mm256_fmadd_ps(w0, v[r], o[0][r]);
             if (heads == 2) {
-                __m256 w1 = _mm256_set1_ps(ps[stride + c]);
+                __m256 w1 = _mm256_set1_ps(ps[stride + c] * inv[1]);
                 for (int r = 0; r < 4; r++) o[1][r] = _mm256_fmadd_ps(w1, v[r], o[1][r]);
             }
         }
@@ -66,18 +80,37 @@ static void weighted(const float *ps, int heads, int64_t stride, const float *va
     for (; t < d; t++)
         for (int h = 0; h < heads; h++) {
             float acc = os[h * d + t];
-            for (int64_t c = from; c < to; c++) acc += ps[h * stride + c] * values[c * cs + t];
+            for (int64_t c = from; c < to; c++)  /* fused as the vector path's: GCC would otherwise vectorize part of
+                                                  * the loop with the products rounded, at lengths of its choosing */
+                acc = fmaf(ps[h * stride + c] * inv[h], values[c * cs + t], acc);
             os[h * d + t] = acc;
         }
 }
 
-static inline void rotate(float *x, const float *cos, const float *sin, int64_t d) {
-    int64_t half = d / 2;
-    for (int64_t t = 0; t < half; t++) {
-        float a = x[t], b = x[t + half];
-        x[t] = a * cos[t] - b * sin[t];
-        x[t + half] = b * cos[t + half] + a * sin[t + half];
+/* Rotate `heads` heads (d floats apart, from x) by one position's tables, loaded once for all heads. Each output is
+ * one fused multiply-add over a rounded product, a * cos - (b * sin) and b * cos + (a * sin), in either loop (the
+ * bits the compiler's contraction of the plain expressions gave). */
+static inline void rotate(float *restrict x, int64_t heads, const float *restrict cos, const float *restrict sin,
+                          int64_t d) {
+    int64_t half = d / 2, t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; t + 8 <= half; t += 8) {
+        __m256 cos_lo = _mm256_loadu_ps(cos + t), sin_lo = _mm256_loadu_ps(sin + t);
+        __m256 cos_hi = _mm256_loadu_ps(cos + half + t), sin_hi = _mm256_loadu_ps(sin + half + t);
+        for (int64_t h = 0; h < heads; h++) {
+            float *y = x + h * d;
+            __m256 a = _mm256_loadu_ps(y + t), b = _mm256_loadu_ps(y + half + t);
+            _mm256_storeu_ps(y + t, _mm256_fmsub_ps(a, cos_lo, _mm256_mul_ps(b, sin_lo)));
+            _mm256_storeu_ps(y + half + t, _mm256_fmadd_ps(b, cos_hi, _mm256_mul_ps(a, sin_hi)));
+        }
     }
+#endif
+    for (; t < half; t++)
+        for (int64_t h = 0; h < heads; h++) {
+            float *y = x + h * d, a = y[t], b = y[t + half];
+            y[t] = fmaf(a, cos[t], -(b * sin[t]));
+            y[t + half] = fmaf(b, cos[t + half], a * sin[t + half]);
+        }
 }
 
 /* max of p[0..len), len >= 1: eight lanes, then across them (exact in any order, so the same as one pass) */
@@ -93,12 +126,22 @@ static inline float row_max(const float *p, int64_t len) {
     return top;
 }
 
-/* softmax over p[0..len), len >= 1, in place: exp(p - max) / their sum */
-static void softmax(float *p, int64_t len) {
-    float top = row_max(p, len);
-    for (int64_t col = 0; col < len; col++) p[col] = exp_f32(p[col] - top);
-    float inv = 1.0f / sum(p, len);
-    for (int64_t col = 0; col < len; col++) p[col] *= inv;
+/* Softmax's numerators in place, exp(p - max) over p[0..len), len >= 1, and 1 / their sum (summed as sum() sums):
+ * the weighted sum scales each weight as it reads it, which saves a pass and gives the same bits. */
+static float exponentiate(float *p, int64_t len) {
+    float top = row_max(p, len), acc[LANES] = {0};
+    int64_t c = 0;
+    for (; c + LANES <= len; c += LANES)
+        for (int l = 0; l < LANES; l++) {
+            p[c + l] = exp_f32(p[c + l] - top);
+            acc[l] += p[c + l];
+        }
+    float total = lanes_total(acc);
+    for (; c < len; c++) {
+        p[c] = exp_f32(p[c] - top);
+        total += p[c];
+    }
+    return 1.0f / total;
 }
 
 typedef struct {
@@ -139,7 +182,7 @@ static inline void prefetch_columns(const Attention *a, int64_t b, int64_t from,
 static void rotate_and_write(const Attention *a, int64_t row) {
     int64_t d = a->d, b = a->slots ? a->slots[row] : row, pos = a->positions[row];
     float *q = a->qkv + row * (a->heads + 2 * a->kv_heads) * d, *k = q + a->heads * d, *v = k + a->kv_heads * d;
-    for (int64_t h = 0; h < a->heads + a->kv_heads; h++) rotate(q + h * d, a->cos + pos * d, a->sin + pos * d, d);
+    rotate(q, a->heads + a->kv_heads, a->cos + pos * d, a->sin + pos * d, d);
     for (int64_t j = 0; j < a->kv_heads; j++) {
         float *K = a->keys + b * a->slot_stride + j * a->head_stride + pos * a->col_stride;
         float *V = a->values + b * a->slot_stride + j * a->head_stride + pos * a->col_stride;
@@ -168,14 +211,15 @@ static void attend_row(const Attention *a, int64_t row, int64_t at, int64_t from
             scores(Q + g * d, pair, K, cut, len, d, a->col_stride, a->scale, scratch + g * len, len);
         }
         float *O = a->out + (at * a->heads + j * group) * d;
-        for (int64_t g = 0; g < group; g++) {
-            softmax(scratch + g * len, len);
-            for (int64_t t = 0; t < d; t++) O[g * d + t] = 0.0f;
-        }
         for (int64_t g = 0; g < group; g += 2) {
             int pair = g + 1 < group ? 2 : 1;
-            weighted(scratch + g * len, pair, len, Vf, 0, cut, d, a->col_stride, O + g * d);
-            weighted(scratch + g * len, pair, len, V, cut, len, d, a->col_stride, O + g * d);
+            float inv[2];
+            for (int h = 0; h < pair; h++) {
+                inv[h] = exponentiate(scratch + (g + h) * len, len);
+                for (int64_t t = 0; t < d; t++) O[(g + h) * d + t] = 0.0f;
+            }
+            weighted(scratch + g * len, inv, pair, len, Vf, 0, cut, d, a->col_stride, O + g * d);
+            weighted(scratch + g * len, inv, pair, len, V, cut, len, d, a->col_stride, O + g * d);
         }
     }
 }
@@ -191,7 +235,7 @@ static void attend_row(const Attention *a, int64_t row, int64_t at, int64_t from
  * from the cache once a group, not once a row (NULL: none shared). While a row attends, the kernel asks for the
  * next row's write column and the L2 for the columns the row after next reads (and for the weights `next` names).
  * scratch holds (heads / kv heads) * (max position + 1) floats. */
-/* Everything inlined into the row loop: with attend_row called from two kernels GCC 12 left scores, softmax and
+/* Everything inlined into the row loop: with attend_row called from two kernels GCC 12 left scores, the softmax and
  * weighted as calls, and that build ran the recipe's generate at 0.94x of this one (medians of 16, one process). */
 __attribute__((flatten))
 INTERNAL void attend_rows(float *qkv, const float *cos, const float *sin, const int64_t *positions,

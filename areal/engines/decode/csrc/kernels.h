@@ -78,12 +78,17 @@ static inline float exp_f32(float x) {
     return p * scale;
 }
 
+/* The lanes' partial sums added in the one order sum() and dot() use (a tail then adds to it term by term). */
+static inline float lanes_total(const float *acc) {
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
 static inline float sum(const float *a, int64_t d) {
     float acc[LANES] = {0};
     int64_t t = 0;
     for (; t + LANES <= d; t += LANES)
         for (int l = 0; l < LANES; l++) acc[l] += a[t + l];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    float s = lanes_total(acc);
     for (; t < d; t++) s += a[t];
     return s;
 }
@@ -93,7 +98,7 @@ static inline float dot(const float *a, const float *b, int64_t d) {
     int64_t t = 0;
     for (; t + LANES <= d; t += LANES)
         for (int l = 0; l < LANES; l++) acc[l] += a[t + l] * b[t + l];
-    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    float s = lanes_total(acc);
     for (; t < d; t++) s += a[t] * b[t];
     return s;
 }
