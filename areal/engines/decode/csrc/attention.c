@@ -2,19 +2,33 @@
  * attention over that slot's own filled columns (a group's prompt read from the one slot holding it). */
 #include "kernels.h"
 
+/* A row's columns of one kv head: those below `cut` in the group's source slot, the rest in its own; column c's d
+ * floats at column(cols, c). One pass over both, not one a slot: a row's sums do not depend on where the source's
+ * columns end, and a row and head run one loop's blocks and exit instead of two. */
+typedef struct {
+    const float *source, *own;
+    int64_t cut, stride;
+} Columns;
+
+static inline const float *column(const Columns *cols, int64_t c) {
+    return (c < cols->cut ? cols->source : cols->own) + c * cols->stride;
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 /* Columns [c, c + count) of scores (count <= 8): eight accumulators a head, one a column, reduced together by a tree
  * of hadds. A column's sum comes out the same wherever it falls in a block (the accumulators past count load column
- * c again and are not stored), so a row gets the same bits whichever slot it reads a shared prompt from. */
-static inline void score_block(const float *qs, int heads, const float *keys, int64_t c, int count, int64_t d,
-                               int64_t cs, __m256 scaled, float *out, int64_t stride) {
+ * c again and are not stored). */
+static inline void score_block(const float *qs, int heads, const Columns *keys, int64_t c, int count, int64_t d,
+                               __m256 scaled, float *out, int64_t stride) {
+    const float *at[8];
+    for (int l = 0; l < 8; l++) at[l] = column(keys, c + (l < count ? l : 0));
     __m256 a[2][8];
     for (int h = 0; h < 2; h++)
         for (int l = 0; l < 8; l++) a[h][l] = _mm256_setzero_ps();
     for (int64_t t = 0; t < d; t += 8) {
         __m256 q0 = _mm256_loadu_ps(qs + t), q1 = _mm256_loadu_ps(qs + (heads - 1) * d + t);
         for (int l = 0; l < 8; l++) {
-            __m256 k = _mm256_loadu_ps(keys + (c + (l < count ? l : 0)) * cs + t);
+            __m256 k = _mm256_loadu_ps(at[l] + t);
             a[0][l] = _mm256_fmadd_ps(q0, k, a[0][l]);
             if (heads == 2) a[1][l] = _mm256_fmadd_ps(q1, k, a[1][l]);
         }
@@ -33,37 +47,36 @@ static inline void score_block(const float *qs, int heads, const float *keys, in
 }
 #endif
 
-/* For q heads qs[0..heads) (heads 1 or 2, d floats apart) and columns [from, to): out[h * stride + c] = scale *
- * q_h . keys[c], column c's d floats at keys + c * cs. Two heads share each column's loads; each head's sums are
- * those of one head alone. */
-static void scores(const float *qs, int heads, const float *keys, int64_t from, int64_t to, int64_t d, int64_t cs,
-                   float scale, float *out, int64_t stride) {
-    int64_t c = from;
+/* For q heads qs[0..heads) (heads 1 or 2, d floats apart) and columns [0, len): out[h * stride + c] = scale *
+ * q_h . keys[c]. Two heads share each column's loads; each head's sums are those of one head alone, and a
+ * column's the same wherever the source's columns end. */
+static void scores(const float *qs, int heads, const Columns *keys, int64_t len, int64_t d, float scale, float *out,
+                   int64_t stride) {
+    int64_t c = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     if (d % 8 == 0) {
         __m256 scaled = _mm256_set1_ps(scale);
-        for (; c + 8 <= to; c += 8) score_block(qs, heads, keys, c, 8, d, cs, scaled, out, stride);
-        if (c < to) score_block(qs, heads, keys, c, (int)(to - c), d, cs, scaled, out, stride);
+        for (; c + 8 <= len; c += 8) score_block(qs, heads, keys, c, 8, d, scaled, out, stride);
+        if (c < len) score_block(qs, heads, keys, c, (int)(len - c), d, scaled, out, stride);
         return;
     }
 #endif
-    for (; c < to; c++)
-        for (int h = 0; h < heads; h++) out[h * stride + c] = dot(qs + h * d, keys + c * cs, d) * scale;
+    for (; c < len; c++)
+        for (int h = 0; h < heads; h++) out[h * stride + c] = dot(qs + h * d, column(keys, c), d) * scale;
 }
 
-/* For heads h < heads (1 or 2): os[h * d ...] += sum over columns [from, to) of (ps[h * stride + c] * inv[h]) *
- * values[c] (d floats at values + c * cs). Two heads share each column's loads; each head's sums are those of one
- * alone. */
-static void weighted(const float *ps, const float *inv, int heads, int64_t stride, const float *values, int64_t from,
-                     int64_t to, int64_t d, int64_t cs, float *os) {
+/* For heads h < heads (1 or 2): os[h * d ...] = sum over columns [0, len) of (ps[h * stride + c] * inv[h]) *
+ * values[c], in column order. Two heads share each column's loads; each head's sums are those of one alone. */
+static void weighted(const float *ps, const float *inv, int heads, int64_t stride, const Columns *values,
+                     int64_t len, int64_t d, float *os) {
     int64_t t = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     for (; t + 32 <= d; t += 32) {  /* 32 outputs a head in four registers across the column loop */
         __m256 o[2][4];
         for (int h = 0; h < 2; h++)
-            for (int r = 0; r < 4; r++) o[h][r] = _mm256_loadu_ps(os + (h < heads ? h : 0) * d + t + 8 * r);
-        for (int64_t c = from; c < to; c++) {
-            const float *row = values + c * cs + t;
+            for (int r = 0; r < 4; r++) o[h][r] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < len; c++) {
+            const float *row = column(values, c) + t;
             __m256 v[4];
             for (int r = 0; r < 4; r++) v[r] = _mm256_loadu_ps(row + 8 * r);
             __m256 w0 = _mm256_set1_ps(ps[c] * inv[0]);
@@ -79,10 +92,10 @@ static void weighted(const float *ps, const float *inv, int heads, int64_t strid
 #endif
     for (; t < d; t++)
         for (int h = 0; h < heads; h++) {
-            float acc = os[h * d + t];
-            for (int64_t c = from; c < to; c++)  /* fused as the vector path's: GCC would otherwise vectorize part of
-                                                  * the loop with the products rounded, at lengths of its choosing */
-                acc = fmaf(ps[h * stride + c] * inv[h], values[c * cs + t], acc);
+            float acc = 0.0f;
+            for (int64_t c = 0; c < len; c++)  /* fused as the vector path's: GCC would otherwise vectorize part of
+                                                * the loop with the products rounded, at lengths of its choosing */
+                acc = fmaf(ps[h * stride + c] * inv[h], column(values, c)[t], acc);
             os[h * d + t] = acc;
         }
 }
@@ -200,26 +213,18 @@ static void attend_row(const Attention *a, int64_t row, int64_t at, int64_t from
     int64_t d = a->d, group = a->heads / a->kv_heads, b = a->slots ? a->slots[row] : row, len = a->positions[row] + 1;
     const float *q = a->qkv + row * (a->heads + 2 * a->kv_heads) * d;
     for (int64_t j = 0; j < a->kv_heads; j++) {
-        const float *K = a->keys + b * a->slot_stride + j * a->head_stride;
-        const float *V = a->values + b * a->slot_stride + j * a->head_stride;
-        const float *Kf = a->keys + from * a->slot_stride + j * a->head_stride;
-        const float *Vf = a->values + from * a->slot_stride + j * a->head_stride;
+        int64_t head = j * a->head_stride, own = b * a->slot_stride + head, source = from * a->slot_stride + head;
+        Columns K = {a->keys + source, a->keys + own, cut, a->col_stride};
+        Columns V = {a->values + source, a->values + own, cut, a->col_stride};
         const float *Q = q + j * group * d;
-        for (int64_t g = 0; g < group; g += 2) {
-            int pair = g + 1 < group ? 2 : 1;
-            scores(Q + g * d, pair, Kf, 0, cut, d, a->col_stride, a->scale, scratch + g * len, len);
-            scores(Q + g * d, pair, K, cut, len, d, a->col_stride, a->scale, scratch + g * len, len);
-        }
+        for (int64_t g = 0; g < group; g += 2)
+            scores(Q + g * d, g + 1 < group ? 2 : 1, &K, len, d, a->scale, scratch + g * len, len);
         float *O = a->out + (at * a->heads + j * group) * d;
         for (int64_t g = 0; g < group; g += 2) {
             int pair = g + 1 < group ? 2 : 1;
             float inv[2];
-            for (int h = 0; h < pair; h++) {
-                inv[h] = exponentiate(scratch + (g + h) * len, len);
-                for (int64_t t = 0; t < d; t++) O[(g + h) * d + t] = 0.0f;
-            }
-            weighted(scratch + g * len, inv, pair, len, Vf, 0, cut, d, a->col_stride, O + g * d);
-            weighted(scratch + g * len, inv, pair, len, V, cut, len, d, a->col_stride, O + g * d);
+            for (int h = 0; h < pair; h++) inv[h] = exponentiate(scratch + (g + h) * len, len);
+            weighted(scratch + g * len, inv, pair, len, &V, len, d, O + g * d);
         }
     }
 }
