@@ -160,8 +160,8 @@ class LeanForward:
         if self._gemm is not None:  # the weights' addresses, ten a layer (0: no bias), for decode_layers
             self._addresses = torch.tensor([[0 if t is None else t.data_ptr() for t in table] for table in tables],
                                            dtype=torch.int64)
-            for i, packed in enumerate(self._packed):
-                self._addresses[i, [2, 4, 6, 8]] = torch.tensor([w.data_ptr() for w in packed])
+            for i, copies in enumerate(self._packed):
+                self._addresses[i, [2, 4, 6, 8]] = torch.tensor([w.data_ptr() for w in copies])
         self.cos = self.sin = torch.zeros(0, self.head_dim, dtype=self.dtype, device=self.device)
         self._index = torch.zeros(0, dtype=torch.int64, device=self.device)  # 0, 1, 2, ... for masks and rows
 

@@ -217,12 +217,11 @@ static void attend_row(const Attention *a, int64_t row, int64_t at, int64_t from
         Columns K = {a->keys + source, a->keys + own, cut, a->col_stride};
         Columns V = {a->values + source, a->values + own, cut, a->col_stride};
         const float *Q = q + j * group * d;
-        for (int64_t g = 0; g < group; g += 2)
-            scores(Q + g * d, g + 1 < group ? 2 : 1, &K, len, d, a->scale, scratch + g * len, len);
         float *O = a->out + (at * a->heads + j * group) * d;
         for (int64_t g = 0; g < group; g += 2) {
             int pair = g + 1 < group ? 2 : 1;
             float inv[2];
+            scores(Q + g * d, pair, &K, len, d, a->scale, scratch + g * len, len);
             for (int h = 0; h < pair; h++) inv[h] = exponentiate(scratch + (g + h) * len, len);
             weighted(scratch + g * len, inv, pair, len, &V, len, d, O + g * d);
         }

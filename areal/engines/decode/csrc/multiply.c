@@ -96,7 +96,7 @@ void linear_packed(const float *x, const float *packed, const float *bias, float
 /* A layer's multiply: by the packed kernel where its weights were packed (decode_layers' `packed`), else through
  * `gemm` as torch's F.linear (w as the model holds it). */
 INTERNAL void layer_linear(sgemm_fn gemm, int64_t packed, const float *x, const float *w, const float *bias,
-                                float *out, int64_t n, int64_t rows, int64_t cols) {
+                           float *out, int64_t n, int64_t rows, int64_t cols) {
     if (packed)
         linear_packed(x, w, bias, out, n, rows, cols);
     else
