@@ -21,7 +21,7 @@ from torch import Tensor
 RUNTIME_FIELDS = ("sample_id", "group_id", "versions")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Ragged:
     """Variable-length rows packed end to end: row i is values[offsets[i]:offsets[i+1]]."""
 
@@ -67,6 +67,25 @@ class Ragged:
 
     def rows(self) -> list[Tensor]:
         return list(torch.split(self.values, self.lengths.tolist()))
+
+    def padded(self, fill: float = 0) -> Tensor:
+        """[S, longest, ...]: row i's values, then `fill` (for code that wants a rectangle; which places are real:
+        `torch.arange(longest) < ragged.lengths[:, None]`)."""
+        longest = int(self.lengths.max()) if len(self) else 0
+        out = self.values.new_full((len(self), longest, *self.values.shape[1:]), fill)
+        owner = self.sample_index()
+        out[owner, torch.arange(self.values.shape[0]) - self.offsets[owner]] = self.values
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        """Whether two Raggeds hold the same rows. Against anything else it raises: `ragged != 0` reads as a
+        per-token test, and a dataclass would answer it with one silent True."""
+        if not isinstance(other, Ragged):
+            raise TypeError(f"a Ragged compares only with a Ragged, not {type(other).__name__}: compare its .values "
+                            "(every row's values packed end to end) or .padded() (a [rows, longest] tensor)")
+        return torch.equal(self.offsets, other.offsets) and torch.equal(self.values, other.values)
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and tensors' values can change
 
     def select(self, index: Sequence[int]) -> Ragged:
         return Ragged.from_rows([self[i] for i in index], dtype=self.values.dtype)
