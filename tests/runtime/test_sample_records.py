@@ -67,6 +67,20 @@ def test_a_bad_condition_says_what_is_expected(tmp_path):
         read_samples(tmp_path)
 
 
+def test_a_condition_on_a_field_no_sample_has_or_a_port_two_nodes_have_is_refused_not_an_empty_match():
+    from areal.runtime.records.sample_records import SampleRecord
+
+    records = [SampleRecord(i, lag=i % 2, fields={"judge_a.score": i, "judge_b.score": -i, "rollout.prompt": f"p{i}"})
+               for i in range(4)]
+    with pytest.raises(ConfigError, match=r"no sample has a field 'scor' \(they have: .*judge_a\.score.*lag"):
+        select(records, where=["scor<1"])
+    with pytest.raises(ConfigError, match=r"2 nodes have a port 'score' \(judge_a\.score, judge_b\.score\): name one"):
+        select(records, where=["score<1"])
+    assert [r.sample_id for r in select(records, where=["judge_b.score<-1", "prompt~p"])] == [2, 3]
+    assert [r.sample_id for r in select(records, where=["lag==1"])] == [1, 3]
+    assert select([], where=["anything<1"]) == []  # nothing recorded yet: nothing to name
+
+
 def test_trained_lines_give_each_rows_runs_and_oldest_version_as_the_rows_themselves_say(tmp_path):
     import torch
 

@@ -21,6 +21,7 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "<=": operator.le, ">=": operator.ge, "!=": operator.ne, "==": operator.eq, "<": operator.lt, ">": operator.gt,
     "~": lambda value, text: text in str(value),
 }
+_COLUMNS = ("sample_id", "group_id", "status", "step", "lag", "reason", "node")  # a record's own, beside its fields
 _WHERE = re.compile(r"^\s*([\w.\-\[\]]+)\s*(<=|>=|!=|==|<|>|~)\s*(.*?)\s*$")
 
 
@@ -42,7 +43,7 @@ class SampleRecord:
     def value(self, name: str) -> Any:
         """A column by name: sample_id, group_id, status, step, lag, reason, node, or a field ("score.reward",
         or a port name when one node alone has it)."""
-        if name in ("sample_id", "group_id", "status", "step", "lag", "reason", "node"):
+        if name in _COLUMNS:
             return getattr(self, name)
         if name in self.fields:
             return self.fields[name]
@@ -78,7 +79,9 @@ def select(records: Iterable[SampleRecord], *, status: str | None = None, step: 
     (OP one of == != < <= > >= and ~, which means 'contains')."""
     if status is not None and status not in STATUSES:
         raise ConfigError(f"--status {status!r}: use one of {', '.join(STATUSES)}")
-    tests = [_condition(text) for text in where]
+    records = list(records)
+    names = {name for r in records for name in r.fields}
+    tests = [_condition(text, names) for text in where]
     chosen = [r for r in records if (status is None or r.status == status) and (step is None or r.step == step)
               and all(test(r) for test in tests)]
     return sorted(chosen, key=lambda r: r.sample_id)
@@ -109,12 +112,22 @@ def _expanded(runs: list[list[int]] | None) -> list[int] | None:
     return None if runs is None else [value for value, count in runs for _ in range(count)]
 
 
-def _condition(text: str) -> Callable[[SampleRecord], bool]:
+def _condition(text: str, names: set[str]) -> Callable[[SampleRecord], bool]:
+    """A test of one 'FIELD OP VALUE' condition; a FIELD no sample has, or a port name several nodes have, is an
+    error (either would match nothing, silently). `names`: the fields the samples hold ("node.port")."""
     match = _WHERE.match(text)
     if match is None:
         raise ConfigError(f"--where {text!r}: expected FIELD OP VALUE, e.g. 'score.reward<1' or "
                           "'rollout.completion~return' (OP: == != < <= > >= ~)")
     name, op, raw = match.groups()
+    if names and name not in _COLUMNS and name not in names:
+        owners = sorted(n for n in names if n.rpartition(".")[2] == name)
+        if not owners:
+            raise ConfigError(f"--where {text!r}: no sample has a field {name!r} (they have: "
+                              f"{', '.join(sorted(names | set(_COLUMNS)))})")
+        if len(owners) > 1:
+            raise ConfigError(f"--where {text!r}: {len(owners)} nodes have a port {name!r} ({', '.join(owners)}): "
+                              "name one")
     try:
         wanted: Any = json.loads(raw)
     except json.JSONDecodeError:
