@@ -273,9 +273,11 @@ def export(
 
       areal export runs/lora-rl-20261122-101500 out/adapter            # the adapter alone (a few MB)
     """
-    from areal.cli.export import export_checkpoint
+    from areal.cli.export import export_checkpoint, tokenizer_note
 
-    Console().print(f"wrote {export_checkpoint(run_dir, step, out_dir, model, merged=merged)}")
+    written = export_checkpoint(run_dir, step, out_dir, model, merged=merged)
+    note = tokenizer_note(written)
+    Console().print(f"wrote {written}" + (f"; {note}" if note else ""), highlight=False, soft_wrap=True)
 
 
 @app.command(name="eval")

@@ -99,6 +99,18 @@ def export_checkpoint(run_dir: Path, step: int | None, out_dir: Path, model: str
     return out_dir
 
 
+def tokenizer_note(out_dir: Path) -> str | None:
+    """How to load an exported directory's tokenizer where transformers' AutoTokenizer cannot: the built-in models'
+    is areal's CharTokenizer, and AutoTokenizer (transformers 5) builds a Qwen2 tokenizer for any qwen2 directory
+    whatever its files say, one that turns every text into no ids at all."""
+    config = out_dir / "tokenizer_config.json"
+    if not config.is_file() or json.loads(config.read_text()).get("tokenizer_class") != "CharTokenizer":
+        return None
+    return (f"its tokenizer is areal's character tokenizer: load it with "
+            f"areal.models.loading.load_tokenizer(Path({str(out_dir)!r})), not AutoTokenizer "
+            "(the model loads with AutoModelForCausalLM as usual)")
+
+
 def is_peft_dir(path: Path) -> bool:
     """A LoRA adapter directory (PEFT's layout, as `areal export` writes a LoRA run's)."""
     return (path / "adapter_config.json").is_file()

@@ -5,10 +5,10 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
-from areal.cli.export import export_checkpoint
+from areal.cli.export import export_checkpoint, tokenizer_note
 from areal.config import RunConfig
 from areal.errors import ConfigError
-from areal.models.loading import load_policy
+from areal.models.loading import load_policy, load_tokenizer
 from areal.runtime.storage.checkpoint import seal, staging_dir
 from tests.local_model import make_checkpoint
 
@@ -34,6 +34,17 @@ def test_exported_checkpoint_loads_with_transformers_and_gives_the_same_logits(t
         base_model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True).eval()
         assert not torch.allclose(base_model(ids).logits, trained(ids).logits)
     assert (out / "model.safetensors").exists() and (out / "tokenizer_config.json").exists()
+    # the built-in tokenizer: the note names the loader that gives the run's own ids back
+    _, run_tokenizer = load_policy(str(base))
+    assert "load_tokenizer" in tokenizer_note(out)
+    text = "def f(x):\n\treturn x + 3"
+    assert load_tokenizer(out).encode(text) == run_tokenizer.encode(text) and len(run_tokenizer.encode(text)) == 24
+
+
+def test_an_exported_tokenizer_that_autotokenizer_reads_gets_no_note(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text('{"tokenizer_class": "TokenizersBackend"}')
+    assert tokenizer_note(tmp_path) is None
+    assert tokenizer_note(tmp_path / "nothing-there") is None
 
 
 def _checkpoint(run, step: int) -> None:
