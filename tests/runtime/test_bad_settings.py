@@ -58,9 +58,38 @@ def test_one_sample_per_group_warns_once_that_the_update_moves_nothing(tmp_path,
     with caplog.at_level(logging.WARNING, "areal.controller"):
         controller.run()
     warnings = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-                if '"warning"' in line]
+                if '"warning"' in line and "advantage" in line]
     assert len(warnings) == 1 and "every advantage of step 1 is 0" in warnings[0]["warning"]
     assert "group_size=1" in warnings[0]["warning"]
+
+
+def test_a_run_whose_every_completion_is_cut_to_nothing_warns_once_naming_the_stop_strings(tmp_path):
+    from areal.models.tokenizer import ALPHABET
+
+    model = make_checkpoint(tmp_path / "ckpt")
+    stops = json.dumps(list(ALPHABET))  # a stop string at every character: every completion is cut to nothing
+    controller = _controller(tmp_path, TINY_RL, f"model={model}", f"generation.stop={stops}", "steps=2")
+    controller.run()
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if line["kind"] == "step"]
+    assert [(s["empty_share"], s["over_long_share"]) for s in steps] == [(1.0, 0.0), (1.0, 0.0)]
+    warnings = [line["warning"] for line in lines if line["kind"] == "warning" and "empty" in line["warning"]]
+    assert len(warnings) == 1 and "every sample step 1 trained had an empty completion" in warnings[0]
+    assert "generation.stop" in warnings[0]
+
+
+def test_a_step_of_cut_completions_warns_once_and_a_step_with_one_whole_one_does_not():
+    from areal.runtime.records.steps import StepRecorder
+
+    steps = StepRecorder(0, group_size=4, several_trainers=False)
+
+    def warned(version: int, share: float) -> list[str]:
+        return [w["warning"] for w in steps.warnings({"version": version, "wall_s": 1.0, "over_long_share": share})]
+
+    assert warned(1, 0.75) == []
+    said = warned(2, 1.0)
+    assert len(said) == 1 and "every sample step 2 trained was cut at generation.max_new_tokens" in said[0]
+    assert warned(3, 1.0) == []  # once a run
 
 
 def test_held_out_tasks_are_one_pass_of_the_file_and_repeated_ids_are_kept_and_named(tmp_path, caplog):

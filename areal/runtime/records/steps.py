@@ -21,7 +21,7 @@ class StepRecorder:
         self.group_size = group_size
         self.several_trainers = several_trainers
         self.node_metrics: dict[str, list[float]] = {}
-        self.warned_zero_advantage = False
+        self.warned: set[str] = set()  # the warnings said so far (each once a run)
 
     def on_metrics(self, values: dict[str, float]) -> None:
         for name, value in values.items():
@@ -52,11 +52,22 @@ class StepRecorder:
 
     def warnings(self, record: dict[str, Any]) -> list[dict[str, Any]]:
         """Metrics lines for what a step says is wrong, each said once a run (logged too)."""
-        if record.get("zero_advantage") != 1.0 or self.warned_zero_advantage:
-            return []
-        self.warned_zero_advantage = True
-        warning = (f"every advantage of step {record['version']} is 0: the update cannot move the policy "
-                   f"(group_size={self.group_size} with a group-normalised advantage, or every group's rewards "
-                   "equal?)")
-        log.warning("%s", warning)
-        return [{"kind": "warning", "version": record["version"], "warning": warning, "wall_s": record["wall_s"]}]
+        version, found = record["version"], []
+        if record.get("zero_advantage") == 1.0:
+            found.append(("zero_advantage", f"every advantage of step {version} is 0: the update cannot move the "
+                          f"policy (group_size={self.group_size} with a group-normalised advantage, or every group's "
+                          "rewards equal?)"))
+        if record.get("empty_share") == 1.0:
+            found.append(("empty", f"every sample step {version} trained had an empty completion: the model wrote "
+                          "nothing before a stop string or its end token. Check generation.stop (or the generate "
+                          "node's stop) against what the model writes for these prompts"))
+        if record.get("over_long_share") == 1.0:
+            found.append(("over_long", f"every sample step {version} trained was cut at generation.max_new_tokens: "
+                          "raise it, or leave cut completions out of the loss (trainer.truncated=mask)"))
+        lines = []
+        for kind, warning in found:
+            if kind not in self.warned:
+                self.warned.add(kind)
+                log.warning("%s", warning)
+                lines.append({"kind": "warning", "version": version, "warning": warning, "wall_s": record["wall_s"]})
+        return lines
