@@ -21,7 +21,7 @@ from rich.live import Live
 
 from areal.cli.progress import live_table, summary_table
 from areal.engines import needs_model, require_engines
-from areal.errors import ArealError, RunError
+from areal.errors import ArealError, RecipeError, RunError
 from areal.graph.node import Node
 from areal.graph.recipe import Recipe, load_recipe
 from areal.models.cache import cache_root
@@ -100,6 +100,7 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
     recipe = load_recipe(recipe_path, overrides)
     if resume is not None and (changed := check_changes(resume.run_dir, recipe.config)):
         notes.append(_report(console, "resuming with changed settings:", changed))
+    _check_trains(recipe)
     _check_engines(recipe)
     reports = _preflight(recipe)
     for report in reports:
@@ -162,6 +163,15 @@ def _default_run_dir(recipe: Recipe) -> Path:
         n += 1
         folder = base.with_name(f"{base.name}-{n}")
     return folder
+
+
+def _check_trains(recipe: Recipe) -> None:
+    """A run ends when its trainer has published `steps` versions: a graph without one would run forever (`areal
+    viz` still draws it)."""
+    if not any(n.role == "trainer" for n in recipe.graph.nodes.values()):
+        raise RecipeError(f"{recipe.path}: graph '{recipe.graph.name}' has no trainer (ppo_update, or a node of "
+                          "role='trainer'): nothing would train, and a run ends when its trainer has published "
+                          f"steps={recipe.config.steps} versions; add one, e.g. g.add(ppo_update(\"actor\"))")
 
 
 def _check_engines(recipe: Recipe) -> None:

@@ -13,7 +13,7 @@ import pytest
 from areal.cli.run import build_controller
 from areal.config import RunConfig
 from areal.data.jsonl import jsonl_tasks
-from areal.errors import ConfigError, RunError
+from areal.errors import ConfigError, RecipeError, RunError
 from areal.overrides import apply_overrides
 from areal.runtime.records.evaluation import first_pass
 from tests.local_model import make_checkpoint
@@ -61,6 +61,15 @@ def test_one_sample_per_group_warns_once_that_the_update_moves_nothing(tmp_path,
                 if '"warning"' in line and "advantage" in line]
     assert len(warnings) == 1 and "every advantage of step 1 is 0" in warnings[0]["warning"]
     assert "group_size=1" in warnings[0]["warning"]
+
+
+def test_a_graph_without_a_trainer_is_refused_before_its_run_directory_exists(tmp_path):
+    recipe = tmp_path / "untrained.py"
+    recipe.write_text(TINY_RL.read_text().replace('g.add(ppo_update("actor"))', ""))
+    with pytest.raises(RecipeError, match=r"untrained.py: graph 'tiny-rl' has no trainer \(ppo_update, or a node of "
+                                          r"role='trainer'\): nothing would train.*steps=4"):
+        build_controller(recipe, [], tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_run_whose_every_completion_is_cut_to_nothing_warns_once_naming_the_stop_strings(tmp_path):
