@@ -78,6 +78,8 @@ def summary_table(controller: Controller) -> Table:
     reasons = controller.accounting.fail_reasons
     if reasons:
         t.add_row("failures", ", ".join(f"{k}: {v}" for k, v in reasons.most_common()))
+    if controller.steps.said:  # what the step records warned about, each once (metrics.jsonl has them too)
+        t.add_row("warnings", "\n".join(controller.steps.said.values()))
     return t
 
 

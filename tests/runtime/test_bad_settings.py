@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -9,7 +10,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from areal.cli.progress import summary_table
 from areal.cli.run import build_controller
 from areal.config import RunConfig
 from areal.data.jsonl import jsonl_tasks
@@ -85,6 +88,10 @@ def test_a_run_whose_every_completion_is_cut_to_nothing_warns_once_naming_the_st
     warnings = [line["warning"] for line in lines if line["kind"] == "warning" and "empty" in line["warning"]]
     assert len(warnings) == 1 and "every sample step 1 trained had an empty completion" in warnings[0]
     assert "generation.stop" in warnings[0]
+    console = Console(file=io.StringIO(), width=400)
+    console.print(summary_table(controller))
+    summary = console.file.getvalue()  # said at the end too, where a run without the live view shows nothing else
+    assert "warnings" in summary and "every sample step 1 trained had an empty completion" in summary
 
 
 def test_a_step_of_cut_completions_warns_once_and_a_step_with_one_whole_one_does_not():

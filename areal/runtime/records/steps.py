@@ -21,7 +21,7 @@ class StepRecorder:
         self.group_size = group_size
         self.several_trainers = several_trainers
         self.node_metrics: dict[str, list[float]] = {}
-        self.warned: set[str] = set()  # the warnings said so far (each once a run)
+        self.said: dict[str, str] = {}  # the warnings said so far, by kind (each once a run; the summary lists them)
 
     def on_metrics(self, values: dict[str, float]) -> None:
         for name, value in values.items():
@@ -66,8 +66,8 @@ class StepRecorder:
                           "raise it, or leave cut completions out of the loss (trainer.truncated=mask)"))
         lines = []
         for kind, warning in found:
-            if kind not in self.warned:
-                self.warned.add(kind)
+            if kind not in self.said:
+                self.said[kind] = warning
                 log.warning("%s", warning)
                 lines.append({"kind": "warning", "version": version, "warning": warning, "wall_s": record["wall_s"]})
         return lines
