@@ -6,7 +6,8 @@ tokenizer, so `transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)` and v
 directly. `areal eval RUN_DIR` scores the same policy (`run_policy`) without writing it out.
 
 A LoRA run's checkpoint keeps the adapter alone (engines/lora/): exported, it is a PEFT directory
-(adapter_config.json naming the base's checkpoint and hash, adapter_model.safetensors, the tokenizer), which
+(adapter_config.json naming the base's checkpoint, adapter_model.safetensors, the tokenizer, and
+areal_adapter.json with the base's areal spec and hash), which
 `peft.PeftModel.from_pretrained`, vLLM's LoRA requests and `areal eval` load; `--merged` writes the base with the
 adapter merged in as an ordinary model instead.
 """
@@ -107,8 +108,7 @@ def tokenizer_note(out_dir: Path) -> str | None:
     if not config.is_file() or json.loads(config.read_text()).get("tokenizer_class") != "CharTokenizer":
         return None
     return (f"its tokenizer is areal's character tokenizer: load it with "
-            f"areal.models.loading.load_tokenizer(Path({str(out_dir)!r})), not AutoTokenizer "
-            "(the model loads with AutoModelForCausalLM as usual)")
+            f"areal.models.loading.load_tokenizer(Path({str(out_dir)!r})), not AutoTokenizer")
 
 
 def is_peft_dir(path: Path) -> bool:
@@ -121,10 +121,13 @@ def load_peft_dir(path: Path) -> tuple[Any, Any]:
     base's)."""
     from peft import PeftModel
 
+    from areal.engines.lora.adapter import AREAL_ADAPTER
     from areal.models.loading import checkpoint_dir, load_model, load_tokenizer
 
     config = json.loads((path / "adapter_config.json").read_text())
-    base = config.get("areal_base_model") or config.get("base_model_name_or_path")
+    ours = json.loads((path / AREAL_ADAPTER).read_text()) if (path / AREAL_ADAPTER).is_file() else {}
+    # (an export before areal_adapter.json kept areal's keys in adapter_config.json)
+    base = ours.get("areal_base_model") or config.get("areal_base_model") or config.get("base_model_name_or_path")
     if not base:
         raise ConfigError(f"{path / 'adapter_config.json'} names no base model (base_model_name_or_path)")
     folder = checkpoint_dir(base)

@@ -105,7 +105,7 @@ def test_a_peft_directory_loads_back_in_peft_as_the_same_policy(tmp_path):
 
     trainer = _trained_adapters(tiny_qwen2(0).double())
     folder = write_peft_dir(adapter_factors(trainer), tmp_path / "adapter", base="tiny", base_sha256="abc")
-    assert json.loads((folder / "adapter_config.json").read_text())["base_sha256"] == "abc"
+    assert json.loads((folder / "areal_adapter.json").read_text())["base_sha256"] == "abc"
     loaded = PeftModel.from_pretrained(tiny_qwen2(0).double(), str(folder))
     for got, want in zip(_logits(loaded), _logits(trainer)):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -112,11 +114,17 @@ def test_a_lora_run_exports_its_adapter_as_a_peft_directory_that_peft_and_areal_
     out = export_checkpoint(run, None, tmp_path / "adapter")
     config = json.loads((out / "adapter_config.json").read_text())
     assert (out / "adapter_model.safetensors").exists() and not (out / "model.safetensors").exists()
-    assert config["base_sha256"] == "cafe" and config["r"] == config["lora_alpha"] == 2
+    assert config["r"] == config["lora_alpha"] == 2
+    # areal's own keys beside PEFT's config: in it, every PEFT load warned that PEFT was out of date
+    assert json.loads((out / "areal_adapter.json").read_text())["base_sha256"] == "cafe"
+    assert not {"base_sha256", "areal_base_model"} & set(config)
     assert sorted(config["target_modules"]) == ["down_proj", "q_proj"]
     ids = torch.randint(4, 90, (2, 12))
     with torch.no_grad():
-        via_peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(out)).eval()
+        base_model = AutoModelForCausalLM.from_pretrained(base)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # PEFT reads the config without a word
+            via_peft = PeftModel.from_pretrained(base_model, str(out)).eval()
         torch.testing.assert_close(via_peft(ids).logits, policy(ids).logits, rtol=1e-5, atol=1e-5)
         evaluated, _, what = load_for_eval(str(out), None)
         torch.testing.assert_close(evaluated(ids).logits, policy(ids).logits, rtol=1e-5, atol=1e-5)

@@ -30,6 +30,9 @@ A, B = "::lora_A", "::lora_B"
 KIND = "lora"  # the `areal_weights` metadata of an adapter file
 PEFT_WEIGHTS = "adapter_model.safetensors"
 PEFT_CONFIG = "adapter_config.json"
+# areal's own facts about an exported adapter (its base's spec and hash), beside PEFT's config: keys PEFT does not
+# know in adapter_config.json make every load warn that PEFT is out of date
+AREAL_ADAPTER = "areal_adapter.json"
 PEFT_PREFIX = "base_model.model."  # where PEFT puts the base model's names
 
 
@@ -94,7 +97,8 @@ def read_adapter(path: str | Path) -> dict[str, Tensor]:
 
 def write_peft_dir(adapter: Mapping[str, Tensor], folder: str | Path, base: str, **extra: Any) -> Path:
     """A PEFT LoRA directory holding `adapter` (α = r: scale 1, B as it travelled) on the base model `base`
-    (a name or path, recorded as base_model_name_or_path); `extra` joins adapter_config.json (areal's base hash)."""
+    (a name or path, recorded as base_model_name_or_path); `extra` (areal's base spec and hash) goes beside it, in
+    areal_adapter.json."""
     pairs = factor_pairs(adapter)
     rank = {int(a.shape[0]) for a, _ in pairs.values()}
     if len(rank) != 1:
@@ -111,6 +115,8 @@ def write_peft_dir(adapter: Mapping[str, Tensor], folder: str | Path, base: str,
     save_file(tensors, str(folder / PEFT_WEIGHTS), metadata={"format": "pt"})
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": r, "lora_dropout": 0.0,
               "target_modules": modules, "bias": "none", "fan_in_fan_out": False, "use_rslora": False,
-              "modules_to_save": None, "base_model_name_or_path": base, "inference_mode": True, **extra}
+              "modules_to_save": None, "base_model_name_or_path": base, "inference_mode": True}
     (folder / PEFT_CONFIG).write_text(json.dumps(config, indent=1) + "\n")
+    if extra:
+        (folder / AREAL_ADAPTER).write_text(json.dumps(extra, indent=1) + "\n")
     return folder
