@@ -54,6 +54,13 @@ def test_resume_after_a_clean_stop_continues_the_source(tmp_path):
     records = _trained(run)
     assert [r["version"] for r in records] == list(range(7))
     assert sorted(_ids(records)) == list(range(7 * B * G)) and len(set(_ids(records))) == 7 * B * G
+    # the run's wall-clock goes on across the resume: its step lines are one curve against time
+    steps = [line for line in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+             if line["kind"] == "step"]
+    assert [line["version"] for line in steps] == list(range(1, 8))
+    checkpoint_wall = json.loads((run / "checkpoints" / "step-000004" / "controller.json").read_text())["wall_s"]
+    assert steps[3]["wall_s"] <= checkpoint_wall < steps[4]["wall_s"]
+    assert all(a["wall_s"] < b["wall_s"] for a, b in zip(steps, steps[1:]))
 
 
 def test_kill_9_of_the_whole_run_then_resume_trains_each_acknowledged_sample_once(tmp_path):

@@ -111,10 +111,13 @@ def test_every_setting_changed_on_resume_is_listed_and_the_recorded_ones_are_not
 def test_resumed_metrics_do_not_repeat_steps_rates_count_only_new_work_and_keep_prunes_old(tmp_path):
     recipe, run = _run(tmp_path, "steps=4", "checkpoint.keep=3")
     shutil.rmtree(run / "checkpoints" / "step-000004")  # as if killed after step 4 trained, before its checkpoint
+    resumed_at = json.loads((run / "checkpoints" / "step-000002" / "controller.json").read_text())["wall_s"]
     assert run_recipe(recipe, overrides=["steps=6", "checkpoint.keep=1"], resume=run, live=False) == 0
     steps = _records(run, "step")
     assert [s["version"] for s in steps] == list(range(1, 7))  # versions 3 and 4 once each, not twice
     resumed = [s for s in steps if s["version"] > 2]
     first = resumed[0]
-    assert first["samples_per_s"] * first["wall_s"] == pytest.approx(B * G)  # one step's worth, not three
+    # one step's worth, not three: the rate is over the resumed process's own seconds (wall_s goes on from the
+    # checkpoint's, so a run's lines stay one curve against time)
+    assert first["samples_per_s"] * (first["wall_s"] - resumed_at) == pytest.approx(B * G)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000006"]

@@ -107,6 +107,7 @@ class Controller(WorkerReports, WorkerRecovery):
                                 first_round=int(saved.get("eval_round", 0)) if saved else 0)
                         if heldout is not None and config.eval.tasks else None)
         self.state = RunState(version=start_version, steps=config.steps)
+        self.wall_before = float(saved.get("wall_s", 0.0)) if saved else 0.0  # the run's seconds at its checkpoint
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl",
                                      keep_lines=int(saved.get("metrics_lines", 0)) if saved else None)
         # the samples' fate where the controller decides it: admitted, or dropped by the staleness policy
@@ -285,7 +286,7 @@ class Controller(WorkerReports, WorkerRecovery):
         self.accounting.started_groups = self.admission.gate.started  # groups consumed before a resume too
         for problem in self.admission.new_problems():
             log.warning("skipped a task record: %s", problem)
-            self.metrics.write({"kind": "bad_task", "problem": problem, "wall_s": self._elapsed()})
+            self.metrics.write({"kind": "bad_task", "problem": problem, "wall_s": self._wall()})
             self.bad_tasks.append(problem)
 
     @property
@@ -311,7 +312,7 @@ class Controller(WorkerReports, WorkerRecovery):
             self._send_source(batch, meta)
 
     def _eval_done(self, record: dict[str, Any]) -> None:
-        record["wall_s"] = self._elapsed()
+        record["wall_s"] = self._wall()
         self.state.evals.append(record)
         self.metrics.write(record)
 
@@ -362,8 +363,12 @@ class Controller(WorkerReports, WorkerRecovery):
 
     # -- faults ---------------------------------------------------------------------------
 
-    def _elapsed(self) -> float:
+    def _elapsed(self) -> float:  # seconds since this process's workers were ready: what its rates are over
         return max(time.monotonic() - self.state.started_at, 1e-9)
+
+    def _wall(self) -> float:
+        """The metrics lines' wall_s: a resumed run's go on from its checkpoint's (one curve against time)."""
+        return self.wall_before + self._elapsed()
 
 
 HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], None]] = {

@@ -97,7 +97,7 @@ class WorkerRecovery:
         if why is not None and now - w.started_at > WAIT_NOTE_S:
             w.noted_wait = now
             log.warning("%s", why)
-            self.metrics.write({"kind": "waiting", "worker": w.worker_id, "why": why, "wall_s": self._elapsed()})
+            self.metrics.write({"kind": "waiting", "worker": w.worker_id, "why": why, "wall_s": self._wall()})
 
     def _on_worker_death(self, w: WorkerProcess, why: str) -> None:
         """Restart the worker and re-issue what it may have held, or stop the run naming the node."""
@@ -109,6 +109,6 @@ class WorkerRecovery:
         cause = f"worker {w.worker_id} {why}" + (f": {w.last_error}" if w.last_error else "")
         log.warning("%s; restarting it (%d/%d in %.0f s)", cause, self.restarts.count(w.pool),
                     self.config.faults.max_restarts, self.config.faults.window_s)
-        self.metrics.write({"kind": "restart", "worker": w.worker_id, "why": cause, "wall_s": self._elapsed()})
+        self.metrics.write({"kind": "restart", "worker": w.worker_id, "why": cause, "wall_s": self._wall()})
         self._spawn(w.pool, w.replica)
         self._census()

@@ -60,7 +60,8 @@ class WorkerReports:
         self.state.masked_tokens += int(m.stats.get("masked_tokens", 0))
         self.state.stale_tokens += int(m.stats.get("stale_tokens", 0))
         self.state.truncated_masked += int(m.stats.get("truncated_masked", 0))
-        record = self.steps.record(m, elapsed=self._elapsed(), versions=self.versions.current,
+        elapsed = self._elapsed()
+        record = self.steps.record(m, elapsed=elapsed, versions=self.versions.current,
                                    trained=len(self.accounting.trained), accounting=self.accounting.summary(),
                                    generated_tokens=sum(w.counts.get("tokens", 0) for w in self.workers.values()),
                                    trained_tokens=self.state.trained_tokens,
@@ -72,6 +73,7 @@ class WorkerReports:
                    "control_messages": self.control.received + self.control.sent,
                    # each worker's process tree, so far: a code reward's sandboxed programs count as its worker's
                    "cpu_s": {w.worker_id: round(w.cpu_total, 2) for w in self.workers.values()}}
+        record["wall_s"] = self.wall_before + elapsed  # the run's seconds; its rates are over this process's own
         self.state.last_step = record
         for line in [record, *self.steps.warnings(record)]:
             self.metrics.write(line)
@@ -88,7 +90,7 @@ class WorkerReports:
         self._free(self.accounting.on_failed(m.sample_ids, reasons), f"{reasons[0]}" if reasons else "failed")
         for sid, reason in zip(m.sample_ids, reasons):
             log.warning("sample %d failed: %s", sid, reason)
-            self.metrics.write({"kind": "failed", "sample_id": sid, "reason": reason, "wall_s": self._elapsed()})
+            self.metrics.write({"kind": "failed", "sample_id": sid, "reason": reason, "wall_s": self._wall()})
 
     def _on_filtered(self, worker: WorkerProcess, m: msg.SamplesFiltered) -> None:
         self._free(self.accounting.on_filtered(m.sample_ids, [f"{m.node}: {r}" for r in m.reasons]),
@@ -112,13 +114,13 @@ class WorkerReports:
             self.sample_log.dropped(m.node, [sid for sid, _ in fresh], [n for _, n in fresh], reason)
         self._free(self.accounting.on_dropped(m.sample_ids, m.tokens, reason), reason)
         self.metrics.write({"kind": "dropped", "sample_ids": m.sample_ids, "tokens": sum(m.tokens), "reason": reason,
-                            "wall_s": self._elapsed()})
+                            "wall_s": self._wall()})
 
     def _on_recycled(self, worker: WorkerProcess, m: msg.GroupsRecycled) -> None:
         """Groups re-queued in a generator, stamped `m.version`: counted, and logged so a run can be audited."""
         self.accounting.on_recycled(m.groups, m.tokens)
         self.metrics.write({"kind": "recycled", "node": m.node, "version": m.version, "groups": m.groups,
-                            "tokens": sum(m.tokens), "wall_s": self._elapsed()})
+                            "tokens": sum(m.tokens), "wall_s": self._wall()})
 
     def _on_noted(self, worker: WorkerProcess, m: msg.SamplesNoted) -> None:
         self.accounting.on_noted(m.sample_ids, m.reasons)
@@ -156,6 +158,7 @@ class WorkerReports:
             "dropped": {str(k): v for k, v in self.accounting.dropped.items() if decided(k)},
             "noted": {str(k): v for k, v in self.accounting.noted.items() if decided(k)},
             "metrics_lines": self.metrics.lines,
+            "wall_s": self._wall(),
             "eval_round": self.heldout.next_round if self.heldout is not None else 0,
         }
 
@@ -172,7 +175,7 @@ class WorkerReports:
         log.warning("%s", reason)
         groups = sorted(set(m.groups) & self.admission.issued.keys())
         self.metrics.write({"kind": "rejected", "worker": worker.worker_id, "reason": reason, "groups": groups,
-                            "wall_s": self._elapsed()})
+                            "wall_s": self._wall()})
         self._reissue(only=set(groups))
 
     def _on_metrics(self, worker: WorkerProcess, m: msg.NodeMetrics) -> None:
