@@ -246,14 +246,15 @@ def _code_tasks(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, E
     from areal.runtime.records.evaluation import first_pass
 
     path = Path(model).expanduser()
-    config = RunConfig()
-    if path.is_dir() and is_run_dir(path):
-        config = validate_config(json.loads((path / "config.json").read_text()))
+    run = path.is_dir() and is_run_dir(path)
+    config = validate_config(json.loads((path / "config.json").read_text())) if run else RunConfig()
     if settings.task:
         config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": settings.task})})
-    named = config.data.heldout_path or config.data.path or "builtin:code"
+    data = config.data  # the set the held-out split reads (data/sources.py): its own, else a built-in training set's
+    named = data.heldout_path or (data.path if (data.path or "").startswith("builtin:") else "builtin:code")
     source = code_tasks("test").configure(config)  # a bad name or file is refused here, naming it
-    tasks = first_pass(source, settings.limit or MAX_CODE_TASKS)
+    # a run's held-out rounds scored its first eval.tasks
+    tasks = first_pass(source, settings.limit or (run and not settings.task and config.eval.tasks) or MAX_CODE_TASKS)
     judge = CodeTests(timeout_s=settings.timeout_s)
     judge.preflight()
     stops = list(config.generation.stop)

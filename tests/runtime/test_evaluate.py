@@ -277,3 +277,16 @@ def test_code_tasks_takes_another_set_by_name_and_refuses_one_it_does_not_know(t
     assert len(tasks) == 5 and stops == ["\n"] and settings.max_new_tokens == 20 and settings.task == "builtin:code"
     with pytest.raises(ConfigError, match="no built-in code tasks named 'cod'; known: builtin:code, builtin:chains"):
         _benchmark("builtin:tiny-coder", EvalSettings(benchmark="code-tasks", task="builtin:cod"))
+
+
+def test_code_tasks_of_a_run_trained_on_a_file_alone_are_the_built_in_held_out_ones_the_run_scored(tmp_path):
+    from areal.cli.evaluate import _benchmark
+    from areal.config import RunConfig
+
+    run = _run_scored_against_its_own_tasks(tmp_path)  # then trained on that file, with no held-out file of its own
+    config = RunConfig(data={"path": str(tmp_path / "heldout.jsonl")}, eval={"tasks": 3})
+    (run / "config.json").write_text(config.model_dump_json())
+    _, build, settings = _benchmark(str(run), EvalSettings(benchmark="code-tasks"))
+    tasks, _ = build(False)
+    assert settings.task == "builtin:code" and len(tasks) == 3  # its rounds' first eval.tasks of the built-in set
+    assert not {t["task_id"] for t in tasks} & {"adds-one", "returns-x"}
