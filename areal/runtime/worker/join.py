@@ -10,9 +10,11 @@ from one takes its samples with it. Fields are named by
 their producer, so parts never collide; `sample_id` and `group_id` come on every part.
 
 Bounded: a channel that is `capacity` groups ahead of the others is not read until they catch
-up, so its sender meets its high-water mark (back-pressure). Keys below the trainers' frontier
-are dropped (`forget_below`): a part re-issued after a crash whose twin was already joined
-would otherwise wait forever.
+up, so its sender meets its high-water mark (back-pressure); unless every channel is, each on
+groups the others have not brought (several generators deal groups to two paths in two orders):
+then all are read, or none would ever be, and what is in flight upstream bounds them. Keys below
+the trainers' frontier are dropped (`forget_below`): a part re-issued after a crash whose twin was
+already joined would otherwise wait forever.
 """
 
 from __future__ import annotations
@@ -46,7 +48,11 @@ class Join:
             (m for m in metas if m.sampled_by is not None), metas[0])
 
     def ahead(self, src: str) -> bool:
-        """Whether `src` is `capacity` groups ahead of another input: read it no more until that one catches up."""
+        """Whether `src` is `capacity` groups ahead of another input, which is not: read it no more until that one
+        catches up."""
+        return self._holds_capacity(src) and not all(map(self._holds_capacity, self.inputs))
+
+    def _holds_capacity(self, src: str) -> bool:
         return sum(1 for parts in self._parts.values() if src in parts) >= self.capacity
 
     def forget_below(self, group: int) -> None:
