@@ -66,9 +66,9 @@ class WorkerReports:
                                    generated_tokens=sum(w.counts.get("tokens", 0) for w in self.workers.values()),
                                    trained_tokens=self.state.trained_tokens,
                                    busy={w.worker_id: w.busy for w in self.workers.values()})
-        # the controller's own load: CPU seconds of this process (all its threads) and control messages
         noted = [self.accounting.noted.get(sid) for sid in m.sample_ids]  # what the generators said of them
         record |= {f"{why}_share": noted.count(why) / len(noted) if noted else 0.0 for why in ("empty", "over_long")}
+        # the controller's own load: CPU seconds of this process (all its threads) and control messages
         record |= {"controller_cpu_s": time.process_time(),
                    "control_messages": self.control.received + self.control.sent,
                    # each worker's process tree, so far: a code reward's sandboxed programs count as its worker's
