@@ -250,11 +250,11 @@ def _code_tasks(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, E
     config = validate_config(json.loads((path / "config.json").read_text())) if run else RunConfig()
     if settings.task:
         config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": settings.task})})
-    data = config.data  # the set the held-out split reads (data/sources.py): its own, else a built-in training set's
-    named = data.heldout_path or (data.path if (data.path or "").startswith("builtin:") else "builtin:code")
-    source = code_tasks("test").configure(config)  # a bad name or file is refused here, naming it
-    # a run's held-out rounds scored its first eval.tasks
-    tasks = first_pass(source, settings.limit or (run and not settings.task and config.eval.tasks) or MAX_CODE_TASKS)
+    heldout = code_tasks("test")
+    _, named = heldout.named(config)
+    source = heldout.configure(config)  # a bad name or file is refused here, naming it
+    rounds_read = config.eval.tasks if run and not settings.task else 0  # a run's rounds scored its first eval.tasks
+    tasks = first_pass(source, settings.limit or rounds_read or MAX_CODE_TASKS)
     judge = CodeTests(timeout_s=settings.timeout_s)
     judge.preflight()
     stops = list(config.generation.stop)
@@ -300,19 +300,18 @@ def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]
 def _judge(tasks: list[dict[str, Any]], outputs: list[tuple[str, int]], judge: Any, settings: EvalSettings,
            report: Progress, chunk: int = 64) -> list[Judged]:
     """Score every sample with the benchmark's judge, a chunk at a time (for progress)."""
+    from areal.nodes.workers.reward import call_reward
+
     n = settings.samples
-    rows = [task for task in tasks for _ in range(n)]
+    sampled = [task for task in tasks for _ in range(n)]  # each sample's task
     completions = [text for text, _ in outputs]
-    names = getattr(judge, "input_names", None)
-    if names:  # the completion and the task's reference: "tests" (HumanEval) or "rg" (reasoning-gym)
-        inputs, refs = completions, [task[names[1]] for task in rows]
-    else:  # a code reward, called as a run's reward node calls it: programs (prompt + completion) and tests
-        inputs, refs = [task["prompt"] + c for task, c in zip(rows, completions)], [task["tests"] for task in rows]
     results: list[Any] = []
     report("judge", 0, len(completions))
     try:
         for start in range(0, len(completions), chunk):
-            results += judge(inputs[start:start + chunk], refs[start:start + chunk])
+            part = sampled[start:start + chunk]
+            columns = {name: [task[name] for task in part] for name in part[0]}  # each task's fields, as a run's
+            results += call_reward(judge, {**columns, "completion": completions[start:start + chunk]})
             report("judge", len(results), len(completions))
     finally:
         if isinstance(judge, Closes):

@@ -104,8 +104,9 @@ def tokenizer_note(out_dir: Path) -> str | None:
     """How to load an exported directory's tokenizer where transformers' AutoTokenizer cannot: the built-in models'
     is areal's CharTokenizer, and AutoTokenizer (transformers 5) builds a Qwen2 tokenizer for any qwen2 directory
     whatever its files say, one that turns every text into no ids at all."""
-    config = out_dir / "tokenizer_config.json"
-    if not config.is_file() or json.loads(config.read_text()).get("tokenizer_class") != "CharTokenizer":
+    from areal.models.loading import holds_char_tokenizer
+
+    if not holds_char_tokenizer(out_dir):
         return None
     return (f"its tokenizer is areal's character tokenizer: load it with "
             f"areal.models.loading.load_tokenizer(Path({str(out_dir)!r})), not AutoTokenizer")

@@ -40,12 +40,16 @@ class ConfiguredTasks:
     def __repr__(self) -> str:
         return f"{self.schema}_tasks({self.split!r})"
 
-    def configure(self, config: RunConfig) -> Any:
+    def named(self, config: RunConfig) -> tuple[str, str]:
+        """The data key that names this split's tasks under `config`, and what it names (a file or builtin:NAME)."""
         key = "path" if self.split == "train" else "heldout_path"
         path = getattr(config.data, key)
         if not path and self.split != "train" and (config.data.path or "").startswith(BUILTIN_PREFIX):
             key, path = "path", config.data.path  # held-out tasks of the training set's built-in set
-        path = path or BUILTIN_PREFIX + self.schema  # the schema's own built-in set
+        return key, path or BUILTIN_PREFIX + self.schema  # else the schema's own built-in set
+
+    def configure(self, config: RunConfig) -> Any:
+        key, path = self.named(config)
         if path.startswith(BUILTIN_PREFIX):
             return self._named_builtin(key, path.removeprefix(BUILTIN_PREFIX), config.data.seed)
         try:

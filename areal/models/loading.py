@@ -90,10 +90,15 @@ def _builtin_path(name: str) -> Path:
     return path
 
 
+def holds_char_tokenizer(path: Path) -> bool:
+    """Whether the checkpoint directory's tokenizer is areal's CharTokenizer (the built-in models')."""
+    tokenizer_config = path / "tokenizer_config.json"
+    return tokenizer_config.is_file() and \
+        json.loads(tokenizer_config.read_text()).get("tokenizer_class") == CharTokenizer.__name__
+
+
 def load_tokenizer(path: Path) -> Any:
     """CharTokenizer for our own checkpoints (AutoTokenizer does not know it), else AutoTokenizer."""
-    tokenizer_config = path / "tokenizer_config.json"
-    if tokenizer_config.is_file():
-        if json.loads(tokenizer_config.read_text()).get("tokenizer_class") == CharTokenizer.__name__:
-            return CharTokenizer.from_pretrained(path, local_files_only=True)
+    if holds_char_tokenizer(path):
+        return CharTokenizer.from_pretrained(path, local_files_only=True)
     return AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -10,6 +10,7 @@ is marked failed with its reason, counted and reported, never scored.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ class RewardNode:
         if batch.size == 0:
             return {"reward": torch.zeros(0)}
         try:
-            outcomes = list(self._score(batch))
+            outcomes = list(call_reward(self.fn, batch))
         except Exception as err:  # the reward function itself broke: every sample of the batch failed
             reason = f"{type(err).__name__}: {err}"
             return {"reward": torch.full((batch.size,), float("nan")), FAILED: dict.fromkeys(range(batch.size), reason)}
@@ -55,10 +56,13 @@ class RewardNode:
             failed.setdefault(row, f"reward is {rewards[row]!r}{overflow}")
         return {"reward": scores, FAILED: failed}
 
-    def _score(self, batch: Batch) -> Any:
-        names = getattr(self.fn, "input_names", None)
-        if names:
-            return self.fn(*(batch[name] for name in names))
-        # code tests: the program is the prompt (the function header) followed by the completion
-        programs = [p + c for p, c in zip(batch["prompt"], batch["completion"])]
-        return self.fn(programs, batch["tests"])
+
+
+def call_reward(fn: Any, columns: Mapping[str, Any]) -> Any:
+    """`fn`'s outcomes for these columns (a batch, or `areal eval`'s lists): the fields it names in `input_names`,
+    else a code reward's programs (the prompt, a function header, followed by the completion) and tests."""
+    names = getattr(fn, "input_names", None)
+    if names:
+        return fn(*(columns[name] for name in names))
+    programs = [p + c for p, c in zip(columns["prompt"], columns["completion"])]
+    return fn(programs, columns["tests"])

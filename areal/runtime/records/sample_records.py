@@ -80,7 +80,7 @@ def select(records: Iterable[SampleRecord], *, status: str | None = None, step: 
     if status is not None and status not in STATUSES:
         raise ConfigError(f"--status {status!r}: use one of {', '.join(STATUSES)}")
     records = list(records)
-    names = {name for r in records for name in r.fields}
+    names = {name for r in records for name in r.fields} if where else set()  # (the view asks at every refresh)
     tests = [_condition(text, names) for text in where]
     chosen = [r for r in records if (status is None or r.status == status) and (step is None or r.step == step)
               and all(test(r) for test in tests)]
