@@ -6,26 +6,29 @@ rest against the reference with math-verify, numbers compared exactly, in a chil
 at the time limit (docs/math.md); leave-one-out (RLOO) advantages feed a decoupled PPO update.
 Your own data and model: `--set data.path=problems.jsonl --set model=/path/to/hf-checkpoint`,
 one {"problem": ..., "answer": ...} per line (docs/data.md), and a longer
-`--set generation.max_new_tokens=1024`. Without `data.path` it trains on built-in arithmetic,
-which the built-in tiny coder (trained on Python, not arithmetic) rarely solves: it checks the
-pipeline, not the model.
+`--set generation.max_new_tokens=1024`. Without `data.path` it trains on built-in arithmetic
+with the built-in `tiny-mather`, the tiny coder's shape warm-started on the arithmetic's train
+split: it answers about two held-out problems in five at the start.
 """
 
 from areal import Float, Graph, Int, RunConfig, node
-from areal.config import GenerationConfig
+from areal.config import GenerationConfig, TrainerConfig
 from areal.data import math_tasks
 from areal.kernels.advantage import leave_one_out
 from areal.nodes import compute_logprob, generate, ppo_update, reward
 from areal.rewards import math_reward
 
-# no code stop strings: "\n#" would cut a "#### 42" answer; a completion ends at eos or the length
+# no code stop strings: "\n#" would cut a "#### 42" answer; a completion ends at eos or the length (the
+# longest worked answer is 100 characters). lr 1e-4, not the code recipe's 3e-4: on the tiny mather 3e-4 lost
+# 2-7 held-out points by step 40 (3 seeds), 1e-4 gains 7-9 points in 100 steps (docs/math.md)
 config = RunConfig(
-    model="builtin:tiny-coder",
+    model="builtin:tiny-mather",
     batch_size=8,
     group_size=8,
     staleness=2,
-    steps=40,
-    generation=GenerationConfig(stop=[]),
+    steps=100,
+    generation=GenerationConfig(stop=[], max_new_tokens=128),
+    trainer=TrainerConfig(lr=1e-4),
 )
 
 

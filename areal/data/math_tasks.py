@@ -5,10 +5,10 @@ Five families, each over small numbers: `a + b` and `a - b` (0..20), `a \\times 
 reduced fraction). Answers are computed exactly with `Fraction`; the prompt asks for the answer in
 `\\boxed{}`, which is what `math_reward` extracts.
 
-This set tests the plumbing (prompt, completion, extracted answer, equivalence check), not a
-model: the built-in tiny coder was warm-started on Python functions, not on arithmetic, so expect
-a reward near 0 from it. Train a real model on your own problems with `data.path`. The split is a
-hash of the task id, as for the code tasks; `3 + 5` and `5 + 3` are different tasks and may fall
+Each task also carries a worked `solution` (the products and sums it takes, then the boxed answer):
+what the built-in `tiny-mather` was warm-started on, the train split only (models/builtin_weights.py),
+so the math recipe starts from a model that answers some held-out tasks and not others. The split is
+a hash of the task id, as for the code tasks; `3 + 5` and `5 + 3` are different tasks and may fall
 in different splits.
 """
 
@@ -34,12 +34,32 @@ def latex(value: Fraction) -> str:
     return f"{sign}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
 
 
-def _task(family: str, expr: str, value: Fraction) -> Task:
+def _task(family: str, expr: str, value: Fraction, working: str = "") -> Task:
+    """`working`: the math of the solution, `expr = value` when not given."""
+    answer = latex(value)
     return {
         "task_id": f"{family}/{expr}",
         "prompt": f"What is ${expr}$? Put your final answer within \\boxed{{}}.\n",
-        "answer": latex(value),
+        "answer": answer,
+        "solution": f"${working or f'{expr} = {answer}'}$. \\boxed{{{answer}}}",
     }
+
+
+def _order_task(a: int, b: int, c: int) -> Task:
+    """`a + b \\times c`, worked as the product, then the sum."""
+    product = b * c
+    working = f"{b} \\times {c} = {product}$, ${a} + {product} = {a + product}"
+    return _task("order", f"{a} + {b} \\times {c}", Fraction(a + product), working)
+
+
+def _fraction_task(a: int, b: int) -> Task:
+    """`1/a + 1/b`, worked over the common denominator a*b, then reduced."""
+    value = Fraction(1, a) + Fraction(1, b)
+    expr = f"\\frac{{1}}{{{a}}} + \\frac{{1}}{{{b}}}"
+    working = f"{expr} = \\frac{{{b} + {a}}}{{{a * b}}} = \\frac{{{a + b}}}{{{a * b}}}"
+    if value.denominator != a * b:
+        working += f" = {latex(value)}"
+    return _task("frac", expr, value, working)
 
 
 @cache
@@ -47,14 +67,8 @@ def _all_tasks() -> tuple[Task, ...]:
     tasks = [_task("add", f"{a} + {b}", Fraction(a + b)) for a, b in itertools.product(SMALL, SMALL)]
     tasks += [_task("sub", f"{a} - {b}", Fraction(a - b)) for a, b in itertools.product(SMALL, SMALL)]
     tasks += [_task("mul", f"{a} \\times {b}", Fraction(a * b)) for a, b in itertools.product(FACTORS, FACTORS)]
-    tasks += [
-        _task("order", f"{a} + {b} \\times {c}", Fraction(a + b * c))
-        for a, b, c in itertools.product(DIGITS, DIGITS, DIGITS)
-    ]
-    tasks += [
-        _task("frac", f"\\frac{{1}}{{{a}}} + \\frac{{1}}{{{b}}}", Fraction(1, a) + Fraction(1, b))
-        for a, b in itertools.combinations_with_replacement(DENOMINATORS, 2)
-    ]
+    tasks += [_order_task(a, b, c) for a, b, c in itertools.product(DIGITS, DIGITS, DIGITS)]
+    tasks += [_fraction_task(a, b) for a, b in itertools.combinations_with_replacement(DENOMINATORS, 2)]
     return tuple(tasks)
 
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # importing it loads transformers' whole modelling stack: sec
 hf_logging.disable_progress_bar()  # a worker's log is no place for per-shard progress bars
 
 BUILTIN_PREFIX = "builtin:"
-BUILTINS = ("tiny-coder", "tiny-repairer", "tiny-chainer")
+BUILTINS = ("tiny-coder", "tiny-repairer", "tiny-chainer", "tiny-mather")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -9,13 +9,14 @@ import pytest
 from areal.data.builtin import split_of
 from areal.data.math_tasks import builtin_math_tasks, latex
 from areal.errors import ConfigError
+from areal.models.builtin_weights import training_tasks
 from areal.rewards.math.answer import MathReward
 
 
 def _value(expr: str) -> Fraction:
     """An independent reading of a task's expression: LaTeX to Python over Fractions."""
-    python = re.sub(r"\\frac\{(\d+)\}\{(\d+)\}", r"Fraction(\1, \2)", expr).replace("\\times", "*")
-    return eval(python, {"Fraction": Fraction})  # our own generated text, never a model's
+    python = re.sub(r"\\frac\{([^{}]+)\}\{([^{}]+)\}", r"Fraction(\1, \2)", expr).replace("\\times", "*")
+    return Fraction(eval(python, {"Fraction": Fraction}))  # our own generated text, never a model's
 
 
 def test_every_answer_is_the_exact_value_of_its_expression():
@@ -34,6 +35,27 @@ def test_the_math_reward_accepts_each_boxed_answer_and_rejects_its_neighbour():
             [t["answer"] for t in tasks],
         )
     assert {r.reward for r in right} == {1.0} and {r.reason for r in wrong} == {"wrong_answer"}
+
+
+def test_every_step_of_each_worked_solution_is_true_and_the_math_reward_pays_for_it():
+    tasks = builtin_math_tasks("train").tasks + builtin_math_tasks("test").tasks
+    for task in tasks:
+        steps = re.findall(r"\$([^$]+)\$", task["solution"])
+        assert steps and task["solution"].endswith(f"$. \\boxed{{{task['answer']}}}"), task["solution"]
+        for step in steps:  # each `a = b = c` holds, and the last side of the last step is the answer
+            sides = [_value(side) for side in step.split(" = ")]
+            assert len(sides) > 1 and len(set(sides)) == 1, (task["task_id"], step)
+        assert steps[-1].split(" = ")[-1] == task["answer"]
+    with MathReward(timeout_s=2.0, use_prompt=True) as reward:
+        scored = reward([t["solution"] for t in tasks], [t["answer"] for t in tasks], [t["prompt"] for t in tasks])
+    assert [r.reason for r in scored if r.reward != 1.0] == []
+
+
+def test_the_tiny_mather_learned_the_train_split_and_never_saw_a_held_out_task():
+    taught = training_tasks("tiny-mather")
+    assert [t["task_id"] for t in taught] == [t["task_id"] for t in builtin_math_tasks("train").tasks]
+    assert all(t["solution"] for t in taught)
+    assert {t["task_id"] for t in taught}.isdisjoint(t["task_id"] for t in builtin_math_tasks("test").tasks)
 
 
 def test_fractions_are_reduced_and_negatives_keep_their_sign():

@@ -18,7 +18,9 @@ def test_math_tasks_read_data_path_with_the_math_schema_else_the_builtin_set(tmp
     assert next(iter(train)) == {"task_id": "problems.jsonl:1", "prompt": "What is $1+1$?", "answer": "2"}
     heldout = math_tasks("test").configure(config)  # no data.heldout_path: the built-in test split
     assert isinstance(heldout, BuiltinTaskSource) and heldout.split == "test"
-    assert set(next(heldout)) == {"task_id", "prompt", "answer"}
+    # a built-in task also holds the worked solution the tiny mather learned; the source's ports are the schema's
+    assert set(next(heldout)) == {"task_id", "prompt", "answer", "solution"}
+    assert math_tasks("test").fields == ("task_id", "prompt", "answer")
 
 
 def test_a_bad_data_file_is_named_with_its_config_key(tmp_path):

@@ -63,3 +63,17 @@ def test_a_missing_problem_file_is_named_with_its_config_key_and_exits_2(tmp_pat
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.startswith(f"data.path: jsonl_tasks: task file {missing} does not exist (cwd: ")
     assert "Traceback" not in done.stderr
+
+
+def test_the_recipe_as_shipped_trains_the_tiny_mather_which_writes_worked_answers(tmp_path):
+    run = tmp_path / "run"
+    settings = ["steps=2", "eval.tasks=64", "checkpoint.interval_steps=0"]
+    done = areal_run("--run-dir", str(run), *(arg for s in settings for arg in ("--set", s)), timeout_s=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if x["kind"] == "step"]
+    first_eval = next(x for x in lines if x["kind"] == "eval")
+    assert [s["version"] for s in steps] == [1, 2] and all(s["empty_share"] == 0 for s in steps)
+    # it answers some problems and not others (about 2 in 5 at T=1): groups with both, so RL has a signal
+    assert all(0 < s["reward_mean"] < 1 for s in steps) and 0.15 < first_eval["pass@1"] < 0.75
+    assert json.loads((run / "config.json").read_text())["model"] == "builtin:tiny-mather"
