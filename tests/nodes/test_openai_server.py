@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -321,3 +322,44 @@ def test_malformed_requests_get_a_4xx_with_a_message_and_the_endpoint_goes_on(tm
         assert (status, says in message) == (want, True), (method, path, message)
     assert got[-2:] == [(400, "raw"), (200, "the endpoint still answers")]
     assert batch[FAILED] == [None] and batch["turns"].tolist() == [1]  # only the good request sampled
+
+
+@pytest.mark.slow  # 600 clients on a loop kept busy: about 20 s
+def test_hundreds_of_agents_connecting_at_once_to_a_busy_worker_are_all_served():
+    """Every episode of a held-out round may connect at once while the worker's loop decodes; with aiohttp's
+    default listen backlog (128) some of those connections were reset (the openai client's ReadError)."""
+    from areal.config import EndpointConfig
+    from areal.nodes.episodes.openai_server import Endpoint
+
+    async def burst() -> list[str]:
+        endpoint = Endpoint({}, "policy", EndpointConfig(), temperature=1.0, top_p=1.0)
+        base_url = await endpoint.start()
+        decoding = True
+
+        async def decode_steps():  # the loop busy 0.2 s at a time, as between a worker's awaits
+            while decoding:
+                step_ends = time.perf_counter() + 0.2
+                while time.perf_counter() < step_ends:
+                    pass
+                await asyncio.sleep(0)
+
+        async def agent() -> str:
+            async with openai.AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0, timeout=120) as client:
+                try:
+                    await client.completions.create(model="policy", prompt="def f(x):\n")
+                except openai.AuthenticationError as refused:  # an answer: this key names no episode
+                    return refused.message
+                except openai.APIConnectionError as err:
+                    return repr(err.__cause__)
+                return "served with no session"
+
+        busy = asyncio.create_task(decode_steps())
+        try:
+            return await asyncio.gather(*(agent() for _ in range(600)))
+        finally:
+            decoding = False
+            await busy
+            await endpoint.close()
+
+    answers = asyncio.run(burst())
+    assert len(answers) == 600 and set(answers) == {answers[0]} and "unknown session" in answers[0]

@@ -15,6 +15,7 @@ import pytest
 
 from areal.errors import RunError
 from areal.runtime.controller.launchers import ForkServer
+from tests import descriptors
 from tests.runtime.kills import exits_within
 
 PROBE = textwrap.dedent("""
@@ -160,3 +161,14 @@ def test_a_process_forked_from_the_controller_starts_a_server_of_its_own(tmp_pat
     os.waitpid(pid, 0)
     assert answer == [True, True]
     assert fork_server() is parent and parent.alive()  # the parent's own server is untouched
+
+
+def test_a_server_whose_reply_pipe_is_past_descriptor_1023_reports_its_workers(tmp_path):
+    with descriptors.low_descriptors_taken():
+        fork_server = ForkServer()
+        try:
+            assert fork_server._replies > descriptors.SELECT_LIMIT
+            handle = fork_server.start("probe_worker", ("exit", "4"), tmp_path / "w.log", dict(os.environ))
+            assert status_within(handle, 60) == 4
+        finally:
+            fork_server.close()

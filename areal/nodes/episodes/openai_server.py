@@ -27,6 +27,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from areal.config import EndpointConfig
@@ -41,6 +42,22 @@ COMMON = {"model", "max_tokens", "stop", "logprobs", "n", "stream", "temperature
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "parallel_tool_calls", "tool_choice"}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "best_of", "suffix"}
 SESSION_HEADER = "X-Areal-Session"
+# every episode in flight may connect at once (a held-out round starts hundreds) while the loop decodes: past
+# aiohttp's default listen backlog of 128 the openai client's connections were reset (ReadError), 4 to 127 of a
+# code_repair_openai step's first 128 episodes failed; the kernel caps it at net.core.somaxconn
+LISTEN_BACKLOG = 4096
+SOMAXCONN_FILE = Path("/proc/sys/net/core/somaxconn")
+
+
+def _warn_if_backlog_capped() -> None:
+    try:
+        cap = int(SOMAXCONN_FILE.read_text())
+    except (OSError, ValueError):
+        return  # not Linux, or no /proc: nothing to say
+    if cap < LISTEN_BACKLOG:
+        log.warning("net.core.somaxconn is %d: more agents than that connecting at once may see their connections "
+                    "reset; raise it (sysctl -w net.core.somaxconn=%d)", cap,
+                    LISTEN_BACKLOG)
 
 
 class RequestError(ValueError):
@@ -81,8 +98,9 @@ class Endpoint:
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.port)
+        site = web.TCPSite(self._runner, self.config.host, self.port, backlog=LISTEN_BACKLOG)
         await site.start()
+        _warn_if_backlog_capped()
         host, port = self._runner.addresses[0][:2]
         self.port = int(port)
         shown = f"[{host}]" if ":" in str(host) else host

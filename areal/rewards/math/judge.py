@@ -89,9 +89,11 @@ class MathJudge:
         """One line from the child; None past the deadline, b"" if the child closed its output."""
         assert self._proc is not None and self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
+        readable = select.poll()  # not select.select, which refuses an fd past 1023 (a process holding many sockets)
+        readable.register(fd, select.POLLIN)
         while b"\n" not in self._pending:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0 or not readable.poll(left * 1000):
                 return None
             chunk = os.read(fd, 1 << 16)
             if not chunk:

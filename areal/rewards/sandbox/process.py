@@ -153,8 +153,11 @@ class SandboxProcess:
             if stream is not None:
                 stream.close()
         if self.pid1_fd is not None:
-            # bwrap may exit before its init: wait until the init, and so the namespace, is gone
-            select.select([self.pid1_fd], [], [], 10)
+            # bwrap may exit before its init: wait until the init, and so the namespace, is gone (poll, not
+            # select: select refuses an fd past 1023, and an episode worker holds an agent's socket per episode)
+            init_gone = select.poll()
+            init_gone.register(self.pid1_fd, select.POLLIN)
+            init_gone.poll(10_000)
             _reap_if_ours(self.pid1_fd)
             os.close(self.pid1_fd)
             self.pid1_fd = None

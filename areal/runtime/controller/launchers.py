@@ -162,7 +162,11 @@ class ForkServer:
         return f"exited with code {code}" if code is not None else f"gave no pid within {START_TIMEOUT_S:.0f} s"
 
     def read_replies(self, timeout: float) -> None:
-        if self._replies < 0 or not select.select([self._replies], [], [], timeout)[0]:
+        if self._replies < 0:
+            return
+        replies = select.poll()  # select.select refuses an fd past 1023: a controller of many workers holds more
+        replies.register(self._replies, select.POLLIN)
+        if not replies.poll(timeout * 1000):
             return
         with self._lock:
             try:

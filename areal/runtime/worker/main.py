@@ -30,6 +30,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import resource
 import sys
 import time
 import traceback
@@ -78,6 +79,7 @@ log = logging.getLogger("areal.worker")
 
 SEND_RETRY_MS = 500
 JOIN_CAPACITY_BATCHES = 4  # a join holds at most this many steps' worth of groups from an input that is ahead
+OPEN_FILES = 65536  # the soft limit on open files a worker asks for (raise_open_files_limit)
 
 
 class Worker(MapRole, StreamRole, TrainerRole):
@@ -304,6 +306,20 @@ COMMANDS: dict[type[cmd.Command], Callable[[Worker, Any], None]] = {
 }
 
 
+def raise_open_files_limit() -> int:
+    """Lift this process's soft limit on open files to its hard limit (at most OPEN_FILES); the soft limit now.
+
+    An episode worker holds a socket for each agent's connection and a sandbox's pipes for each job: hundreds at
+    once in a held-out round, past the 1024 many systems give a process (code_repair_openai failed every episode
+    with "Too many open files" under `ulimit -Sn 1024`). The hard limit is the administrator's: never raised."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return soft
+    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return wanted
+
+
 def run_key(plan: Plan) -> RunKey | None:
     """The run's key when its sockets are TCP (the controller wrote it before starting any worker)."""
     return RunKey.read(plan.run_dir) if plan.secured else None
@@ -315,6 +331,7 @@ def main(argv: list[str]) -> int:
     resume_dir = Path(argv[4]) if len(argv) > 4 else None
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {pool_name}[{replica}] %(levelname)s %(message)s")
     guard_process_group()  # before anything the worker starts: its children die with it
+    raise_open_files_limit()
     plan = Plan.from_json(Path(plan_path).read_text())
     torch.set_num_threads(plan.pool(pool_name).threads)
     control = ControlClient(plan.control_endpoint, f"{pool_name}[{replica}]", run_key(plan))
