@@ -286,23 +286,25 @@ def eval_(
         ..., metavar="MODEL", help="builtin:NAME, a HF checkpoint dir, a .gguf file, package:NAME, a run directory, "
         "or a LoRA adapter directory (areal export of a LoRA run)."
     ),
-    benchmark: str = typer.Option("humaneval", "--benchmark", "-b", metavar="humaneval|reasoning-gym|code-tasks"),
+    benchmark: str = typer.Option("humaneval", "--benchmark", "-b",
+                                  metavar="humaneval|reasoning-gym|code-tasks|math-tasks"),
     task: str | None = typer.Option(
-        None, "--task", metavar="NAME", help="reasoning-gym: the task set (chain_sum...); code-tasks: builtin:NAME or "
-        "a JSONL file (default: a run directory's held-out set, else builtin:code)."),
+        None, "--task", metavar="NAME", help="reasoning-gym: the task set (chain_sum...); code-tasks, math-tasks: "
+        "builtin:NAME or a JSONL file (default: a run directory's held-out set, else builtin:code or builtin:math)."),
     count: int = typer.Option(100, "--count", metavar="N", help="reasoning-gym: tasks to generate."),
     seed: int = typer.Option(0, "--seed", help="reasoning-gym tasks' seed, and the sampling seed."),
     option: list[str] = typer.Option([], "--option", metavar="KEY=VALUE",
                                      help="reasoning-gym: a task option, e.g. --option max_terms=2 (repeatable)."),
     limit: int | None = typer.Option(None, "--limit", metavar="N",
-                                     help="humaneval, code-tasks: only the first N problems."),
+                                     help="humaneval, code-tasks, math-tasks: only the first N problems."),
     samples: int = typer.Option(1, "--samples", "-n", metavar="N", help="Samples per task (pass@k needs k <= N)."),
     k: list[int] = typer.Option([], "--k", metavar="K", help="pass@K to report (repeatable; default 1 and N)."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 is greedy."),
     top_p: float = typer.Option(1.0, "--top-p"),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", metavar="N",
                                               help="Default: 512 for humaneval, 256 for reasoning-gym, a run's "
-                                                   "own (else generation's default) for code-tasks."),
+                                                   "own (else generation's default) for code-tasks and "
+                                                   "math-tasks."),
     max_batch: int = typer.Option(16, "--max-batch", metavar="N", help="Sequences decoded together."),
     threads: int = typer.Option(1, "--threads", metavar="N", help="torch threads (1 suits a busy CPU)."),
     chat_template: str = typer.Option("auto", "--chat-template", metavar="auto|off",
@@ -315,8 +317,8 @@ def eval_(
                                     help="Where to write the results (default: evals/BENCHMARK-TIME.json)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars; print the summary only."),
 ) -> None:
-    """Score a checkpoint on HumanEval (pass@k), a reasoning-gym task set or held-out code tasks (a run's own by
-    default); write every sample as JSON.
+    """Score a checkpoint on HumanEval (pass@k), a reasoning-gym task set or held-out code or math tasks (a run's own
+    by default); write every sample as JSON.
 
     Examples:
 
@@ -329,6 +331,8 @@ def eval_(
       areal eval runs/smollm2-rg-20261122-101500 -b reasoning-gym --task chain_sum --count 200
 
       areal eval runs/code-rl-20261122-101500 -b code-tasks --step 72 -n 8 -t 1 --k 1 --k 8
+
+      areal eval runs/math-rl-20261130-191017 -b math-tasks -n 8 -t 1
     """
     import time
 

@@ -21,19 +21,19 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from areal.cli.eval_inputs import check_output, check_weights, write_results
+from areal.cli.run_tasks import SCHEMAS, run_tasks
 from areal.errors import ConfigError
 from areal.graph.roles import Closes
 from areal.runtime.records.solved import solved
 
-BENCHMARKS = ("humaneval", "reasoning-gym", "code-tasks")
-MAX_CODE_TASKS = 10_000  # code-tasks without --limit: every held-out task (one pass of the set)
+BENCHMARKS = ("humaneval", "reasoning-gym", *SCHEMAS)
 # step callback: (phase, done, total)
 Progress = Callable[[str, int, int], None]
 # "chat template in use" -> the benchmark's tasks and stop strings
@@ -53,11 +53,11 @@ class EvalSettings:
     max_batch: int = 16
     seed: int = 0
     chat_template: str = "auto"  # or "off"
-    limit: int | None = None  # humaneval, code-tasks: the first N problems
-    task: str | None = None  # reasoning-gym: the dataset's name; code-tasks: builtin:NAME or a JSONL file
+    limit: int | None = None  # humaneval, code-tasks, math-tasks: the first N problems
+    task: str | None = None  # reasoning-gym: the dataset's name; code-tasks, math-tasks: builtin:NAME or a JSONL file
     count: int = 100  # reasoning-gym: tasks generated
     options: dict[str, Any] = field(default_factory=dict)  # reasoning-gym: the dataset's config fields
-    timeout_s: float = 3.0  # humaneval: one problem's test program; code-tasks: each test
+    timeout_s: float = 3.0  # humaneval: one problem's test program; code-tasks: each test; math-tasks: each answer
     step: int | None = None  # a run directory's checkpoint
     trained: str | None = None  # a run directory that trained several models: the trainer node whose model to score
     # torch threads. One by default: on a shared machine, a second thread that gets descheduled makes
@@ -89,7 +89,7 @@ class EvalSettings:
     def new_tokens(self) -> int:
         if self.max_new_tokens is not None:
             return self.max_new_tokens
-        return 512 if self.benchmark == "humaneval" else 256  # (code-tasks: filled in by _code_tasks)
+        return 512 if self.benchmark == "humaneval" else 256  # (code-tasks, math-tasks: filled in by run_tasks)
 
 
 @dataclass
@@ -206,12 +206,12 @@ def summarise(judged: list[Judged], ks: tuple[int, ...], times: dict[str, float]
 
 def _benchmark(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, EvalSettings]:
     """The benchmark's judge (a reward function), a function from "chat template in use" to (tasks, stops), and the
-    settings with what the benchmark fills in (code-tasks: the run's task set and length).
+    settings with what the benchmark fills in (code-tasks, math-tasks: the run's task set and length).
 
     Everything that can be refused is checked here, before the caller loads a model.
     """
-    if settings.benchmark == "code-tasks":
-        return _code_tasks(model, settings)
+    if settings.benchmark in SCHEMAS:
+        return run_tasks(model, settings)
     if settings.benchmark == "humaneval":
         from areal.data.humaneval import COMPLETION_STOPS, humaneval_problems, humaneval_tasks
         from areal.rewards.humaneval import HumanEvalTests
@@ -232,34 +232,6 @@ def _benchmark(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, Ev
     tasks = list(reasoning_gym_tasks(settings.task, None, size=settings.count, seed=settings.seed,
                                      options=settings.options).tasks)
     return ReasoningGymScore(), lambda chat: (tasks, []), settings
-
-
-def _code_tasks(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, EvalSettings]:
-    """Held-out code tasks, scored as a run's code reward scores them. MODEL a run directory: the tasks its held-out
-    rounds scored, its stop strings and length (`--task` and `--max-new-tokens` override them); else the built-in
-    code tasks, or the set `--task` names (builtin:NAME or a JSONL file), with the generation defaults."""
-    from areal.cli.export import is_run_dir
-    from areal.config import RunConfig
-    from areal.data import code_tasks
-    from areal.overrides import validate_config
-    from areal.rewards.code_reward import CodeTests
-    from areal.runtime.records.evaluation import first_pass
-
-    path = Path(model).expanduser()
-    run = path.is_dir() and is_run_dir(path)
-    config = validate_config(json.loads((path / "config.json").read_text())) if run else RunConfig()
-    if settings.task:
-        config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": settings.task})})
-    heldout = code_tasks("test")
-    _, named = heldout.named(config)
-    source = heldout.configure(config)  # a bad name or file is refused here, naming it
-    rounds_read = config.eval.tasks if run and not settings.task else 0  # a run's rounds scored its first eval.tasks
-    tasks = first_pass(source, settings.limit or rounds_read or MAX_CODE_TASKS)
-    judge = CodeTests(timeout_s=settings.timeout_s)
-    judge.preflight()
-    stops = list(config.generation.stop)
-    settings = replace(settings, task=named, max_new_tokens=settings.max_new_tokens or config.generation.max_new_tokens)
-    return judge, lambda chat: (tasks, stops), settings
 
 
 def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]], settings: EvalSettings, chat: bool,

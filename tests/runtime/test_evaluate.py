@@ -290,3 +290,34 @@ def test_code_tasks_of_a_run_trained_on_a_file_alone_are_the_built_in_held_out_o
     tasks, _ = build(False)
     assert settings.task == "builtin:code" and len(tasks) == 3  # its rounds' first eval.tasks of the built-in set
     assert not {t["task_id"] for t in tasks} & {"adds-one", "returns-x"}
+
+
+def test_math_tasks_scores_the_shipped_mather_on_the_built_in_held_out_problems_with_the_math_judge(tmp_path):
+    from areal.cli.evaluate import evaluate
+
+    document = evaluate("builtin:tiny-mather", EvalSettings(benchmark="math-tasks", samples=2, temperature=1.0,
+                                                             ks=(1, 2), limit=64))
+    assert document["benchmark"] == "math-tasks/builtin:math" and len(document["problems"]) == 64
+    samples = [s for p in document["problems"] for s in p["samples"]]
+    # worked answers, about two in five right (docs/math.md); a wrong one is judged wrong, not left unread
+    assert all("\\boxed{" in s["completion"] for s in samples[:8])
+    assert 0.15 < document["summary"]["pass@1"] < 0.75
+    assert {s["reason"] for s in samples if s["reward"] == 0} <= {"wrong_answer", "no_answer", "hedged_answer",
+                                                                     "restated_question", "wrong_form"}
+    assert {s["reason"] for s in samples if s["reward"] == 1} == {None}
+
+
+@pytest.mark.parametrize(("recipe", "wrong", "right"), [("math_rl.py", "code-tasks", "math-tasks"),
+                                                        ("code_rl.py", "math-tasks", "code-tasks")])
+def test_a_run_is_refused_under_the_other_schemas_benchmark_naming_its_own(tmp_path, recipe, wrong, right):
+    from areal.cli.evaluate import _benchmark
+    from areal.graph.recipe import load_recipe
+    from areal.runtime.compiler.compile import compile_plan
+
+    run = _run_scored_against_its_own_tasks(tmp_path)
+    loaded = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / recipe, [])
+    (run / "plan.json").write_text(compile_plan(loaded.graph, loaded.config, run_dir=run).to_json())
+    with pytest.raises(ConfigError, match=f"trained on {right.split('-')[0]} tasks .*: score it with -b {right}"):
+        _benchmark(str(run), EvalSettings(benchmark=wrong))
+    if right == "code-tasks":  # and its own benchmark takes it
+        assert _benchmark(str(run), EvalSettings(benchmark=right))[2].task == str(tmp_path / "heldout.jsonl")

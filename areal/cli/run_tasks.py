@@ -1,0 +1,83 @@
+"""`areal eval -b code-tasks | math-tasks`: held-out tasks scored as a run's reward scores them.
+
+MODEL a run directory: the tasks its held-out rounds scored (its config's held-out set, the first `eval.tasks`),
+its stop strings and length; `--task` (builtin:NAME or a JSONL file) and `--max-new-tokens` override them. Else
+the schema's built-in held-out set, or the one `--task` names, with the generation defaults. A run trained on one
+schema is refused under the other's benchmark, naming the right one: the code tasks were silently scored for a
+math run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from areal.errors import ConfigError
+
+if TYPE_CHECKING:
+    from areal.cli.evaluate import EvalSettings, TaskBuilder
+
+SCHEMAS = {"code-tasks": "code", "math-tasks": "math"}
+MAX_TASKS = 10_000  # without --limit: every held-out task (one pass of the set)
+# the field a task source of each schema sends and the other's does not: how a run's plan tells which it trained on
+TELLING_FIELD = {"code": "tests", "math": "answer"}
+
+
+def run_tasks(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, EvalSettings]:
+    """The judge, the tasks and stop strings, and the settings with the task set and length filled in."""
+    from areal.cli.export import is_run_dir
+    from areal.config import RunConfig
+    from areal.data.sources import ConfiguredTasks
+    from areal.overrides import validate_config
+    from areal.runtime.records.evaluation import first_pass
+
+    schema = SCHEMAS[settings.benchmark]
+    path = Path(model).expanduser()
+    run = path.is_dir() and is_run_dir(path)
+    if run and not settings.task:
+        _check_trained_schema(path, schema)
+    config = validate_config(json.loads((path / "config.json").read_text())) if run else RunConfig()
+    if settings.task:
+        config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": settings.task})})
+    heldout = ConfiguredTasks(schema, "test")  # type: ignore[arg-type]
+    _, named = heldout.named(config)
+    source = heldout.configure(config)  # a bad name or file is refused here, naming it
+    rounds_read = config.eval.tasks if run and not settings.task else 0  # a run's rounds scored its first eval.tasks
+    tasks = first_pass(source, settings.limit or rounds_read or MAX_TASKS)
+    judge = _judge(schema, settings.timeout_s)
+    stops = list(config.generation.stop)
+    settings = replace(settings, task=named, max_new_tokens=settings.max_new_tokens or config.generation.max_new_tokens)
+    return judge, lambda chat: (tasks, stops), settings
+
+
+def _judge(schema: str, timeout_s: float) -> Any:
+    """The code reward in the sandbox (checked before any generation), or the math reward as recipes/math_rl.py
+    uses it (refusing answers that restate the prompt)."""
+    if schema == "math":
+        from areal.rewards.math.answer import MathReward
+
+        return MathReward(timeout_s=timeout_s, use_prompt=True)
+    from areal.rewards.code_reward import CodeTests
+
+    judge = CodeTests(timeout_s=timeout_s)
+    judge.preflight()
+    return judge
+
+
+def _check_trained_schema(run_dir: Path, schema: str) -> None:
+    """Refuse a run whose task source sent the other schema's telling field (a graph of its own, or a run directory
+    without its plan, is not judged)."""
+    plan_path = run_dir / "plan.json"
+    if not plan_path.is_file():
+        return
+    plan = json.loads(plan_path.read_text())
+    sources = {node for pool in plan["pools"] if pool["role"] == "source" for node in pool["nodes"]}
+    sent = {field.rpartition(".")[2] for c in plan["channels"] if c["src"] in sources for field in c["fields"]}
+    trained = [s for s, field in TELLING_FIELD.items() if field in sent]
+    if len(trained) == 1 and trained[0] != schema:
+        right = next(b for b, s in SCHEMAS.items() if s == trained[0])
+        raise ConfigError(f"{run_dir} trained on {trained[0]} tasks (its source sends "
+                          f"'{TELLING_FIELD[trained[0]]}'): score it with -b {right}, or name a {schema} set with "
+                          f"--task builtin:NAME or a JSONL file")
