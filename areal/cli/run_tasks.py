@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from areal.errors import ConfigError
 
 if TYPE_CHECKING:
     from areal.cli.evaluate import EvalSettings, TaskBuilder
 
-SCHEMAS = {"code-tasks": "code", "math-tasks": "math"}
+SCHEMAS: dict[str, Literal["code", "math"]] = {"code-tasks": "code", "math-tasks": "math"}
 MAX_TASKS = 10_000  # without --limit: every held-out task (one pass of the set)
 # the field a task source of each schema sends and the other's does not: how a run's plan tells which it trained on
 TELLING_FIELD = {"code": "tests", "math": "answer"}
@@ -41,7 +41,7 @@ def run_tasks(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, Eva
     config = validate_config(json.loads((path / "config.json").read_text())) if run else RunConfig()
     if settings.task:
         config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": settings.task})})
-    heldout = ConfiguredTasks(schema, "test")  # type: ignore[arg-type]
+    heldout = ConfiguredTasks(schema, "test")
     _, named = heldout.named(config)
     source = heldout.configure(config)  # a bad name or file is refused here, naming it
     rounds_read = config.eval.tasks if run and not settings.task else 0  # a run's rounds scored its first eval.tasks
