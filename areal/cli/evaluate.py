@@ -21,7 +21,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -211,7 +211,9 @@ def _benchmark(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, Ev
     Everything that can be refused is checked here, before the caller loads a model.
     """
     if settings.benchmark in SCHEMAS:
-        return run_tasks(model, settings)
+        held = run_tasks(model, settings.benchmark, settings.task, settings.limit, settings.timeout_s)
+        settings = replace(settings, task=held.named, max_new_tokens=settings.max_new_tokens or held.max_new_tokens)
+        return held.judge, lambda chat: (held.tasks, held.stops), settings
     if settings.benchmark == "humaneval":
         from areal.data.humaneval import COMPLETION_STOPS, humaneval_problems, humaneval_tasks
         from areal.rewards.humaneval import HumanEvalTests

@@ -10,14 +10,11 @@ math run.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from areal.errors import ConfigError
-
-if TYPE_CHECKING:
-    from areal.cli.evaluate import EvalSettings, TaskBuilder
 
 SCHEMAS: dict[str, Literal["code", "math"]] = {"code-tasks": "code", "math-tasks": "math"}
 MAX_TASKS = 10_000  # without --limit: every held-out task (one pass of the set)
@@ -25,31 +22,38 @@ MAX_TASKS = 10_000  # without --limit: every held-out task (one pass of the set)
 TELLING_FIELD = {"code": "tests", "math": "answer"}
 
 
-def run_tasks(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, EvalSettings]:
-    """The judge, the tasks and stop strings, and the settings with the task set and length filled in."""
+@dataclass(frozen=True)
+class HeldOutTasks:
+    judge: Any  # a reward function, called as the run's reward node calls it
+    tasks: list[dict[str, Any]]
+    stops: list[str]
+    named: str  # the set, as data.heldout_path would name it (builtin:NAME or a file)
+    max_new_tokens: int  # the run's, else generation's default
+
+
+def run_tasks(model: str, benchmark: str, task: str | None, limit: int | None, timeout_s: float) -> HeldOutTasks:
+    """What `benchmark` scores MODEL on, and with what; `task` and `limit` as `--task` and `--limit` give them."""
     from areal.cli.export import is_run_dir
     from areal.config import RunConfig
     from areal.data.sources import ConfiguredTasks
     from areal.overrides import validate_config
     from areal.runtime.records.evaluation import first_pass
 
-    schema = SCHEMAS[settings.benchmark]
+    schema = SCHEMAS[benchmark]
     path = Path(model).expanduser()
     run = path.is_dir() and is_run_dir(path)
-    if run and not settings.task:
+    if run and not task:
         _check_trained_schema(path, schema)
     config = validate_config(json.loads((path / "config.json").read_text())) if run else RunConfig()
-    if settings.task:
-        config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": settings.task})})
+    if task:
+        config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": task})})
     heldout = ConfiguredTasks(schema, "test")
     _, named = heldout.named(config)
     source = heldout.configure(config)  # a bad name or file is refused here, naming it
-    rounds_read = config.eval.tasks if run and not settings.task else 0  # a run's rounds scored its first eval.tasks
-    tasks = first_pass(source, settings.limit or rounds_read or MAX_TASKS)
-    judge = _judge(schema, settings.timeout_s)
-    stops = list(config.generation.stop)
-    settings = replace(settings, task=named, max_new_tokens=settings.max_new_tokens or config.generation.max_new_tokens)
-    return judge, lambda chat: (tasks, stops), settings
+    rounds_read = config.eval.tasks if run and not task else 0  # a run's rounds scored its first eval.tasks
+    tasks = first_pass(source, limit or rounds_read or MAX_TASKS)
+    return HeldOutTasks(_judge(schema, timeout_s), tasks, list(config.generation.stop), named,
+                        config.generation.max_new_tokens)
 
 
 def _judge(schema: str, timeout_s: float) -> Any:
