@@ -97,11 +97,12 @@ class WorkerReports:
                    f"filtered by '{m.node}': {m.reasons[0] if m.reasons else ''}")
 
     def _free(self, groups: list[int], why: str) -> None:
-        """Groups that will never be trained give their slots to new ones; a run that only loses groups stops."""
+        """Groups that will never be trained give their slots to new ones; a run that only loses groups stops, once:
+        the groups in flight that fail while it stops free their slots and say nothing more."""
         self.admission.free(groups)
         self._lost_in_a_row += len(groups)
         limit = LOST_GROUPS_BATCHES * self.config.batch_size
-        if self._lost_in_a_row > limit:
+        if self._lost_in_a_row > limit and not self._stopping:
             raise RunError(f"no sample of the last {self._lost_in_a_row} groups reached a trainer since version "
                            f"{self.state.version} (the last: {why}); the run cannot make progress")
 
