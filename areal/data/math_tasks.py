@@ -34,32 +34,33 @@ def latex(value: Fraction) -> str:
     return f"{sign}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
 
 
-def _task(family: str, expr: str, value: Fraction, working: str = "") -> Task:
-    """`working`: the math of the solution, `expr = value` when not given."""
+def _task(family: str, expr: str, value: Fraction, steps: tuple[str, ...] = ()) -> Task:
+    """`steps`: the solution's equations before the box, `expr = value` when not given."""
     answer = latex(value)
+    worked = ", ".join(f"${step}$" for step in steps or (f"{expr} = {answer}",))
     return {
         "task_id": f"{family}/{expr}",
         "prompt": f"What is ${expr}$? Put your final answer within \\boxed{{}}.\n",
         "answer": answer,
-        "solution": f"${working or f'{expr} = {answer}'}$. \\boxed{{{answer}}}",
+        "solution": f"{worked}. \\boxed{{{answer}}}",
     }
 
 
 def _order_task(a: int, b: int, c: int) -> Task:
     """`a + b \\times c`, worked as the product, then the sum."""
     product = b * c
-    working = f"{b} \\times {c} = {product}$, ${a} + {product} = {a + product}"
-    return _task("order", f"{a} + {b} \\times {c}", Fraction(a + product), working)
+    steps = (f"{b} \\times {c} = {product}", f"{a} + {product} = {a + product}")
+    return _task("order", f"{a} + {b} \\times {c}", Fraction(a + product), steps)
 
 
 def _fraction_task(a: int, b: int) -> Task:
     """`1/a + 1/b`, worked over the common denominator a*b, then reduced."""
     value = Fraction(1, a) + Fraction(1, b)
     expr = f"\\frac{{1}}{{{a}}} + \\frac{{1}}{{{b}}}"
-    working = f"{expr} = \\frac{{{b} + {a}}}{{{a * b}}} = \\frac{{{a + b}}}{{{a * b}}}"
+    step = f"{expr} = \\frac{{{b} + {a}}}{{{a * b}}} = \\frac{{{a + b}}}{{{a * b}}}"
     if value.denominator != a * b:
-        working += f" = {latex(value)}"
-    return _task("frac", expr, value, working)
+        step += f" = {latex(value)}"
+    return _task("frac", expr, value, (step,))
 
 
 @cache

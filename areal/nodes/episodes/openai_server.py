@@ -56,8 +56,7 @@ def _warn_if_backlog_capped() -> None:
         return  # not Linux, or no /proc: nothing to say
     if cap < LISTEN_BACKLOG:
         log.warning("net.core.somaxconn is %d: more agents than that connecting at once may see their connections "
-                    "reset; raise it (sysctl -w net.core.somaxconn=%d)", cap,
-                    LISTEN_BACKLOG)
+                    "reset; raise it (sysctl -w net.core.somaxconn=%d)", cap, LISTEN_BACKLOG)
 
 
 class RequestError(ValueError):

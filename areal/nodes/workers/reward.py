@@ -57,7 +57,6 @@ class RewardNode:
         return {"reward": scores, FAILED: failed}
 
 
-
 def call_reward(fn: Any, columns: Mapping[str, Any]) -> Any:
     """`fn`'s outcomes for these columns (a batch, or `areal eval`'s lists): the fields it names in `input_names`,
     else a code reward's programs (the prompt, a function header, followed by the completion) and tests."""

@@ -366,9 +366,9 @@ class Controller(WorkerReports, WorkerRecovery):
     def _elapsed(self) -> float:  # seconds since this process's workers were ready: what its rates are over
         return max(time.monotonic() - self.state.started_at, 1e-9)
 
-    def _wall(self) -> float:
-        """The metrics lines' wall_s: a resumed run's go on from its checkpoint's (one curve against time)."""
-        return self.wall_before + self._elapsed()
+    def _wall(self, elapsed: float | None = None) -> float:
+        """A metrics line's wall_s: a resumed run's goes on from its checkpoint's; `elapsed`: this process's."""
+        return self.wall_before + (self._elapsed() if elapsed is None else elapsed)
 
 
 HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], None]] = {

@@ -73,7 +73,7 @@ class WorkerReports:
                    "control_messages": self.control.received + self.control.sent,
                    # each worker's process tree, so far: a code reward's sandboxed programs count as its worker's
                    "cpu_s": {w.worker_id: round(w.cpu_total, 2) for w in self.workers.values()}}
-        record["wall_s"] = self.wall_before + elapsed  # the run's seconds; its rates are over this process's own
+        record["wall_s"] = self._wall(elapsed)  # the run's seconds; its rates are over this process's own
         self.state.last_step = record
         for line in [record, *self.steps.warnings(record)]:
             self.metrics.write(line)
