@@ -63,10 +63,11 @@ def _stopped(tmp_path: Path, first: signal.Signals, *later: signal.Signals) -> t
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=0.2)
         os.kill(proc.pid, first)  # the controller alone, as a terminal's Ctrl-C or hang-up reaches the foreground
-        if later:
-            _wait_for(run / "logs" / "controller.log", "stopping the run", proc)
-            for sig in later:
-                os.kill(proc.pid, sig)
+        # the stop is decided while the trainer is held: released before, it could publish version 2 and start 3
+        # first, and the exit checkpoint would be another version's (CI once lost that race)
+        _wait_for(run / "logs" / "controller.log", "stopping the run", proc)
+        for sig in later:
+            os.kill(proc.pid, sig)
         (run / "release").touch()
         _, err = proc.communicate(timeout=120)
     finally:
