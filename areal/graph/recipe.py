@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ def load_recipe(path: str | os.PathLike[str], overrides: list[str] | tuple[str, 
 
 
 def _execute(recipe: Path) -> dict[str, object]:
+    _import_beside(recipe)
     try:
         return runpy.run_path(str(recipe), run_name="__areal_recipe__")
     except SyntaxError as err:
@@ -67,6 +69,15 @@ def _execute(recipe: Path) -> dict[str, object]:
         raise
     except Exception as err:
         raise RecipeError(f"{_recipe_line(recipe, err)}: {type(err).__name__}: {err}") from err
+
+
+def _import_beside(recipe: Path) -> None:
+    """The recipe's folder first on sys.path, as `python recipe.py` puts it: a recipe imports the modules beside it
+    (its own nodes, rewards, data), here and in every worker, for as long as the process runs (a node may import
+    lazily)."""
+    folder = str(recipe.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def _recipe_line(recipe: Path, err: Exception) -> str:
