@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -85,3 +86,30 @@ def test_a_metrics_line_that_cannot_be_written_fails_the_run_naming_the_file(tmp
         controller.run()
     assert all(w.process.poll() is not None for w in controller.workers.values())
     assert list((run / "sockets").iterdir()) == []  # no socket file left
+
+
+# the trainer's own part of the exit checkpoint (its optimizer state) meets a full disk, in the trainer's process
+TRAINER_DISK_FULL = """
+
+def _no_space(self, folder):
+    if "step-000003" in folder:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), folder + "/optimizer.pt")
+
+
+FakeTrainer.factory.save_checkpoint = _no_space
+"""
+
+
+def test_an_exit_checkpoint_the_trainer_cannot_write_fails_the_run_and_says_what_is_kept(tmp_path, capsys):
+    recipe, run = tmp_path / "fake_rl.py", tmp_path / "run"
+    recipe.write_text("import errno\n" + RECIPE.read_text() + TRAINER_DISK_FULL)
+    assert run_recipe(recipe, overrides=["steps=3", "checkpoint.interval_steps=2"], run_dir=run, live=False) == 1
+    said = " ".join(capsys.readouterr().err.split())
+    assert re.search(r"run failed: the exit checkpoint of version 3 was not written \(actor\[0\]: \S*fake_rl\.py:\d+: "
+                     rf"node 'actor' \(ppo-update\) raised OSError: \[Errno {errno.ENOSPC}\] {NO_SPACE}: "
+                     rf"'{re.escape(str(run.resolve()))}/checkpoints/\.step-000003\.", said)
+    assert (f"the newest checkpoint is step-000002, which `areal run --resume {run.resolve()}` continues from once "
+            f"the cause is mended; version 3's policy weights are in {run.resolve()}/weights/actor/v000003.safetensors"
+            ) in said
+    assert "Traceback" not in said
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000002"]  # the staged part is gone

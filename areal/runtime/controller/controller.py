@@ -272,7 +272,7 @@ class Controller(WorkerReports, WorkerRecovery):
             w.process.kill()
         self.state.status = "stopped"
         self.on_event(self)
-        return unwritten
+        return unwritten or self._unsealed(checkpoint)
 
     # -- the source -----------------------------------------------------------------------
 

@@ -8,12 +8,15 @@ its handler.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal.errors import RunError
-from areal.runtime.storage import mirror
-from areal.runtime.storage.rundir import writing
+from areal.runtime.storage import mirror, weight_files
+from areal.runtime.storage.checkpoint import final_dir, find_checkpoints
+from areal.runtime.storage.rundir import WriteFailed, writing
 from areal.runtime.wire import messages as msg
 from areal.runtime.wire.commands import ForgetBelow
 
@@ -133,6 +136,23 @@ class WorkerReports:
 
     def _on_checkpoint(self, worker: WorkerProcess, m: msg.CheckpointWritten) -> None:
         self.sealing.part_written(m.path, m.model, m.version, m.next_group, m.consumed, self._checkpoint_state)
+
+    def _unsealed(self, staged: Path | None) -> WriteFailed | None:
+        """The exit checkpoint asked for at `staged` and never sealed, a trainer having failed to write its part (a
+        full disk, say): the run did not end as it says. Its staging folder goes, to give back the space."""
+        version = max(self.versions.current.values(), default=0)
+        if staged is None or final_dir(self.run_dir, version).exists():
+            return None
+        shutil.rmtree(staged, ignore_errors=True)
+        why = next((f"{w.worker_id}: {w.last_error.splitlines()[0]}" for w in self.workers.values()
+                    if self.plan.pool(w.pool).role == "train" and w.last_error), "no trainer said why")
+        newest = find_checkpoints(self.run_dir).newest
+        kept = (f"the newest checkpoint is {newest.name}, which `areal run --resume {self.run_dir}` continues from"
+                if newest else "the run has no checkpoint: a resume starts it again")
+        weights = weight_files.published(self.plan.weights_dir, self.plan.policy, version)
+        trained = f"; version {version}'s policy weights are in {weights}" if weights.is_file() else ""
+        return WriteFailed(f"the exit checkpoint of version {version} was not written ({why}); {kept} once the "
+                           f"cause is mended{trained}")
 
     def _on_file(self, worker: WorkerProcess, m: msg.FileWritten) -> None:
         """A piece of a file written in a worker's copy of the run directory (storage/mirror.py), into the run
