@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.live import Live
 
 from areal.cli.progress import live_table, summary_table
+from areal.data.sources import unscored_note
 from areal.engines import needs_model, require_engines
 from areal.errors import ArealError, RecipeError, RunError
 from areal.graph.node import Node
@@ -122,14 +123,22 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
                         run_dir=folder.resolve())
     plan = dataclasses.replace(plan, recipe_sha256=recipe_hash(recipe.path))
     for note in side_branch_notes(recipe.graph, plan):
-        log.warning("%s", note)
-        if console is not None:
-            console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+        _note(console, note)
     # the controller resolves the task sources: a bad data.path fails here, before a model warm-start
     controller = Controller(plan, recipe.graph, recipe.config, saved=saved, resume_dir=checkpoint,
                             on_event=StatusWriter(folder, then=on_event), lock=lock)  # status.json: `areal view`
+    scored = recipe.config.eval.tasks > 0
+    for note in filter(None, (unscored_note(h, recipe.config) for h in recipe.graph.heldout.values() if scored)):
+        _note(console, note)
     _prepare_models(recipe)
     return controller
+
+
+def _note(console: Console | None, note: str) -> None:
+    """What a run does other than a reader of its recipe might think: said on the console and logged."""
+    log.warning("%s", note)
+    if console is not None:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
 
 
 def _report(console: Console | None, title: str, lines: list[str]) -> str:

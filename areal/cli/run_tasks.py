@@ -49,6 +49,9 @@ def run_tasks(model: str, benchmark: str, task: str | None, limit: int | None, t
         config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": task})})
     heldout = ConfiguredTasks(schema, "test")
     _, named = heldout.named(config)
+    if named is None:
+        raise ConfigError(f"{model}: the run trained on {config.data.path} and named no data.heldout_path, so it has "
+                          "no held-out tasks; name some with --task FILE (or --task builtin:NAME)")
     source = heldout.configure(config)  # a bad name or file is refused here, naming it
     rounds_read = config.eval.tasks if run and not task else 0  # a run's rounds scored its first eval.tasks
     tasks = first_pass(source, limit or rounds_read or MAX_TASKS)

@@ -5,7 +5,9 @@ the runtime calls `configure(config)` before reading it, which returns a JSONL s
 schema when `data.path` (or `data.heldout_path` for the held-out split) is set, and the built-in
 tasks otherwise. `builtin:NAME` in either key names another built-in set of the same schema (`builtin:chains`:
 code answers with a heavy tail of lengths); the held-out split follows `data.path`'s set unless
-`data.heldout_path` names one. A bad file or name is reported with the config key that named it.
+`data.heldout_path` names one. Training on a file of one's own with no `data.heldout_path` has no held-out
+rounds (said at the start): a built-in set's pass@1 would say nothing of that data, under a name that suggests
+it does. A bad file or name is reported with the config key that named it.
 """
 
 from __future__ import annotations
@@ -40,16 +42,22 @@ class ConfiguredTasks:
     def __repr__(self) -> str:
         return f"{self.schema}_tasks({self.split!r})"
 
-    def named(self, config: RunConfig) -> tuple[str, str]:
-        """The data key that names this split's tasks under `config`, and what it names (a file or builtin:NAME)."""
+    def named(self, config: RunConfig) -> tuple[str, str | None]:
+        """The data key that names this split's tasks under `config`, and what it names (a file or builtin:NAME);
+        None for the held-out split of a run that trains on a file and names no held-out one."""
         key = "path" if self.split == "train" else "heldout_path"
         path = getattr(config.data, key)
-        if not path and self.split != "train" and (config.data.path or "").startswith(BUILTIN_PREFIX):
+        if not path and self.split != "train" and config.data.path:
+            if not config.data.path.startswith(BUILTIN_PREFIX):
+                return key, None
             key, path = "path", config.data.path  # held-out tasks of the training set's built-in set
         return key, path or BUILTIN_PREFIX + self.schema  # else the schema's own built-in set
 
     def configure(self, config: RunConfig) -> Any:
+        """The tasks, or None where `named` names none."""
         key, path = self.named(config)
+        if path is None:
+            return None
         if path.startswith(BUILTIN_PREFIX):
             return self._named_builtin(key, path.removeprefix(BUILTIN_PREFIX), config.data.seed)
         try:
@@ -73,3 +81,12 @@ def code_tasks(split: str = "train") -> ConfiguredTasks:
 def math_tasks(split: str = "train") -> ConfiguredTasks:
     """Math tasks of `split` ("train" or "test"): `data.path`/`data.heldout_path` files, else built-in arithmetic."""
     return ConfiguredTasks("math", split)
+
+
+def unscored_note(heldout: Any, config: RunConfig) -> str | None:
+    """What a run that trains on a file without a held-out one is told at its start (None for any other run)."""
+    if not isinstance(heldout, ConfiguredTasks) or heldout.named(config)[1] is not None:
+        return None
+    return (f"no held-out rounds: data.path is a file of your own ({config.data.path}) and data.heldout_path is "
+            "unset; set data.heldout_path=FILE (tasks kept out of training) for held-out pass@1, or "
+            f"data.heldout_path=builtin:{heldout.schema} to score the built-in set")

@@ -279,16 +279,19 @@ def test_code_tasks_takes_another_set_by_name_and_refuses_one_it_does_not_know(t
         _benchmark("builtin:tiny-coder", EvalSettings(benchmark="code-tasks", task="builtin:cod"))
 
 
-def test_code_tasks_of_a_run_trained_on_a_file_alone_are_the_built_in_held_out_ones_the_run_scored(tmp_path):
+def test_a_run_trained_on_a_file_alone_had_no_held_out_tasks_and_eval_asks_for_some(tmp_path):
     from areal.cli.evaluate import _benchmark
     from areal.config import RunConfig
 
     run = _run_scored_against_its_own_tasks(tmp_path)  # then trained on that file, with no held-out file of its own
     config = RunConfig(data={"path": str(tmp_path / "heldout.jsonl")}, eval={"tasks": 3})
     (run / "config.json").write_text(config.model_dump_json())
-    _, build, settings = _benchmark(str(run), EvalSettings(benchmark="code-tasks"))
+    with pytest.raises(ConfigError, match=rf"^{run}: the run trained on {tmp_path}/heldout.jsonl and named no "
+                                          r"data.heldout_path, so it has no held-out tasks; name some with --task"):
+        _benchmark(str(run), EvalSettings(benchmark="code-tasks"))
+    _, build, settings = _benchmark(str(run), EvalSettings(benchmark="code-tasks", task="builtin:code", limit=5))
     tasks, _ = build(False)
-    assert settings.task == "builtin:code" and len(tasks) == 3  # its rounds' first eval.tasks of the built-in set
+    assert settings.task == "builtin:code" and len(tasks) == 5
     assert not {t["task_id"] for t in tasks} & {"adds-one", "returns-x"}
 
 
