@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -248,3 +249,20 @@ def test_the_sandbox_report_is_said_once_per_machine_until_what_it_says_changes(
     monkeypatch.setattr(run_module, "_preflight", lambda recipe: [r + " (changed)" for r in reports(recipe)])
     changed, _ = start("c")
     assert "code sandbox:" in changed  # the machine changed: said again
+
+
+def test_a_run_resumes_by_its_directory_alone_as_the_messages_that_suggest_it_say(tmp_path):
+    root = Path(__file__).resolve().parents[1]  # the fake recipe imports its nodes from tests/
+    run = tmp_path / "run"
+    started = areal("run", "tests/runtime/fake_rl.py", "-q", "--run-dir", str(run), "--set", "steps=2", "--set",
+                    "checkpoint.interval_steps=1", cwd=root)
+    assert started.returncode == 0, started.stderr[-2000:]
+    resumed = areal("run", "-q", "--resume", str(run), "--set", "steps=3", cwd=root)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming {run} from step-000002" in resumed.stderr
+    lines = (run / "trained.jsonl").read_text().splitlines()
+    trained = [sid for line in lines for sid in json.loads(line)["sample_ids"]]
+    assert sorted(trained) == list(range(3 * 2 * 3))  # three steps of B=2 groups of 3, each sample once
+    neither = areal("run", cwd=tmp_path)
+    assert neither.returncode == 2 and "name a recipe file (areal run recipes/code_rl.py), or a run to continue with " \
+        "--resume RUN_DIR" in " ".join(neither.stderr.split())

@@ -42,7 +42,9 @@ def _options(
 
 @app.command()
 def run(
-    recipe: Path = typer.Argument(..., metavar="RECIPE", help="Recipe file that declares a Graph and a RunConfig."),
+    recipe: Path | None = typer.Argument(None, metavar="RECIPE", show_default=False,
+                                         help="Recipe file that declares a Graph and a RunConfig (with --resume: "
+                                              "the run's own, the default)."),
     set_: list[str] = typer.Option(
         [], "--set", metavar="KEY=VALUE", help="Override a config field: --set trainer.lr=3e-6 (repeatable)."
     ),
@@ -76,9 +78,13 @@ def run(
 
       areal run recipes/code_rl.py --view
 
-      areal run recipes/code_rl.py --resume runs/code-rl-20261122-101500
+      areal run --resume runs/code-rl-20261122-101500
     """
     from areal.cli.run import run_recipe
+
+    if recipe is None and resume is None:
+        raise typer.BadParameter("name a recipe file (areal run recipes/code_rl.py), or a run to continue with "
+                                 "--resume RUN_DIR", param_hint="'RECIPE'")
 
     overrides = list(set_) + ([f"mode={mode}"] if mode else [])
     beside = None
