@@ -83,10 +83,13 @@ def _is_mapping(annotation: Any) -> bool:
 
 
 def _describe(err: ValidationError, overrides: list[str]) -> str:
+    """One line per problem: the field (and the --set that gave it), then pydantic's message; a rule across fields
+    (no field of its own) is its own message, which names the fields."""
     lines = []
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ") if e["type"] == "value_error" else e["msg"]
         origin = next((o for o in overrides if o.split("=", 1)[0].strip() == field), None)
         prefix = f"--set {origin}: " if origin else ""
-        lines.append(f"{prefix}{field}: {e['msg'][:1].lower()}{e['msg'][1:]}")
+        lines.append(f"{prefix}{field}: {msg[:1].lower()}{msg[1:]}" if field else msg)
     return "\n".join(lines)

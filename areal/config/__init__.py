@@ -141,6 +141,15 @@ class RunConfig(Section):
                              "directory (or one machine) on every node; use transport.weights=auto or tcp")
         return self
 
+    @model_validator(mode="after")
+    def _minibatches_have_samples(self) -> RunConfig:
+        samples, asked = self.batch_size * self.group_size, self.trainer.minibatches
+        if asked > samples:
+            raise ValueError(f"trainer.minibatches={asked} is more than the {samples} samples a step "
+                             f"trains (batch_size={self.batch_size} × group_size={self.group_size}): a minibatch is "
+                             f"an optimizer step on some of them; at most {samples}")
+        return self
+
     @property
     def effective_staleness(self) -> int:
         """The bound the trainer checks: no trained sample more than this many versions behind."""

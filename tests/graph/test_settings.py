@@ -92,8 +92,18 @@ def test_a_generators_group_size_and_sampling_bind_the_whole_run(write_recipe):
 
 def test_rules_across_fields_are_checked_on_the_nodes_whole_config(write_recipe):
     with pytest.raises(ConfigError,
-                       match=r"node 'actor' \(ppo-update\): trainer: value error, ranks=2 .* needs engine=fsdp"):
+                       match=r"node 'actor' \(ppo-update\): trainer: ranks=2 .* needs engine=fsdp"):
         load(write_recipe, "nodes.actor.ranks=2")
+
+
+def test_more_minibatches_than_a_step_has_samples_is_refused_for_the_run_and_for_a_node(write_recipe):
+    # B = 16 groups of the generator's 4: 64 samples a step, so 64 minibatches of one sample at most
+    assert load(write_recipe, "trainer.minibatches=64").node_config("actor").trainer.minibatches == 64
+    with pytest.raises(ConfigError, match=r"trainer.minibatches=65 is more than the 64 samples a step trains "
+                                          r"\(batch_size=16 × group_size=4\).*at most 64"):
+        load(write_recipe, "trainer.minibatches=65")
+    with pytest.raises(ConfigError, match=r"node 'actor' \(ppo-update\): .*trainer.minibatches=100 is more than"):
+        load(write_recipe, "nodes.actor.minibatches=100")
 
 
 from areal import Float, Int, node  # noqa: E402  (the stand-in advantage the recipe imports)
