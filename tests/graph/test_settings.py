@@ -96,10 +96,15 @@ def test_rules_across_fields_are_checked_on_the_nodes_whole_config(write_recipe)
         load(write_recipe, "nodes.actor.ranks=2")
 
 
+def test_a_rule_across_fields_is_said_as_its_own_message(write_recipe):
+    with pytest.raises(ConfigError, match=r"^staleness_policy=drop needs mode=async \(a sync run"):
+        load(write_recipe, "staleness_policy=drop", "mode=sync")
+
+
 def test_more_minibatches_than_a_step_has_samples_is_refused_for_the_run_and_for_a_node(write_recipe):
     # B = 16 groups of the generator's 4: 64 samples a step, so 64 minibatches of one sample at most
     assert load(write_recipe, "trainer.minibatches=64").node_config("actor").trainer.minibatches == 64
-    with pytest.raises(ConfigError, match=r"trainer.minibatches=65 is more than the 64 samples a step trains "
+    with pytest.raises(ConfigError, match=r"^trainer.minibatches=65 is more than the 64 samples a step trains "
                                           r"\(batch_size=16 × group_size=4\).*at most 64"):
         load(write_recipe, "trainer.minibatches=65")
     with pytest.raises(ConfigError, match=r"node 'actor' \(ppo-update\): .*trainer.minibatches=100 is more than"):
