@@ -42,7 +42,11 @@ def resolve_run_config(graph: Graph, config: RunConfig, overrides: tuple[str, ..
             run_values[path] = (value, n)
     if problems:
         raise ConfigError("\n".join(problems))
-    resolved = with_values(config, {p: v for p, (v, _) in run_values.items()}, "node settings")
+    setters: dict[str, list[str]] = {}
+    for path, (value, n) in run_values.items():
+        setters.setdefault(n.describe(), []).append(f"{path}={value!r}")
+    origin = "; ".join(f"{who} sets {', '.join(values)}" for who, values in setters.items())
+    resolved = with_values(config, {p: v for p, (v, _) in run_values.items()}, origin)
     for n in graph.nodes.values():
         node_config(resolved, n)  # each node's view must validate too (a trainer's lr, its ranks and engine)
     return resolved

@@ -104,8 +104,9 @@ def test_a_rule_across_fields_is_said_as_its_own_message(write_recipe):
 def test_more_minibatches_than_a_step_has_samples_is_refused_for_the_run_and_for_a_node(write_recipe):
     # B = 16 groups of the generator's 4: 64 samples a step, so 64 minibatches of one sample at most
     assert load(write_recipe, "trainer.minibatches=64").node_config("actor").trainer.minibatches == 64
-    with pytest.raises(ConfigError, match=r"^trainer.minibatches=65 is more than the 64 samples a step trains "
-                                          r"\(batch_size=16 × group_size=4\).*at most 64"):
+    with pytest.raises(ConfigError, match=r"^x.py:\d+: node 'rollout' \(generate\) sets generation.max_new_tokens=12, "
+                                          r"group_size=4: trainer.minibatches=65 is more than the 64 samples a step "
+                                          r"trains \(batch_size=16 × group_size=4\).*at most 64"):
         load(write_recipe, "trainer.minibatches=65")
     with pytest.raises(ConfigError, match=r"node 'actor' \(ppo-update\): .*trainer.minibatches=100 is more than"):
         load(write_recipe, "nodes.actor.minibatches=100")
