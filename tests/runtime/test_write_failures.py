@@ -105,7 +105,7 @@ def test_an_exit_checkpoint_the_trainer_cannot_write_fails_the_run_and_says_what
     recipe.write_text("import errno\n" + RECIPE.read_text() + TRAINER_DISK_FULL)
     assert run_recipe(recipe, overrides=["steps=3", "checkpoint.interval_steps=2"], run_dir=run, live=False) == 1
     said = " ".join(capsys.readouterr().err.split())
-    assert re.search(r"run failed: the exit checkpoint of version 3 was not written \(actor\[0\]: \S*fake_rl\.py:\d+: "
+    assert re.search(r"run failed: the exit checkpoint at version 3 was not written \(actor\[0\]: \S*fake_rl\.py:\d+: "
                      rf"node 'actor' \(ppo-update\) raised OSError: \[Errno {errno.ENOSPC}\] {NO_SPACE}: "
                      rf"'{re.escape(str(run.resolve()))}/checkpoints/\.step-000003\.", said)
     assert (f"the newest checkpoint is step-000002, which `areal run --resume {run.resolve()}` continues from once "

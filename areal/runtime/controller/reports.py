@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal.errors import RunError
 from areal.runtime.storage import mirror, weight_files
-from areal.runtime.storage.checkpoint import final_dir, find_checkpoints
+from areal.runtime.storage.checkpoint import find_checkpoints
 from areal.runtime.storage.rundir import WriteFailed, writing
 from areal.runtime.wire import messages as msg
 from areal.runtime.wire.commands import ForgetBelow
@@ -140,9 +140,9 @@ class WorkerReports:
     def _unsealed(self, staged: Path | None) -> WriteFailed | None:
         """The exit checkpoint asked for at `staged` and never sealed, a trainer having failed to write its part (a
         full disk, say): the run did not end as it says. Its staging folder goes, to give back the space."""
-        version = max(self.versions.current.values(), default=0)
-        if staged is None or final_dir(self.run_dir, version).exists():
+        if staged is None or str(staged) in self.sealing.sealed:
             return None
+        version = max(self.versions.current.values(), default=0)  # where the trainers were
         shutil.rmtree(staged, ignore_errors=True)
         why = next((f"{w.worker_id}: {w.last_error.splitlines()[0]}" for w in self.workers.values()
                     if self.plan.pool(w.pool).role == "train" and w.last_error), "no trainer said why")
@@ -151,7 +151,7 @@ class WorkerReports:
                 if newest else "the run has no checkpoint: a resume starts it again")
         weights = weight_files.published(self.plan.weights_dir, self.plan.policy, version)
         trained = f"; version {version}'s policy weights are in {weights}" if weights.is_file() else ""
-        return WriteFailed(f"the exit checkpoint of version {version} was not written ({why}); {kept} once the "
+        return WriteFailed(f"the exit checkpoint at version {version} was not written ({why}); {kept} once the "
                            f"cause is mended{trained}")
 
     def _on_file(self, worker: WorkerProcess, m: msg.FileWritten) -> None:

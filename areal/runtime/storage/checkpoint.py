@@ -155,6 +155,7 @@ class Sealing:
         self.run_dir, self.weights_dir, self.trainers, self.keep = run_dir, weights_dir, trainers, keep
         # staging folder -> trainer -> its next group, and the groups above it it consumed
         self._parts: dict[str, dict[str, tuple[int, list[int]]]] = {}
+        self.sealed: set[str] = set()  # staging folders every trainer wrote its part into, sealed (or not needed)
 
     def part_written(self, folder: str, trainer: str, version: int, next_group: int, consumed: list[int],
                      state_at: Callable[[int], dict[str, Any]]) -> None:
@@ -168,5 +169,6 @@ class Sealing:
         policies = {t: weight_files.published(self.weights_dir, t, version) for t in self.trainers}
         with writing(Path(folder), self.run_dir):  # a full disk: the staging folder is left, resume clears it
             sealed = seal(Path(folder), version, state, policies)
+        self.sealed.add(folder)
         if sealed is not None:
             prune(self.run_dir, self.keep)
