@@ -44,6 +44,8 @@ def live_table(controller: Controller) -> Table:
               f" · filtered {acc['filtered']} · dropped {acc['dropped']} · in flight {acc['in_flight']}")
     busy = " · ".join(f"{w.worker_id}{_on(w.process.node)} {w.busy:.0%}" for w in controller.workers.values())
     t.add_row("busy", busy or "—")
+    if long := [f"{w.worker_id}: {w.long_call}" for w in controller.workers.values() if w.long_call]:
+        t.add_row("long node calls", "\n".join(long), style="yellow")
     return t
 
 
@@ -80,6 +82,8 @@ def summary_table(controller: Controller) -> Table:
         t.add_row("failures", ", ".join(f"{k}: {v}" for k, v in reasons.most_common()))
     if controller.steps.said:  # what the step records warned about, each once (metrics.jsonl has them too)
         t.add_row("warnings", "\n".join(controller.steps.said.values()))
+    if s.long_calls:  # each as first said (the worker's log has its stack)
+        t.add_row("long node calls", "\n".join(s.long_calls))
     return t
 
 

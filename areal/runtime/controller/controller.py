@@ -325,14 +325,10 @@ class Controller(WorkerReports, WorkerRecovery):
             got = self.control.recv(0)
 
     def _handle(self, sender: str, raw: dict[str, Any]) -> None:
-        if sender.endswith(Pulse.SUFFIX):  # alive, from the worker's pulse thread: nothing else to read
-            pulsing = self.workers.get(sender.removesuffix(Pulse.SUFFIX))
-            if pulsing is not None:
-                pulsing.last_seen = time.monotonic()
-            return
-        worker = self.workers.get(sender)
+        worker = self.workers.get(sender.removesuffix(Pulse.SUFFIX))  # a pulse comes from its worker's pulse thread
         if worker is None:
-            log.warning("control message from unknown worker %r ignored", sender)
+            if not sender.endswith(Pulse.SUFFIX):
+                log.warning("control message from unknown worker %r ignored", sender)
             return
         worker.last_seen = time.monotonic()
         try:
@@ -344,7 +340,11 @@ class Controller(WorkerReports, WorkerRecovery):
         self.on_event(self)
 
     def _on_alive(self, worker: WorkerProcess, m: msg.Alive) -> None:
-        """Nothing to do: any message marks its worker seen (pulses come on a socket of their own, read above)."""
+        """A pulse: the node call its worker has been in for long, logged as it is first said, shown while it lasts."""
+        if m.long_call and not worker.long_call:
+            log.warning("%s: %s", worker.worker_id, m.long_call)
+            self.state.long_calls.append(f"{worker.worker_id}: {m.long_call}")
+        worker.long_call = m.long_call
 
     def _on_ready(self, worker: WorkerProcess, m: msg.Ready) -> None:
         worker.ready = True

@@ -33,6 +33,7 @@ class WorkerProcess:
     started_at: float = field(default_factory=time.monotonic)
     noted_wait: float = 0.0  # when it last said what it waits for (not started yet: Ray has no room for it)
     replacement: bool = False  # started in place of a dead worker (its first start has the run's deadline)
+    long_call: str = ""  # the node call its pulses say it has been in for long (chain.LongCalls); "" when none
 
     @property
     def cpu_total(self) -> float:
@@ -55,5 +56,6 @@ class RunState:
     stale_tokens: int = 0  # output tokens the loss read that were older than η (the admission policy's)
     truncated_masked: int = 0  # trained samples cut at max_new_tokens, given loss mask 0 (trainer.truncated=mask)
     startup_s: float = 0.0
+    long_calls: list[str] = field(default_factory=list)  # each long node call, as its worker first said it
     cpu_at_start: float = field(default_factory=time.process_time)  # the controller's CPU before the run began
     status: str = "starting"

@@ -81,7 +81,8 @@ def snapshot(controller: Controller, published: dict[str, tuple[int, float]]) ->
         "versions": {model: {"version": v, "published_unix": t} for model, (v, t) in published.items()},
         "workers": {w.worker_id: {"pool": w.pool, "replica": w.replica, "ready": w.ready, "busy": w.busy,
                                   "cpu_s": w.cpu_total,
-                                  "holding": len(w.holding), "silent_s": mono - w.last_seen, **w.counts}
+                                  "holding": len(w.holding), "silent_s": mono - w.last_seen,
+                                  "long_call": w.long_call, **w.counts}
                     for w in c.workers.values()},
         "accounting": c.accounting.summary(),
     }

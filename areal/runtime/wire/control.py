@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,15 +75,18 @@ class ControlClient:
 class Pulse:
     """A thread that tells the controller "alive" every `interval_s`, whatever the main loop does.
 
-    The main loop's heartbeats carry stats and stop while a node computes; pulses carry nothing
-    and keep coming, so the controller's silence check catches a frozen process (stopped, or
-    hung in C code holding the GIL), not a node that is merely slow.
+    The main loop's heartbeats carry stats and stop while a node computes; pulses keep coming, so
+    the controller's silence check catches a frozen process (stopped, or hung in C code holding the
+    GIL), not a node that is merely slow. A pulse also says a node call that has lasted far longer
+    than its kind's (`long_call`), so a node stuck in Python is seen too.
     """
 
     SUFFIX = "/pulse"
 
-    def __init__(self, endpoint: str, worker_id: str, interval_s: float, key: RunKey | None = None) -> None:
+    def __init__(self, endpoint: str, worker_id: str, interval_s: float, key: RunKey | None = None,
+                 long_call: Callable[[], str] = str) -> None:
         self._stopped = threading.Event()
+        self._long_call = long_call  # what the main thread has been in for long, read from this thread; "" if none
         self._thread = threading.Thread(target=self._run, args=(endpoint, worker_id + self.SUFFIX, interval_s, key),
                                         name="pulse", daemon=True)
         self._thread.start()
@@ -91,7 +95,7 @@ class Pulse:
         client = ControlClient(endpoint, identity, key)  # a socket of this thread's own: zmq sockets are not shared
         try:
             while not self._stopped.wait(interval_s):
-                client.send(Alive())
+                client.send(Alive(long_call=self._long_call()))
         finally:
             client.close()
 

@@ -34,7 +34,8 @@ M = TypeVar("M", bound=Message)
 
 
 class Alive(Message):
-    KIND: ClassVar[str] = "pulse"  # from a worker's pulse thread (control.Pulse): it says nothing else
+    KIND: ClassVar[str] = "pulse"  # from a worker's pulse thread (control.Pulse)
+    long_call: str = ""  # the node call its main thread has been in for long (chain.LongCalls); "" when none
 
 
 class Ready(Message):

@@ -12,9 +12,13 @@ with no samples: a batch that lost them all goes on with empty columns of the no
 
 from __future__ import annotations
 
+import logging
+import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,7 @@ from areal.runtime.wire.messages import Message, SamplesFailed, SamplesFiltered
 from areal.runtime.worker.outputs import checked_outputs, empty_outputs
 
 Report = Callable[[Message], None]  # the worker's control.send
+log = logging.getLogger("areal.worker")
 
 
 class NodeFailure(Exception):
@@ -42,13 +47,69 @@ class NodeFailure(Exception):
 
 
 def guard(node: Node, fn: Any, *args: Any) -> Any:
-    """Call a node's code; anything it raises becomes a NodeFailure that names it."""
+    """Call a node's code, timed by LONG_CALLS; anything it raises becomes a NodeFailure that names it."""
     try:
-        return fn(*args)
+        method = getattr(getattr(fn, "__func__", None), "__name__", "__call__")  # a bound method's, else a call
+        with LONG_CALLS.timing(node, "a call" if method == "__call__" else f"{method}()"):
+            return fn(*args)
     except (NodeFailure, RunError):
         raise
     except Exception as err:
         raise NodeFailure(node, err) from err
+
+
+class LongCalls:
+    """The node call the worker's main thread is in, and the longest each kind of call (node, method) took so far.
+
+    The pulse thread asks `said()` every beat: a call that has lasted more than `floor_s` and more than `factor`
+    times its kind's longest is said (the node, its seconds, where its code is), and its whole stack goes to the
+    worker's log once. A node that hangs in Python (a reward waiting on a dead service, a lock never released)
+    keeps the worker's pulses coming, so nothing else would say why the run stopped moving."""
+
+    factor = 10.0
+
+    def __init__(self, floor_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.floor_s, self.clock = floor_s, clock
+        self._longest: dict[tuple[str, str], float] = {}
+        self._current: tuple[Node, str, float, int] | None = None  # node, method, began, thread
+        self._where: str | None = None  # the current call's frames, once found long
+
+    @contextmanager
+    def timing(self, node: Node, method: str) -> Iterator[None]:
+        if self._current is not None:  # a call inside a timed one: the outer one is what the worker is in
+            yield
+            return
+        self._current, self._where = (node, method, self.clock(), threading.get_ident()), None
+        try:
+            yield
+        finally:
+            key = (node.name, method)
+            self._longest[key] = max(self._longest.get(key, 0.0), self.clock() - self._current[2])
+            self._current = None
+
+    def said(self) -> str:
+        """What the main thread has been in for long, or "" (read from the pulse thread)."""
+        current = self._current
+        if current is None:
+            return ""
+        node, method, began, thread = current
+        seconds, longest = self.clock() - began, self._longest.get((node.name, method))
+        if seconds < max(self.floor_s, self.factor * (longest or 0.0)):
+            return ""
+        if self._where is None:
+            frame = sys._current_frames().get(thread)
+            stack = traceback.extract_stack(frame) if frame is not None else traceback.StackSummary()
+            last = max((i for i, f in enumerate(stack) if _runtime_file(f.filename)), default=-1)
+            own = stack[last + 1:] or stack[-1:]  # below the runtime's call into the node, else where it is
+            shown = [f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in own]
+            self._where = " → ".join(shown if len(shown) <= 3 else [shown[0], "…", *shown[-2:]])  # entry, innermost
+            log.warning("%s has been in %s for %.0f s; its stack:\n%s", node.describe(), method, seconds,
+                        "".join(traceback.format_list(stack)).rstrip())
+        before = f"its longest before: {longest:.1f} s" if longest is not None else "its first"
+        return f"{node.describe()} has been in {method} for {seconds:.0f} s ({before}), at {self._where}"
+
+
+LONG_CALLS = LongCalls()  # the worker's one main thread calls its nodes through guard()
 
 
 def own_frames(err: BaseException, limit: int = 8) -> str:

@@ -64,7 +64,7 @@ from areal.runtime.wire.codec import FrameTooLarge
 from areal.runtime.wire.control import ControlClient, Pulse
 from areal.runtime.wire.security import RunKey
 from areal.runtime.worker import mismatch
-from areal.runtime.worker.chain import Chain, NodeFailure, guard
+from areal.runtime.worker.chain import LONG_CALLS, Chain, NodeFailure, guard
 from areal.runtime.worker.context import WorkerContext
 from areal.runtime.worker.cpu_usage import tree_cpu_s
 from areal.runtime.worker.join import Join
@@ -168,7 +168,9 @@ class Worker(MapRole, StreamRole, TrainerRole):
     def run(self) -> None:
         endpoints = {src: inbox.endpoint for src, inbox in self.inboxes.items()}
         self.control.send(msg.Ready(pid=os.getpid(), endpoints=endpoints))
-        pulse = Pulse(self.plan.control_endpoint, self.worker_id, self.config.faults.heartbeat_s, self.key)
+        LONG_CALLS.floor_s = self.config.faults.long_call_s
+        pulse = Pulse(self.plan.control_endpoint, self.worker_id, self.config.faults.heartbeat_s, self.key,
+                      long_call=LONG_CALLS.said)
         loop = {"map": self._map_loop, "stream": self._stream_loop, "train": self._train_loop}[self.pool.role]
         try:
             (self._follow_loop if self.follower else loop)()
