@@ -38,7 +38,8 @@ def _stopping_controller(tmp_path: Path, arrives: list[msg.Message]) -> tuple[Si
         _stopping=False, state=SimpleNamespace(status="running"), on_event=lambda c: None, run_dir=tmp_path,
         versions=SimpleNamespace(current={"actor": 0}), workers={worker.worker_id: worker},
         plan=SimpleNamespace(pool=lambda name: SimpleNamespace(role="train")),
-        control=SimpleNamespace(send=lambda *a: None), _listen=listen)
+        control=SimpleNamespace(send=lambda *a: None), _listen=listen,
+        _unsealed=lambda staged: None)  # at version 0 no exit checkpoint is asked for
     return controller, listens
 
 

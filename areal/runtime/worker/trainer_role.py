@@ -182,9 +182,10 @@ class TrainerRole:
         trainer: TrainerNode = self.impls[-1]
         if self.orders is not None and not self.follower:
             self.orders.send("checkpoint", folder=str(folder))
+        folder.mkdir(parents=True, exist_ok=True)  # the publisher writes the policy here when no file has it
         if isinstance(trainer, Checkpointed):
             target = folder / f"trainer-{self.pool.name}"
-            target.mkdir(parents=True, exist_ok=True)
+            target.mkdir(exist_ok=True)
             guard(self.nodes[-1], trainer.save_checkpoint, str(target))  # FSDP: a collective, rank 0 writes
         self.publisher.checkpoint(folder)
         if not self.follower:
