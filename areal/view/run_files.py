@@ -165,8 +165,9 @@ class RunFiles:
 
 
 def _pools(plan: Plan, status: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """Per pool: its workers' mean busy fraction (their heartbeats'), how many are up, and its share of the CPU the
-    workers used so far (each worker's process tree: a code reward's sandbox is its scorer's)."""
+    """Per pool: its workers' mean busy fraction (their heartbeats'), how many are up, its share of the CPU the
+    workers used so far (each worker's process tree: a code reward's sandbox is its scorer's), and the node calls its
+    workers have been in for long (their pulses', chain.LongCalls)."""
     workers = (status or {}).get("workers", {})
     used = sum(w.get("cpu_s", 0.0) for w in workers.values())
     out = {}
@@ -174,7 +175,8 @@ def _pools(plan: Plan, status: dict[str, Any] | None) -> dict[str, dict[str, Any
         mine = [w for w in workers.values() if w["pool"] == p.name]
         out[p.name] = {"replicas": p.replicas, "ready": sum(1 for w in mine if w.get("ready")),
                        "busy": sum(w["busy"] for w in mine) / len(mine) if mine else None,
-                       "cpu_share": sum(w.get("cpu_s", 0.0) for w in mine) / used if mine and used else None}
+                       "cpu_share": sum(w.get("cpu_s", 0.0) for w in mine) / used if mine and used else None,
+                       "long_calls": [w["long_call"] for w in mine if w.get("long_call")]}
     return out
 
 

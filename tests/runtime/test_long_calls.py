@@ -8,8 +8,10 @@ from pathlib import Path
 
 from areal import Float, Graph, node
 from areal.cli.run import build_controller
+from areal.runtime.controller.run_status import snapshot
 from areal.runtime.worker import chain
 from areal.runtime.worker.chain import LongCalls, guard
+from areal.view.run_files import _pools
 
 FAKE_RL = Path(__file__).with_name("fake_rl.py")
 
@@ -92,11 +94,13 @@ def test_a_run_shows_the_trainer_held_in_one_step_then_goes_on(tmp_path, monkeyp
     monkeypatch.setenv("FAKE_HOLD_AT", "2")  # the update of version 2 waits for run_dir/release
     run = tmp_path / "run"
     shown: list[str] = []
+    viewed: list[dict] = []
 
     def watch(controller) -> None:
         for w in controller.workers.values():
             if w.long_call and not shown:
                 shown.append(w.long_call)
+                viewed.append(_pools(controller.plan, snapshot(controller, {})))  # as status.json and the view have it
                 (run / "release").touch()
 
     controller = build_controller(FAKE_RL, ["steps=4", "faults.long_call_s=1"], run, on_event=watch)
@@ -105,5 +109,6 @@ def test_a_run_shows_the_trainer_held_in_one_step_then_goes_on(tmp_path, monkeyp
     assert shown and "fake_rl.py:" in shown[0] and "node 'actor' (ppo-update) has been in a call for" in shown[0]
     assert "fake_nodes.py:" in shown[0] and " in __call__ → " in shown[0]  # where the trainer's code waits
     assert len(state.long_calls) == 1 and state.long_calls[0].startswith("actor[0]: ")
+    assert viewed[0]["actor"]["long_calls"] == shown and viewed[0]["rollout"]["long_calls"] == []
     assert "its stack:" in (run / "logs" / "actor-0.log").read_text()
     assert "has been in a call" in (run / "logs" / "controller.log").read_text()

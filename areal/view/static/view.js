@@ -256,12 +256,14 @@ function fillTables(live) {
   }
   table("gate", null, rows);
   const role = (name) => state.plan.pools.find((q) => q.name === name).role;
-  table("pools", ["pool", "up", "busy", "nodes: busy, samples/s"], Object.entries(live.pools).map(([name, p]) => [
-    name, role(name) === "source" ? "controller" : `${p.ready}/${p.replicas}`, pct(p.busy),
-    state.plan.pools.find((q) => q.name === name).nodes.map((n) => {
-      const a = live.activity.nodes[n];
-      return a ? `${n} ${pct(a.busy)}${a.calls ? `, ${num(a.samples_per_s, 1)}/s` : ""}` : n;
-    }).join("; ")]));
+  table("pools", ["pool", "up", "busy", "nodes: busy, samples/s", "long calls"], Object.entries(live.pools).map(
+    ([name, p]) => [
+      name, role(name) === "source" ? "controller" : `${p.ready}/${p.replicas}`, pct(p.busy),
+      state.plan.pools.find((q) => q.name === name).nodes.map((n) => {
+        const a = live.activity.nodes[n];
+        return a ? `${n} ${pct(a.busy)}${a.calls ? `, ${num(a.samples_per_s, 1)}/s` : ""}` : n;
+      }).join("; "),
+      (p.long_calls || []).join("; ") || "—"]));
   table("channels", ["channel", "samples/s", "groups/s", "between ends", "blocked"],
     Object.entries(live.channels).map(([key, c]) => [key.replace(/^channel:/, "").replace(":", " → "),
       num(c.samples_per_s, 1), num(c.groups_per_s, 2),
