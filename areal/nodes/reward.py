@@ -1,9 +1,10 @@
 """The `reward` node kind: score completions with a reward function, on a CPU pool.
 
 A reward function takes the batch's fields and returns one outcome per sample (a float, or an
-object with `reward` and `reason`). A function that names its fields in `input_names` (the math
-reward: completion, answer) gets exactly those, in that order, and the node declares them as its
-input ports, so the graph checks that something upstream produces them; one that names none is a
+object with `reward` and `reason`). A function that names its fields, in `input_names` (the math
+reward: completion, answer) or as its required parameters (`def judge(completion, answer)`), gets
+exactly those, in that order, and the node declares them as its input ports, so the graph checks
+that something upstream produces them; one that names none, or asks for `(programs, tests)`, is a
 code reward and gets programs (prompt + completion) and tests. An outcome with a reason other
 than a plain wrong answer that comes from the reward machinery (`sandbox_error`), a NaN, or a
 raised exception makes the sample *failed*: counted and reported with its sample_id, never a
@@ -18,6 +19,7 @@ from typing import Any
 from areal.graph.node import IMPLICIT_INPUTS, NodeSpec
 from areal.graph.ports import Json, PortType
 from areal.nodes import ports
+from areal.nodes.workers.reward import RewardNode, field_names
 
 CODE_INPUTS: dict[str, PortType] = {"prompt": ports.PROMPT, "completion": ports.COMPLETION, "tests": ports.TESTS}
 # the port type of a field a reward function names in `input_names`; any other name is json per sample
@@ -44,13 +46,11 @@ def reward(name: str, fn: Any, *, inputs: Mapping[str, PortType] | None = None) 
 
 
 def _named_inputs(fn: Any) -> dict[str, PortType]:
-    return {n: KNOWN_INPUTS.get(n, Json["S"]) for n in getattr(fn, "input_names", None) or ()}
+    return {n: KNOWN_INPUTS.get(n, Json["S"]) for n in field_names(fn)}
 
 
 def _factory(fn: Any) -> Any:
     def build(**_: Any) -> Any:
-        from areal.nodes.workers.reward import RewardNode
-
         return RewardNode(fn)
 
     return build

@@ -106,3 +106,13 @@ def test_a_reward_function_with_a_setup_gets_the_workers_context():
     node.setup(context)
     assert judge.where == ("score[1]", "score", 7)
     assert node(Batch({"completion": ["x"]}))["reward"].tolist() == [1.0]
+
+
+def test_a_function_without_input_names_gets_the_fields_its_parameters_name():
+    def ends_with(completion, sample_id, scale=1.0):  # a parameter with a default is not a field
+        return [scale * float(c.endswith("x\n")) + int(i) for c, i in zip(completion, sample_id.tolist())]
+
+    assert RewardNode(ends_with)(_batch(2))["reward"].tolist() == [1.0, 2.0]
+    program = "def f(x):\n    return x\n"  # a code reward's: prompt + completion
+    lengths = RewardNode(lambda programs, tests: [len(p) for p in programs])
+    assert lengths(_batch(1))["reward"].tolist() == [len(program)]

@@ -9,6 +9,7 @@ is marked failed with its reason, counted and reported, never scored.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +20,7 @@ from areal.graph.batch import Batch
 from areal.graph.roles import FAILED, NodeContext
 
 MACHINERY_FAILURES = ("sandbox_error", "check_failed")  # the checker broke, not the program
+CODE_CALL = ("programs", "tests")  # what a code reward is called with
 
 
 class RewardNode:
@@ -58,10 +60,25 @@ class RewardNode:
 
 
 def call_reward(fn: Any, columns: Mapping[str, Any]) -> Any:
-    """`fn`'s outcomes for these columns (a batch, or `areal eval`'s lists): the fields it names in `input_names`,
+    """`fn`'s outcomes for these columns (a batch, or `areal eval`'s lists): the fields it names (`field_names`),
     else a code reward's programs (the prompt, a function header, followed by the completion) and tests."""
-    names = getattr(fn, "input_names", None)
+    names = field_names(fn)
     if names:
         return fn(*(columns[name] for name in names))
     programs = [p + c for p, c in zip(columns["prompt"], columns["completion"])]
     return fn(programs, columns["tests"])
+
+
+def field_names(fn: Any) -> tuple[str, ...]:
+    """The batch fields a reward function is called with: its `input_names`, else its required positional
+    parameters by name; () for a code reward (no names, or `(programs, tests)`), called with programs and tests."""
+    names = getattr(fn, "input_names", None)
+    if names:
+        return tuple(names)
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature Python can read
+        return ()
+    required = tuple(p.name for p in params
+                     if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    return () if required in ((), CODE_CALL) else required
