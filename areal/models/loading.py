@@ -97,8 +97,20 @@ def holds_char_tokenizer(path: Path) -> bool:
         json.loads(tokenizer_config.read_text()).get("tokenizer_class") == CharTokenizer.__name__
 
 
+TOKENIZER_PROBE = "def f(x):\n    return x + 1  # 2 + 2 = 4"  # any real tokenizer gives it some tokens
+
+
 def load_tokenizer(path: Path) -> Any:
-    """CharTokenizer for our own checkpoints (AutoTokenizer does not know it), else AutoTokenizer."""
+    """CharTokenizer for our own checkpoints (AutoTokenizer does not know it), else AutoTokenizer, refused when it
+    encodes text as no tokens: transformers builds an empty tokenizer of the model's family for a directory that
+    holds none, and every prompt would be empty."""
     if holds_char_tokenizer(path):
         return CharTokenizer.from_pretrained(path, local_files_only=True)
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if not tokenizer.encode(TOKENIZER_PROBE, add_special_tokens=False):
+        held = ", ".join(sorted(p.name for p in Path(path).iterdir())) if Path(path).is_dir() else "no directory"
+        raise ConfigError(f"{path}: the tokenizer transformers built from it encodes text as no tokens (its "
+                          f"vocabulary holds {len(tokenizer)}): the directory has no tokenizer files of its own "
+                          f"({held}); put the model's tokenizer (tokenizer.json, tokenizer_config.json, ...) beside "
+                          "its weights")
+    return tokenizer

@@ -55,3 +55,18 @@ def test_a_builtin_is_the_shipped_checkpoint_whatever_the_run_seed(tmp_path, mon
     assert checkpoint_dir("builtin:tiny-coder") == shipped_dir("tiny-coder")
     assert model.config.hidden_size == tiny_coder_config().hidden_size and isinstance(tokenizer, CharTokenizer)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_checkpoint_without_tokenizer_files_is_refused_naming_what_it_holds(tmp_path):
+    from areal.models.loading import load_tokenizer
+    from tests.local_model import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "ckpt")
+    assert load_tokenizer(folder).encode("def f(x):", add_special_tokens=False)  # with its tokenizer: it loads
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "vocab.json"):
+        (folder / name).unlink(missing_ok=True)
+    held = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(ConfigError, match=rf"^{folder}: the tokenizer transformers built from it encodes text as no "
+                                          rf"tokens .*no tokenizer files of its own \({', '.join(held)}\); put the "
+                                          "model's tokenizer"):
+        load_tokenizer(folder)
