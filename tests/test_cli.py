@@ -266,3 +266,23 @@ def test_a_run_resumes_by_its_directory_alone_as_the_messages_that_suggest_it_sa
     neither = areal("run", cwd=tmp_path)
     assert neither.returncode == 2 and "name a recipe file (areal run recipes/code_rl.py), or a run to continue with " \
         "--resume RUN_DIR" in " ".join(neither.stderr.split())
+
+
+def test_a_run_shorter_than_its_lr_warmup_says_so_as_it_starts(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from areal.cli.run import build_controller
+
+    fake = Path(__file__).with_name("runtime") / "fake_rl.py"
+
+    def said(name: str, *settings: str) -> str:
+        out = io.StringIO()
+        build_controller(fake, list(settings), tmp_path / name, console=Console(file=out, width=400)).lock.release()
+        return out.getvalue()
+
+    short = said("short", "steps=4", "trainer.warmup_steps=8")
+    assert ("node 'actor' (ppo-update): trainer.warmup_steps=8 is more than steps=4, so its lr never reaches "
+            "trainer.lr=0.0003 (50% of it at the last step)") in short
+    assert "warmup" not in said("reached", "steps=4", "trainer.warmup_steps=4")  # lr * 4/4 at its last step

@@ -130,6 +130,8 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
     scored = recipe.config.eval.tasks > 0
     for note in filter(None, (unscored_note(h, recipe.config) for h in recipe.graph.heldout.values() if scored)):
         _note(console, note)
+    for note in _short_of_warmup(recipe):
+        _note(console, note)
     _prepare_models(recipe)
     return controller
 
@@ -206,6 +208,19 @@ def _preflight(recipe: Recipe) -> list[str]:
             if report and report not in reports:
                 reports.append(report)
     return reports
+
+
+def _short_of_warmup(recipe: Recipe) -> list[str]:
+    """Trainers whose lr would still be warming up at the run's last step: a short run trains at a fraction of the
+    lr it names."""
+    notes = []
+    for n in (n for n in recipe.graph.nodes.values() if n.kind == "ppo-update"):
+        t, steps = recipe.node_config(n.name).trainer, recipe.config.steps
+        if t.warmup_steps > steps:  # the lr of step s (from 1) is lr * s / warmup_steps until it is reached
+            notes.append(f"{n.describe()}: trainer.warmup_steps={t.warmup_steps} is more than steps={steps}, so its "
+                         f"lr never reaches trainer.lr={t.lr:g} ({steps / t.warmup_steps:.0%} of it at the last "
+                         "step); lower trainer.warmup_steps for a short run")
+    return notes
 
 
 def _builtin_policy_nodes(recipe: Recipe) -> list[Node]:
