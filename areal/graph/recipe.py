@@ -62,13 +62,16 @@ def _execute(recipe: Path) -> dict[str, object]:
     _import_beside(recipe)
     try:
         return runpy.run_path(str(recipe), run_name="__areal_recipe__")
-    except SyntaxError as err:
+    except SyntaxError as err:  # in the recipe, or in a module of its own it imports
+        where = Path(err.filename) if err.filename else recipe
         line = f":{err.lineno}" if err.lineno else ""
-        raise RecipeError(f"{_shown(recipe)}{line}: syntax error: {err.msg}") from None
+        imported = "" if _same_file(where, recipe) else f" (imported at {_recipe_line(recipe, err)})"
+        raise RecipeError(f"{_shown(where)}{line}: syntax error: {err.msg}{imported}") from None
     except ArealError:
         raise
     except Exception as err:
-        raise RecipeError(f"{_recipe_line(recipe, err)}: {type(err).__name__}: {err}") from err
+        raise RecipeError(f"{_recipe_line(recipe, err)}: {type(err).__name__}: {err}{_raised_beside(recipe, err)}") \
+            from err
 
 
 def _import_beside(recipe: Path) -> None:
@@ -88,6 +91,20 @@ def _recipe_line(recipe: Path, err: Exception) -> str:
         if os.path.abspath(frame.filename) == target:
             line = frame.lineno
     return f"{_shown(recipe)}:{line}" if line else _shown(recipe)
+
+
+def _raised_beside(recipe: Path, err: Exception) -> str:
+    """Where in a module beside the recipe (the researcher's own) the error was raised, when not in the recipe."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames or _same_file(Path(frames[-1].filename), recipe):
+        return ""
+    raised = Path(frames[-1].filename)
+    beside = raised.resolve().is_relative_to(recipe.resolve().parent)
+    return f" (raised at {_shown(raised)}:{frames[-1].lineno})" if beside else ""
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
 
 
 def _shown(recipe: Path) -> str:

@@ -64,3 +64,16 @@ def test_recipes_are_isolated_from_each_other(write_recipe):
     assert load_recipe(first).graph.name == "ok"
     assert load_recipe(second).graph.name == "other"
     assert list(load_recipe(first).graph.nodes) == ["tasks", "gen", "score", "adv"]
+
+
+def test_an_error_in_a_module_beside_the_recipe_names_its_file_and_line_and_the_import(write_recipe):
+    folder = write_recipe("x = 1\n", name="probe.py").parent
+    (folder / "broken_syntax_helper.py").write_text("def f(:\n    pass\n")
+    (folder / "raising_helper.py").write_text("X = 1\n\nundefined_helper_name\n")
+    imports_broken = write_recipe("from areal import Graph\nimport broken_syntax_helper\n", name="a.py")
+    with pytest.raises(RecipeError, match=r"^broken_syntax_helper\.py:1: syntax error: .* \(imported at a\.py:2\)$"):
+        load_recipe(imports_broken)
+    imports_raising = write_recipe("from areal import Graph\n\nimport raising_helper\n", name="b.py")
+    with pytest.raises(RecipeError, match=r"^b\.py:3: NameError: name 'undefined_helper_name' is not defined "
+                                          r"\(raised at raising_helper\.py:3\)$"):
+        load_recipe(imports_raising)
