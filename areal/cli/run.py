@@ -58,10 +58,14 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
         console.print(f"resuming {run_dir} from {point.checkpoint.name if point.checkpoint else 'the start'}",
                       soft_wrap=True)
     view: Live | None = None
+    said: list[str] = []
 
     def refresh(controller: Controller) -> None:
         if view is not None:
             view.update(live_table(controller))
+        for line in controller.state.long_calls[len(said):] if not live else ():  # the live view shows them
+            console.print(f"[yellow]long node call:[/] {line}", highlight=False, soft_wrap=True)
+            said.append(line)
 
     assert recipe_path is not None
     controller = build_controller(recipe_path, overrides, run_dir, point, console, _throttled(refresh), lock, notes)

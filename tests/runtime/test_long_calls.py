@@ -3,6 +3,10 @@ stuck in Python keeps its worker's pulses coming, so nothing else says why the r
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -112,3 +116,28 @@ def test_a_run_shows_the_trainer_held_in_one_step_then_goes_on(tmp_path, monkeyp
     assert viewed[0]["actor"]["long_calls"] == shown and viewed[0]["rollout"]["long_calls"] == []
     assert "its stack:" in (run / "logs" / "actor-0.log").read_text()
     assert "has been in a call" in (run / "logs" / "controller.log").read_text()
+
+
+def test_a_quiet_run_prints_a_long_call_once_as_it_is_first_said(tmp_path):
+    """`areal run -q` shows no live view: a run stuck in a node must still say so on its console."""
+    run, root = tmp_path / "run", Path(__file__).resolve().parents[2]
+    argv = [sys.executable, "-m", "areal.cli", "run", "tests/runtime/fake_rl.py", "-q", "--run-dir", str(run),
+            "--set", "steps=4", "--set", "faults.long_call_s=1"]
+    env = {**os.environ, "FAKE_HOLD_AT": "2", "COLUMNS": "1000"}  # the update of version 2 waits for run/release
+    proc = subprocess.Popen(argv, cwd=root, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        before = []
+        for line in proc.stderr:  # as the run says it
+            before.append(line)
+            if line.startswith("long node call:"):
+                (run / "release").touch()
+                break
+        _, after = proc.communicate(timeout=120)
+    finally:
+        (run / "release").touch()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, "".join(before) + after
+    assert before[-1].startswith("long node call: actor[0]: ") and "has been in a call for" in before[-1]
+    assert "long node call:" not in after  # once (the summary's row keeps it)
