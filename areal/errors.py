@@ -7,6 +7,14 @@ and keeps its traceback.
 
 from __future__ import annotations
 
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+_AREAL = Path(__file__).resolve().parent
+_RUNTIME_FOLDERS = (_AREAL / "runtime", _AREAL / "graph", Path(__file__).resolve())  # and this module
+
 
 class ArealError(Exception):
     """Base of every error whose message is meant for the user, not for a debugger."""
@@ -38,3 +46,31 @@ class RunError(ArealError):
 
 class NodeContractError(RunError):
     """A node returned or did something other than what it declared: a bug in the node, fatal on every retry."""
+
+
+def own_frames(err: BaseException, limit: int = 8) -> str:
+    """The traceback from the first frame outside areal's own runtime and graph (the researcher's code: a node, a
+    task source, and what it called), at most `limit` frames: what a researcher reads to find their bug."""
+    frames = traceback.extract_tb(err.__traceback__)
+    first = next((i for i, f in enumerate(frames) if not runtime_file(f.filename)), len(frames))
+    return "".join(traceback.format_list(frames[first:][-limit:])).rstrip()
+
+
+def runtime_file(filename: str) -> bool:
+    """Whether `filename` is areal's own runtime or graph code (not what a researcher wrote or called)."""
+    path = Path(filename).resolve()
+    return any(path.is_relative_to(folder) for folder in _RUNTIME_FOLDERS)
+
+
+@contextmanager
+def source_errors(source: str) -> Iterator[None]:
+    """A task source's own exception (a store gone, a bug in its code) as a RunError naming `source` and the
+    frames of its code, not a traceback through the controller."""
+    try:
+        yield
+    except ArealError:
+        raise
+    except Exception as err:
+        frames = own_frames(err)
+        raise RunError(f"{source}: the task source raised {type(err).__name__}: {err}"
+                       + (f"\n{frames}" if frames else "")) from err

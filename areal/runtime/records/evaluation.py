@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from areal.errors import source_errors
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.runtime.records.learning import pass_at_1_error
@@ -127,18 +128,19 @@ def first_pass(source: Any, n: int) -> list[dict[str, Any]]:
     tasks: list[dict[str, Any]] = []
     seen: set[str] = set()
     repeated: list[str] = []
-    iterator = iter(source)
-    first_epoch = getattr(source, "epoch", None)
-    for task in islice(iterator, n):
-        if first_epoch is not None and source.epoch != first_epoch:
-            break
-        key = str(task.get("task_id", len(tasks)))
-        if key in seen:
-            if first_epoch is None:
+    with source_errors("the held-out task source"):
+        iterator = iter(source)
+        first_epoch = getattr(source, "epoch", None)
+        for task in islice(iterator, n):
+            if first_epoch is not None and source.epoch != first_epoch:
                 break
-            repeated.append(key)
-        seen.add(key)
-        tasks.append(task)
+            key = str(task.get("task_id", len(tasks)))
+            if key in seen:
+                if first_epoch is None:
+                    break
+                repeated.append(key)
+            seen.add(key)
+            tasks.append(task)
     if repeated:
         log.warning("held-out tasks repeat task_id %s (%s): each is scored, but the ids no longer name one task",
                     ", ".join(map(repr, repeated[:5])), source)

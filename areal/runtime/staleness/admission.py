@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from areal.config import RunConfig
-from areal.errors import RunError
+from areal.errors import RunError, source_errors
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
 from areal.graph.node import Node
@@ -129,14 +129,15 @@ class Admission:
         return Batch({**fields, "group_id": ids, "sample_id": ids.clone()})
 
     def _next_task(self) -> dict[str, Any]:
-        if self._iterator is None:
-            self._iterator = iter(self.tasks)
-        task = next(self._iterator, None)
-        if task is None:  # a finite source replays: a new epoch
-            self._iterator = iter(self.tasks)
+        with source_errors(self.node.describe()):
+            if self._iterator is None:
+                self._iterator = iter(self.tasks)
             task = next(self._iterator, None)
-            if task is None:
-                raise RunError(f"{self.node.describe()}: the task source is empty")
+            if task is None:  # a finite source replays: a new epoch
+                self._iterator = iter(self.tasks)
+                task = next(self._iterator, None)
+        if task is None:
+            raise RunError(f"{self.node.describe()}: the task source is empty")
         return task
 
     def _skip(self, task: dict[str, Any], why: str) -> None:
@@ -150,3 +151,4 @@ class Admission:
 def configured(source: Any, config: RunConfig) -> Any:
     """Sources that depend on the config (`code_tasks`) resolve here; others are used as they are."""
     return source.configure(config) if isinstance(source, ConfiguredSource) else source
+

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from areal.errors import NodeContractError, RunError
+from areal.errors import NodeContractError, RunError, own_frames, runtime_file
 from areal.graph.batch import Batch
 from areal.graph.node import Node
 from areal.graph.roles import DROPPED, FAILED, METRICS
@@ -99,7 +99,7 @@ class LongCalls:
         if self._where is None:
             frame = sys._current_frames().get(thread)
             stack = traceback.extract_stack(frame) if frame is not None else traceback.StackSummary()
-            last = max((i for i, f in enumerate(stack) if _runtime_file(f.filename)), default=-1)
+            last = max((i for i, f in enumerate(stack) if runtime_file(f.filename)), default=-1)
             own = stack[last + 1:] or stack[-1:]  # below the runtime's call into the node, else where it is
             shown = [f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in own]
             self._where = " → ".join(shown if len(shown) <= 3 else [shown[0], "…", *shown[-2:]])  # entry, innermost
@@ -110,23 +110,6 @@ class LongCalls:
 
 
 LONG_CALLS = LongCalls()  # the worker's one main thread calls its nodes through guard()
-
-
-def own_frames(err: BaseException, limit: int = 8) -> str:
-    """The traceback from the first frame outside areal's own runtime, graph and errors (the node's code, and
-    what it called), at most `limit` frames: what a researcher reads to find their bug."""
-    frames = traceback.extract_tb(err.__traceback__)
-    first = next((i for i, f in enumerate(frames) if not _runtime_file(f.filename)), len(frames))
-    return "".join(traceback.format_list(frames[first:][-limit:])).rstrip()
-
-
-def _runtime_file(filename: str) -> bool:
-    path = Path(filename).resolve()
-    return any(path.is_relative_to(folder) for folder in _RUNTIME_FOLDERS)
-
-
-_AREAL = Path(__file__).resolve().parents[2]
-_RUNTIME_FOLDERS = (_AREAL / "runtime", _AREAL / "graph")
 
 
 class Chain:
