@@ -64,6 +64,9 @@ class FaultConfig(Section):
     window_s: PositiveFloat = 300.0
     heartbeat_s: PositiveFloat = Field(1.0, description="worker heartbeat interval")
     dead_after_s: PositiveFloat = Field(10.0, description="a worker silent this long is declared dead")
+    ready_timeout_s: PositiveFloat = Field(
+        600.0, description="how long a worker may take to start (imports, loading its model, a warm-up) before the run "
+        "stops: raise it for a model that loads slowly")
     long_call_s: PositiveFloat = Field(
         300.0, description="a node call longer than this and than 10x its kind's longest so far is said (the node, "
         "its seconds, where its code is) until it returns: a reward stuck on a dead service, a deadlock")

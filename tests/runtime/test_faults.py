@@ -14,7 +14,6 @@ import pytest
 
 from areal.cli.run import build_controller, run_recipe
 from areal.errors import RunError
-from areal.runtime.controller import recovery
 from tests.runtime.kills import KillOnce
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
@@ -121,7 +120,7 @@ def test_a_node_busy_longer_than_dead_after_s_is_not_declared_silent(tmp_path, m
     assert min(s["compute_s"] for s in steps) > 2 * 0.5  # each step was silent for over twice dead_after_s
 
 
-def _freeze_rollout_at_version_2(tmp_path, before_freezing=lambda: None) -> list[dict]:
+def _freeze_rollout_at_version_2(tmp_path, before_freezing=lambda: None, settings: tuple[str, ...] = ()) -> list[dict]:
     """A run whose rollout[0] is stopped (SIGSTOP: alive to the OS, silent to the controller) once version 2 is
     out, checked to train every sample once; the restarts it recorded."""
     stopped: list[int] = []
@@ -136,7 +135,7 @@ def _freeze_rollout_at_version_2(tmp_path, before_freezing=lambda: None) -> list
     recipe = tmp_path / "fake_rl.py"
     shutil.copy(RECIPE, recipe)
     controller = build_controller(recipe, [f"steps={STEPS}", f"batch_size={B}", f"group_size={G}",
-                                           "faults.heartbeat_s=0.1", "faults.dead_after_s=1"],
+                                           "faults.heartbeat_s=0.1", "faults.dead_after_s=1", *settings],
                                   tmp_path / "run", on_event=freeze)
     try:
         state = controller.run()
@@ -163,8 +162,8 @@ def test_a_replacement_that_never_gets_ready_is_replaced_again_and_the_run_train
     silent in the controller's eyes; past the ready deadline it is killed and started again."""
     hang = tmp_path / "hang-once"
     monkeypatch.setenv("FAKE_SETUP_HANG_ONCE", str(hang))
-    monkeypatch.setattr(recovery, "READY_TIMEOUT_S", 3.0)
-    restarts = _freeze_rollout_at_version_2(tmp_path, before_freezing=hang.touch)
+    restarts = _freeze_rollout_at_version_2(tmp_path, before_freezing=hang.touch,
+                                            settings=("faults.ready_timeout_s=3",))
     assert [r["worker"] for r in restarts] == ["rollout[0]", "rollout[0]"]
     assert "silent" in restarts[0]["why"] and "was not ready" in restarts[1]["why"]
     assert not hang.exists()  # the replacement did reach the hanging setup
@@ -223,3 +222,17 @@ def test_a_filtering_worker_killed_while_the_trainer_is_busy_regenerates_nothing
     assert summary["started"] == summary["trained"] + summary["failed"] + summary["filtered"] + summary["in_flight"]
     trained = _trained_ids(run)
     assert len(trained) == len(set(trained)) and not {sid // G for sid in trained} & filtered_groups
+
+
+def test_a_worker_that_never_gets_ready_stops_the_run_at_faults_ready_timeout_s(tmp_path, monkeypatch, caplog):
+    hang = tmp_path / "hang-once"
+    hang.touch()  # the first setup that finds it never returns
+    monkeypatch.setenv("FAKE_SETUP_HANG_ONCE", str(hang))
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(RECIPE, recipe)
+    controller = build_controller(recipe, ["steps=2", "faults.ready_timeout_s=2"], tmp_path / "run")
+    with pytest.raises(RunError, match=r"^workers not ready after 2 s \(faults.ready_timeout_s\): "):
+        controller.run()
+    assert not hang.exists() and all(w.process.poll() is not None for w in controller.workers.values())
+    # killed at once: it reads no stop command, and the stop had waited its 60 s for it
+    assert not [r for r in caplog.records if "did not stop within" in r.getMessage()]

@@ -28,7 +28,7 @@ from areal.runtime.compiler.plan import Plan
 from areal.runtime.controller.accounting import Accounting
 from areal.runtime.controller.faults import Restarts
 from areal.runtime.controller.placement import launcher_for, weights_landing, worker_spec
-from areal.runtime.controller.recovery import READY_TIMEOUT_S, WorkerRecovery
+from areal.runtime.controller.recovery import WorkerRecovery
 from areal.runtime.controller.reports import WorkerReports
 from areal.runtime.controller.run_state import RunState, WorkerProcess
 from areal.runtime.controller.signals import EndingSignals
@@ -62,9 +62,7 @@ class Controller(WorkerReports, WorkerRecovery):
                  lock: RunDirLock | None = None) -> None:
         """`saved` is a checkpoint's controller.json when resuming: versions, source cursor, accounting; `lock`
         holds the run directory (rundir.py), released when the run ends."""
-        self.plan = plan
-        self.graph = graph
-        self.config = config
+        self.plan, self.graph, self.config = plan, graph, config
         self.run_dir = Path(plan.run_dir)
         self.lock = lock
         self.resume_dir = resume_dir
@@ -207,12 +205,12 @@ class Controller(WorkerReports, WorkerRecovery):
                                      if w.process.host])
 
     def _await_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = time.monotonic() + (limit := self.config.faults.ready_timeout_s)
         while not all(w.ready for w in self.workers.values()):
             if time.monotonic() > deadline:
                 late = [w.worker_id for w in self.workers.values() if not w.ready]
                 waits = [why for w in self.workers.values() if (why := w.process.waiting())]
-                raise RunError(f"workers not ready after {READY_TIMEOUT_S:.0f} s: {', '.join(late)}"
+                raise RunError(f"workers not ready after {limit:.0f} s (faults.ready_timeout_s): {', '.join(late)}"
                                + "".join(f"\n  {why}" for why in waits))
             self._listen(200)
             self._check_processes()
@@ -249,6 +247,8 @@ class Controller(WorkerReports, WorkerRecovery):
         if healthy and len(versions) == 1 and (v := versions.pop()) > 0 and not final_dir(self.run_dir, v).exists():
             checkpoint = staging_dir(self.run_dir, v)
         for w in self.workers.values():
+            if not w.ready:  # its setup never returned: it reads no command, and has nothing to save
+                w.process.kill()
             trainer = self.plan.pool(w.pool).role == "train"
             self.control.send(w.worker_id, Stop(checkpoint=str(checkpoint) if checkpoint and trainer else None))
         deadline = time.monotonic() + STOP_TIMEOUT_S

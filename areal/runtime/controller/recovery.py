@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("areal.controller")
 
 WAIT_NOTE_S = 10.0  # a worker not started this long says what it waits for, and again after as long
-READY_TIMEOUT_S = 600.0  # a worker may build the warm-start model on first use
 
 
 class WorkerRecovery:
@@ -81,8 +80,8 @@ class WorkerRecovery:
             if code is None and w.ready and now - w.last_seen > self.config.faults.dead_after_s:
                 why = f"was silent for {now - w.last_seen:.0f} s (no heartbeat)"
                 w.process.kill()
-            elif code is None and w.replacement and not w.ready and now - w.started_at > READY_TIMEOUT_S \
-                    and w.process.waiting() is None:  # the first start has its own deadline (_await_ready)
+            elif code is None and w.replacement and not w.ready and w.process.waiting() is None \
+                    and now - w.started_at > self.config.faults.ready_timeout_s:  # a first start: _await_ready's
                 why = f"was not ready {now - w.started_at:.0f} s after it started"
             elif code is not None and not self._stopping:
                 self._listen(200)  # its last words (an "error" event) may still be in flight
