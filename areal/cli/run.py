@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.live import Live
 
 from areal.cli.progress import live_table, summary_table
-from areal.data.sources import unscored_note
+from areal.data.sources import heldout_note
 from areal.engines import needs_model, require_engines
 from areal.errors import ArealError, RecipeError, RunError
 from areal.graph.node import Node
@@ -132,7 +132,7 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
     controller = Controller(plan, recipe.graph, recipe.config, saved=saved, resume_dir=checkpoint,
                             on_event=StatusWriter(folder, then=on_event), lock=lock)  # status.json: `areal view`
     scored = recipe.config.eval.tasks > 0
-    for note in filter(None, (unscored_note(h, recipe.config) for h in recipe.graph.heldout.values() if scored)):
+    for note in filter(None, (heldout_note(h, recipe.config) for h in recipe.graph.heldout.values() if scored)):
         _note(console, note)
     for note in _short_of_warmup(recipe):
         _note(console, note)

@@ -13,6 +13,7 @@ it does. A bad file or name is reported with the config key that named it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from areal.config import RunConfig
@@ -83,10 +84,18 @@ def math_tasks(split: str = "train") -> ConfiguredTasks:
     return ConfiguredTasks("math", split)
 
 
-def unscored_note(heldout: Any, config: RunConfig) -> str | None:
-    """What a run that trains on a file without a held-out one is told at its start (None for any other run)."""
-    if not isinstance(heldout, ConfiguredTasks) or heldout.named(config)[1] is not None:
+def heldout_note(heldout: Any, config: RunConfig) -> str | None:
+    """What a run is told at its start when its held-out pass@1 would not measure held-out tasks: none named beside
+    a file of one's own, or the training file itself (None for any other run)."""
+    if not isinstance(heldout, ConfiguredTasks):
         return None
-    return (f"no held-out rounds: data.path is a file of your own ({config.data.path}) and data.heldout_path is "
-            "unset; set data.heldout_path=FILE (tasks kept out of training) for held-out pass@1, or "
-            f"data.heldout_path=builtin:{heldout.schema} to score the built-in set")
+    named = heldout.named(config)[1]
+    if named is None:
+        return (f"no held-out rounds: data.path is a file of your own ({config.data.path}) and data.heldout_path is "
+                "unset; set data.heldout_path=FILE (tasks kept out of training) for held-out pass@1, or "
+                f"data.heldout_path=builtin:{heldout.schema} to score the built-in set")
+    train = config.data.path
+    if train and not train.startswith(BUILTIN_PREFIX) and Path(named).resolve() == Path(train).resolve():
+        return (f"data.heldout_path is data.path ({train}): held-out pass@1 scores tasks the run trains on, so it "
+                "measures fitting them, not solving new ones; name a file of tasks kept out of training")
+    return None

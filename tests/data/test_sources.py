@@ -6,7 +6,7 @@ import pytest
 
 from areal import RunConfig
 from areal.data import BuiltinTaskSource, JsonlTaskSource, code_tasks, math_tasks
-from areal.data.sources import unscored_note
+from areal.data.sources import heldout_note
 from areal.errors import ConfigError
 
 
@@ -18,8 +18,13 @@ def test_math_tasks_read_data_path_with_the_math_schema_else_the_builtin_set(tmp
     assert isinstance(train, JsonlTaskSource) and train.fields == math_tasks("train").fields
     assert next(iter(train)) == {"task_id": "problems.jsonl:1", "prompt": "What is $1+1$?", "answer": "2"}
     assert math_tasks("test").configure(config) is None  # a file of one's own and no data.heldout_path: none
-    assert "data.heldout_path=builtin:math" in unscored_note(math_tasks("test"), config)
-    assert unscored_note(math_tasks("test"), RunConfig()) is None
+    assert "data.heldout_path=builtin:math" in heldout_note(math_tasks("test"), config)
+    assert heldout_note(math_tasks("test"), RunConfig()) is None
+    same = RunConfig(data={"path": str(data), "heldout_path": str(tmp_path / "." / "problems.jsonl")})
+    assert "held-out pass@1 scores tasks the run trains on" in heldout_note(math_tasks("test"), same)
+    other = tmp_path / "test.jsonl"
+    other.write_text(data.read_text())
+    assert heldout_note(math_tasks("test"), RunConfig(data={"path": str(data), "heldout_path": str(other)})) is None
     heldout = math_tasks("test").configure(RunConfig())  # no data.path: the built-in test split
     assert isinstance(heldout, BuiltinTaskSource) and heldout.split == "test"
     # a built-in task also holds the worked solution the tiny mather learned; the source's ports are the schema's

@@ -32,9 +32,16 @@ def test_a_file_of_ones_own_has_held_out_rounds_only_where_named(tmp_path):
             "set data.heldout_path=FILE") in said and "data.heldout_path=builtin:math to score the built-in set" in said
     assert "no held-out rounds" in (tmp_path / "own" / "logs" / "controller.log").read_text()
 
-    named, said = _start(tmp_path, "named", [f"data.path={problems}", f"data.heldout_path={problems}"])
-    assert named.heldout is not None and "no held-out rounds" not in said
-    assert {t["prompt"] for t in named.heldout.tasks} == {f"What is {a} + 1?" for a in range(8)}
+    kept_out = tmp_path / "test.jsonl"
+    kept_out.write_text(json.dumps({"problem": "What is 9 + 1?", "answer": 10}) + "\n")
+    named, said = _start(tmp_path, "named", [f"data.path={problems}", f"data.heldout_path={kept_out}"])
+    assert named.heldout is not None and "note:" not in said
+    assert {t["prompt"] for t in named.heldout.tasks} == {"What is 9 + 1?"}
+
+    same, said = _start(tmp_path, "same", [f"data.path={problems}", f"data.heldout_path={problems}"])
+    assert {t["prompt"] for t in same.heldout.tasks} == {f"What is {a} + 1?" for a in range(8)}  # scored, and said
+    assert (f"note: data.heldout_path is data.path ({problems}): held-out pass@1 scores tasks the run trains on"
+            ) in said
 
     builtin, said = _start(tmp_path, "builtin", [])  # the built-in set: its own test split, as before
     assert builtin.heldout is not None and "no held-out rounds" not in said
