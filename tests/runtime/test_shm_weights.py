@@ -4,6 +4,7 @@ the run, nor after its trainer is killed. Segments are counted by the run's own 
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import shutil
@@ -130,3 +131,26 @@ def test_a_run_with_weights_in_shared_memory_trains_every_version_and_leaves_no_
     assert _segments(Path(controller.plan.run_dir)) == []
     assert not (tmp_path / "run" / "weights" / "actor").exists()  # nothing went through files
 
+
+
+def test_a_full_dev_shm_is_said_with_its_size_and_the_ways_on_and_the_torn_segment_goes(tmp_path, monkeypatch):
+    from areal.runtime.weights import shm
+
+    publisher = ShmPublisher(_source(tmp_path, {"w": torch.ones(2**18)}))  # 1 MB a version
+    first = publisher.publish(1).where
+    written = shm.write
+
+    def full(name, weights):  # the segment is made, then the tmpfs runs out of room while it is filled
+        written(name, weights)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shm, "write", full)
+    try:
+        said = (r"^transport.weights=shm: no room in /dev/shm \(\d+ MB, [\d.]+ MB free\) for version 2's weights "
+                r"\(1.0 MB; the newest 3 versions are kept there\): give it more \(docker run --shm-size=...\), or "
+                r"use transport.weights=files")
+        with pytest.raises(RunError, match=said):
+            publisher.publish(2)
+        assert _segments(tmp_path) == [first]  # the torn one is gone, the last whole one stays for the followers
+    finally:
+        publisher.close()

@@ -18,6 +18,7 @@ trainer (no published file exists to copy).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -80,7 +81,13 @@ class ShmPublisher:
             return None
         name = f"{segment_prefix(self.source.plan.run_dir)}_{self.source.model}_{os.getpid()}{VERSION_MARK}{version}"
         self._tell(f"+{name}", flush=True)  # before it exists: a kill between the two leaves nothing the watcher misses
-        write(name, weights)
+        try:
+            write(name, weights)
+        except OSError as err:
+            if err.errno != errno.ENOSPC:
+                raise
+            self._unlink(name)
+            raise RunError(no_room(version, weights, self.source.keep)) from None
         self.segments[version] = name
         for old in [v for v in self.segments if not version - self.source.keep < v <= version]:
             self._unlink(self.segments.pop(old))
@@ -114,6 +121,20 @@ class ShmPublisher:
         self.watcher.stdin.write(line + "\n")
         if flush:
             self.watcher.stdin.flush()
+
+
+def no_room(version: int, weights: dict[str, Tensor], keep: int) -> str:
+    """Why a version's segment did not fit in shared memory, and the ways on (a container's /dev/shm is 64 MB)."""
+    size = sum(t.numel() * t.element_size() for t in weights.values()) / 2**20
+    where = f"{LISTED} ({_mb(LISTED)})" if LISTED.is_dir() else "shared memory"
+    return (f"transport.weights=shm: no room in {where} for version {version}'s weights ({size:.1f} MB; the newest "
+            f"{keep} versions are kept there): give it more (docker run --shm-size=...), or use "
+            "transport.weights=files")
+
+
+def _mb(folder: Path) -> str:
+    stats = os.statvfs(folder)
+    return f"{stats.f_blocks * stats.f_frsize / 2**20:.0f} MB, {stats.f_bavail * stats.f_frsize / 2**20:.1f} MB free"
 
 
 def write(name: str, weights: dict[str, Tensor]) -> None:
