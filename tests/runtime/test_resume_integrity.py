@@ -86,6 +86,24 @@ def test_the_plan_records_the_recipes_hash_and_an_edited_recipe_is_refused_showi
     assert [line[0] for line in edit[2:]] == ["-", "+"] and "staleness=0" in edit[-1]
 
 
+def test_a_moved_recipe_resumes_from_where_it_is_now_with_its_text_checked(tmp_path):
+    recipe, run = _recorded_run(tmp_path)
+    other = tmp_path / "other.py"
+    shutil.copy(recipe, other)
+    with pytest.raises(RecipeError, match=r"that run was made by .*fake_rl\.py, not .*other\.py"):
+        resume_point(run, other)  # the run's own recipe is still there: another file is another recipe
+    moved = tmp_path / "moved" / "fake_rl.py"
+    moved.parent.mkdir()
+    recipe.rename(moved)
+    with pytest.raises(RecipeError, match=rf"cannot read the run's recipe .*fake_rl\.py \(No such file or directory\); "
+                                          rf"moved\? name it where it is now: areal run NEW/PATH\.py --resume {run}"):
+        resume_point(run)
+    assert resume_point(run, moved).recipe == str(moved.resolve())
+    moved.write_text(moved.read_text().replace("staleness=1", "staleness=0"))  # moved and edited: the edit is caught
+    with pytest.raises(RecipeError, match=r"was edited since the run was made"):
+        resume_point(run, moved)
+
+
 def test_resume_with_every_checkpoint_unreadable_is_refused_naming_each_unless_told_to_start_over(tmp_path):
     _, run = _recorded_run(tmp_path)
     for step in (2, 4):

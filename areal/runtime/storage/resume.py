@@ -57,8 +57,10 @@ def resume_point(run_dir: Path, named_recipe: Path | str | None = None, *, allow
         raise RecipeError(f"--resume {run_dir}: {plan_path} is damaged ({type(err).__name__}: {err}); "
                           "it records the recipe and overrides the run was started with") from None
     if named_recipe is not None and not _same_file(named_recipe, recipe):
-        raise RecipeError(f"--resume {run_dir}: that run was made by {recipe}, not {named_recipe}; "
-                          f"resume it with its own recipe, or start a new run")
+        if Path(recipe).exists():
+            raise RecipeError(f"--resume {run_dir}: that run was made by {recipe}, not {named_recipe}; "
+                              f"resume it with its own recipe, or start a new run")
+        recipe = str(Path(named_recipe).resolve())  # the run's recipe, moved: it goes on from where it is now
     edit = _recipe_edit(run_dir, recipe, str(plan.get("recipe_sha256", "")), allow_recipe_change)
     clear_staging(run_dir)
     found = find_checkpoints(run_dir)
@@ -83,7 +85,9 @@ def _recipe_edit(run_dir: Path, recipe: str, recorded: str, allowed: bool) -> li
     try:
         now = recipe_hash(recipe)
     except OSError as err:
-        raise RecipeError(f"--resume {run_dir}: cannot read the run's recipe {recipe} ({err.strerror})") from None
+        raise RecipeError(f"--resume {run_dir}: cannot read the run's recipe {recipe} ({err.strerror}); moved? name it "
+                          f"where it is now: areal run NEW/PATH.py --resume {run_dir} (its text is checked against "
+                          f"{run_dir / RECIPE_COPY})") from None
     if not recorded or recorded == now:
         return []
     saved = run_dir / RECIPE_COPY
