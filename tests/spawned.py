@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import signal
 import socket
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -60,3 +63,11 @@ def wait_gone(pids: list[int], timeout_s: float) -> list[int]:
         if not readable:
             left.append(pid)
     return left
+
+
+def end_session(proc: subprocess.Popen[str]) -> None:
+    """Kill what is left of a process started in a session of its own (its whole group: an `areal run` with its
+    fork server), then reap it."""
+    with contextlib.suppress(ProcessLookupError):  # a run that already ended may have no group left
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)

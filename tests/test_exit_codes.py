@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.spawned import end_session
+
 RECIPE = Path(__file__).parent / "runtime" / "fake_rl.py"
 
 
@@ -72,9 +74,7 @@ def _stopped(tmp_path: Path, first: signal.Signals, *later: signal.Signals) -> t
         _, err = proc.communicate(timeout=120)
     finally:
         (run / "release").touch()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_session(proc)
     return proc.returncode, err
 
 

@@ -63,9 +63,10 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
     def refresh(controller: Controller) -> None:
         if view is not None:
             view.update(live_table(controller))
-        for line in controller.state.long_calls[len(said):] if not live else ():  # the live view shows them
-            console.print(f"[yellow]long node call:[/] {line}", highlight=False, soft_wrap=True)
-            said.append(line)
+        elif not live:  # no live view to show them in: each long call on a line of its own, once
+            for line in controller.state.long_calls[len(said):]:
+                console.print(f"[yellow]long node call:[/] {line}", highlight=False, soft_wrap=True)
+                said.append(line)
 
     assert recipe_path is not None
     controller = build_controller(recipe_path, overrides, run_dir, point, console, _throttled(refresh), lock, notes)

@@ -85,10 +85,9 @@ def _import_beside(recipe: Path) -> None:
 
 def _recipe_line(recipe: Path, err: Exception) -> str:
     """`recipe.py:LINE` of the deepest frame inside the recipe, where the error surfaced."""
-    target = os.path.abspath(recipe)
     line = None
     for frame in traceback.extract_tb(err.__traceback__):
-        if os.path.abspath(frame.filename) == target:
+        if _same_file(frame.filename, recipe):
             line = frame.lineno
     return f"{_shown(recipe)}:{line}" if line else _shown(recipe)
 
@@ -103,7 +102,8 @@ def _raised_beside(recipe: Path, err: Exception) -> str:
     return f" (raised at {_shown(raised)}:{frames[-1].lineno})" if beside else ""
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def _same_file(a: Path | str, b: Path | str) -> bool:
+    """Whether two paths name one file (a traceback's frames name it as it was run)."""
     return os.path.abspath(a) == os.path.abspath(b)
 
 

@@ -4,7 +4,6 @@ stuck in Python keeps its worker's pulses coming, so nothing else says why the r
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ from areal.runtime.controller.run_status import snapshot
 from areal.runtime.worker import chain
 from areal.runtime.worker.chain import LongCalls, guard
 from areal.view.run_files import _pools
+from tests.spawned import end_session
 
 FAKE_RL = Path(__file__).with_name("fake_rl.py")
 
@@ -135,9 +135,7 @@ def test_a_quiet_run_prints_a_long_call_once_as_it_is_first_said(tmp_path):
         _, after = proc.communicate(timeout=120)
     finally:
         (run / "release").touch()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_session(proc)
     assert proc.returncode == 0, "".join(before) + after
     assert before[-1].startswith("long node call: actor[0]: ") and "has been in a call for" in before[-1]
     assert "long node call:" not in after  # once (the summary's row keeps it)

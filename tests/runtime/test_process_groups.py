@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from areal.cli.run import build_controller
-from tests.spawned import wait_gone
+from tests.spawned import end_session, wait_gone
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 DEADLINE_S = 20.0
@@ -102,5 +102,4 @@ def test_kill_9_of_the_controller_takes_every_workers_tools_down(tmp_path):
         assert tools and _survivors(tools) == []
     finally:
         _kill_all([p for pids in _tools(run).values() for p in pids])
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        end_session(proc)

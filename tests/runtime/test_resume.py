@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from safetensors.torch import load_file
 
 from areal.cli.run import run_recipe
 from tests.local_model import make_checkpoint
-from tests.spawned import wait_gone
+from tests.spawned import end_session, wait_gone
 
 RECIPE = Path(__file__).with_name("fake_rl.py")
 TINY_RL = Path(__file__).with_name("tiny_rl.py")  # a real model in sync mode, a checkpoint every 2 steps
@@ -88,9 +87,7 @@ def test_kill_9_of_the_whole_run_then_resume_trains_each_acknowledged_sample_onc
         assert proc.poll() is None, f"the run ended before it was killed:\n{log.read_text()[-3000:]}"
         assert second_checkpoint_done(), f"the run never reached its second checkpoint:\n{log.read_text()[-3000:]}"
     finally:
-        with contextlib.suppress(ProcessLookupError):  # a run that already ended has no group left
-            os.killpg(proc.pid, signal.SIGKILL)  # the controller; its fork server and workers die with it
-        proc.wait(timeout=30)
+        end_session(proc)  # the controller; its fork server and workers die with it
     # the workers die after the controller (each with its parent, in a session of its own): one still writing a
     # step's record when `before` was read would be taken for the resumed run's (CI saw it once)
     left = wait_gone(_holding(run), timeout_s=30)
