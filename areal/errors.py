@@ -7,6 +7,7 @@ and keeps its traceback.
 
 from __future__ import annotations
 
+import sysconfig
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from pathlib import Path
 
 _AREAL = Path(__file__).resolve().parent
 _RUNTIME_FOLDERS = (_AREAL / "runtime", _AREAL / "graph", Path(__file__).resolve())  # and this module
+_LIBRARIES = tuple({Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")})
 
 
 class ArealError(Exception):
@@ -54,6 +56,16 @@ def own_frames(err: BaseException, limit: int = 8) -> str:
     frames = traceback.extract_tb(err.__traceback__)
     first = next((i for i, f in enumerate(frames) if not runtime_file(f.filename)), len(frames))
     return "".join(traceback.format_list(frames[first:][-limit:])).rstrip()
+
+
+def raised_at(err: BaseException) -> str:
+    """`file.py:LINE in name` for the line of the researcher's own code that raised `err` (the innermost frame
+    outside areal and the installed libraries: a `json.loads` failing is read at the line that called it), else
+    the innermost frame; "" without a traceback."""
+    frames = traceback.extract_tb(err.__traceback__)
+    own = [f for f in frames if not any(Path(f.filename).resolve().is_relative_to(p) for p in (_AREAL, *_LIBRARIES))]
+    frame = (own or frames or [None])[-1]
+    return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}" if frame is not None else ""
 
 
 def runtime_file(filename: str) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -34,13 +36,32 @@ def test_wrong_answers_score_and_machinery_failures_fail():
     assert out[FAILED] == {2: "sandbox_error: bwrap died", 3: "reward is nan"}
 
 
-def test_a_raising_reward_fails_every_sample_with_the_exception():
+def test_a_raising_reward_fails_every_sample_with_the_exception_and_the_line_that_raised_it(caplog):
     def broken(programs, tests):
         raise RuntimeError("checker crashed")
 
-    out = RewardNode(broken)(_batch(3))
-    assert out[FAILED] == dict.fromkeys(range(3), "RuntimeError: checker crashed")
+    line = broken.__code__.co_firstlineno + 1
+    node = RewardNode(broken)
+    with caplog.at_level(logging.WARNING, logger="areal.worker"):
+        out = node(_batch(3))
+        node(_batch(2))
+    reason = f"RuntimeError: checker crashed (at test_reward_worker.py:{line} in broken)"
+    assert out[FAILED] == dict.fromkeys(range(3), reason)
     assert all(math.isnan(r) for r in out["reward"].tolist())
+    logged = [r.getMessage() for r in caplog.records]  # the whole traceback, once for the place it was raised
+    assert len(logged) == 1 and "Traceback" in logged[0] and 'raise RuntimeError("checker crashed")' in logged[0]
+
+
+def test_a_reward_failing_inside_a_library_is_placed_at_the_line_of_its_own_that_called_it():
+    def parse(completion):
+        values = []
+        for text in completion:
+            values.append(json.loads(text))
+        return values
+
+    reason = RewardNode(parse)(Batch({"completion": ["{", "1"], "sample_id": torch.arange(2)}))[FAILED][0]
+    line = parse.__code__.co_firstlineno + 3
+    assert reason.startswith("JSONDecodeError: ") and reason.endswith(f"(at test_reward_worker.py:{line} in parse)")
 
 
 def test_code_programs_are_prompt_plus_completion_and_named_inputs_are_passed():

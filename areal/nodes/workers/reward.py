@@ -10,22 +10,27 @@ is marked failed with its reason, counted and reported, never scored.
 from __future__ import annotations
 
 import inspect
+import logging
 import math
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from areal.errors import raised_at
 from areal.graph.batch import Batch
 from areal.graph.roles import FAILED, NodeContext
 
 MACHINERY_FAILURES = ("sandbox_error", "check_failed")  # the checker broke, not the program
 CODE_CALL = ("programs", "tests")  # what a code reward is called with
+log = logging.getLogger("areal.worker")
 
 
 class RewardNode:
     def __init__(self, fn: Any) -> None:
         self.fn = fn
+        self.logged: set[str] = set()  # where the reward function raised, each traceback logged once
 
     def setup(self, context: NodeContext) -> None:
         """A reward function with its own `setup(context)` (a judge to start, a file to open) gets the context."""
@@ -38,7 +43,12 @@ class RewardNode:
         try:
             outcomes = list(call_reward(self.fn, batch))
         except Exception as err:  # the reward function itself broke: every sample of the batch failed
-            reason = f"{type(err).__name__}: {err}"
+            where = raised_at(err)
+            reason = f"{type(err).__name__}: {err}" + (f" (at {where})" if where else "")
+            if where not in self.logged:
+                self.logged.add(where)
+                log.warning("the reward function raised on a batch of %d samples, each failed:\n%s", batch.size,
+                            "".join(traceback.format_exception(err)).rstrip())
             return {"reward": torch.full((batch.size,), float("nan")), FAILED: dict.fromkeys(range(batch.size), reason)}
         if len(outcomes) != batch.size:
             raise ValueError(f"reward function returned {len(outcomes)} outcomes for {batch.size} samples")
