@@ -60,7 +60,10 @@ def summary_table(controller: Controller) -> Table:
     t.add_row("policy versions", str(s.version))
     t.add_row("wall-clock", f"{controller._elapsed():.1f} s")
     t.add_row("trained samples/s", _fmt(step.get("samples_per_s"), ".2f"))
-    t.add_row("generated tokens/s", _fmt(step.get("generated_tokens_per_s"), ".0f"))
+    # over the whole run from the workers' last counts (sent as they stop): a step's figure is as of the generators'
+    # last pulse, none yet in a run of under a second
+    generated = sum(w.counts.get("tokens", 0) for w in controller.workers.values())
+    t.add_row("generated tokens/s", f"{generated / controller._elapsed():.0f}")
     if split := generator_time_line(step):
         t.add_row("generator time (last step)", split)
     t.add_row("CPU by process", cpu_line(controller))

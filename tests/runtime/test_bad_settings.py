@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -208,3 +209,18 @@ def test_masking_cut_outputs_where_no_node_says_which_were_cut_is_refused_naming
         compile_plan(recipe.graph, recipe.config)
     recipe = load_recipe(TINY_RL, ["trainer.truncated=mask"])  # a generate node says it
     assert ("actor", "truncated", "rollout.truncated") in compile_plan(recipe.graph, recipe.config).bindings
+
+
+def test_the_summary_counts_every_generated_token_even_before_a_generators_first_pulse(tmp_path):
+    # pulses every 30 s: none reaches the controller in this run, only the counts each worker sends as it stops
+    model = make_checkpoint(tmp_path / "ckpt")
+    controller = _controller(tmp_path, TINY_RL, f"model={model}", "steps=2", "faults.heartbeat_s=30",
+                             "faults.dead_after_s=90")
+    state = controller.run()
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if '"kind": "step"' in line]
+    assert steps[-1]["generated_tokens_per_s"] == 0  # what the last step's record knew
+    console = Console(file=io.StringIO(), width=400)
+    console.print(summary_table(controller))
+    shown = float(re.search(r"generated tokens/s\s*│\s*(\d+)", console.file.getvalue()).group(1))
+    assert shown >= state.trained_tokens / controller._elapsed() > 0  # the trained outputs were generated here
