@@ -52,8 +52,9 @@ def test_max_new_tokens_beyond_the_models_context_stops_the_run_at_once_naming_t
     model = make_checkpoint(tmp_path / "ckpt")  # max_position_embeddings=256
     controller = _controller(tmp_path, TINY_RL, f"model={model}", "generation.max_new_tokens=5000")
     with pytest.raises(RunError, match=r"generation.max_new_tokens=5000 leaves no room for a prompt in the model's "
-                                       r"context of 256 tokens (?s:.*)while setting up"):
+                                       r"context of 256 tokens (?s:.*)while setting up") as raised:
         controller.run()
+    assert 'File "' not in str(raised.value)  # a user error is its message, not areal's frames that checked it
 
 
 def test_one_sample_per_group_warns_once_that_the_update_moves_nothing(tmp_path, caplog):

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from areal.errors import NodeContractError, RunError, own_frames, runtime_file
+from areal.errors import ArealError, NodeContractError, RunError, own_frames, runtime_file
 from areal.graph.batch import Batch
 from areal.graph.node import Node
 from areal.graph.roles import DROPPED, FAILED, METRICS
@@ -42,7 +42,7 @@ class NodeFailure(Exception):
 
     def __init__(self, node: Node, err: BaseException) -> None:
         self.node = node.name
-        frames = own_frames(err)
+        frames = "" if isinstance(err, ArealError) else own_frames(err)  # a user error's message says it all
         super().__init__(f"{node.describe()} raised {type(err).__name__}: {err}" + (f"\n{frames}" if frames else ""))
 
 
