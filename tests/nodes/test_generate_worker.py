@@ -11,6 +11,7 @@ from areal.config import GenerationConfig, RunConfig
 from areal.engines.generation import GenResult
 from areal.graph.batch import Batch
 from areal.graph.meta import GroupMeta
+from areal.graph.roles import FAILED
 from areal.models.tokenizer import CharTokenizer as make_tokenizer
 from areal.nodes.workers.generate import GenerateNode, generation_problem
 from areal.runtime.wire.messages import Message, NodeMetrics, parse
@@ -46,6 +47,35 @@ def test_a_group_reissued_while_still_in_flight_is_generated_once(tmp_path):
     assert batch["sample_id"].tolist() == [10, 11]  # group 5 of size 2: ids 5·2 + k
     # 3 tokens cannot finish a program: both are noted as over-long (or empty), each once
     assert noted == [[10, 11]]
+
+
+def test_a_prompt_filling_the_models_context_fails_its_samples_and_one_near_it_generates_to_its_end(tmp_path):
+    node, noted = GenerateNode(), []
+    config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")), group_size=2,  # a context of 256 tokens
+                       generation=GenerationConfig(max_new_tokens=40, stop=[], temperature=10.0))
+    node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
+                               published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
+                               note=lambda sample_ids, reasons: noted.append(dict(zip(sample_ids, reasons))),
+                               report=None))
+    prompts = {1: "x" * 300, 2: "y" * 245, 3: "def f(x):\n"}  # past the context, 10 tokens short of it, short
+    lengths = {g: len(node.tokenizer(p)["input_ids"]) for g, p in prompts.items()}
+    assert lengths[1] >= 256 and 256 - 40 < lengths[2] < 256 - 1
+    for group, prompt in prompts.items():
+        node.submit(Batch({"prompt": [prompt], "group_id": torch.tensor([group]), "sample_id": torch.tensor([group])}),
+                    GroupMeta(group=group, samples=2, admitted_at=0))
+    done = {}
+    while node.pending():
+        done |= {meta.group: batch for batch, meta in node.step()}
+    assert sorted(done) == [1, 2, 3]
+    why = f"its prompt is {lengths[1]} tokens and the model's context 256 (max_position_embeddings): no room left"
+    assert [reason.startswith(why) for reason in done[1][FAILED]] == [True, True]
+    assert done[1]["output_ids"].values.numel() == 0
+    assert FAILED not in done[2] and FAILED not in done[3]
+    room = 256 - lengths[2]  # each request draws its own seeded numbers: at temperature 10 these reach their limit
+    assert [len(ids) for ids in done[2]["output_ids"].rows()] == [room, room]
+    assert all(len(ids) <= 40 for ids in done[3]["output_ids"].rows())
+    said = {sid: why for notes in noted for sid, why in notes.items()}
+    assert said[4] == said[5] == "over_long"  # cut where the context ends, as at max_new_tokens
 
 
 class OneAtATime:

@@ -12,6 +12,10 @@ forms, and each new version the moment it is told one is coming.
 A training sample whose generation is over-long (it hit max_new_tokens) or empty (no text left
 after the stop cut) is reported to the controller ("noted", with its id and reason): it trains
 on like any other and earns its reward, but the run's accounting counts it.
+
+A sample lives within the model's context (max_position_embeddings): a prompt that leaves less room than
+max_new_tokens generates only as far as the context goes (cut there, noted over-long); one that fills it is never
+sampled and its samples fail, naming its length (a position past the context is one the model never learnt).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from torch import Tensor
 
 from areal.graph.batch import Batch, Ragged
 from areal.graph.meta import GroupMeta
+from areal.graph.roles import FAILED
 
 
 @dataclass
@@ -34,6 +39,7 @@ class _Pending:
     samples: int
     sample_ids: list[int]  # every sample it will return, finished or not
     results: dict[int, Any] = field(default_factory=dict)  # sample id -> GenResult
+    refused: dict[int, str] = field(default_factory=dict)  # sample id -> why it was never sampled
 
     @property
     def expected(self) -> int:
@@ -46,6 +52,8 @@ class GenerateNode:
         self._pending: dict[int, _Pending] = {}  # sample id -> its batch
         self._batches: list[_Pending] = []
         self._split_at: dict[str, float] = {}  # the engine's time per phase at the last weight update
+        self.context_tokens: int | None = None  # the model's context, where its config says it
+        self.max_new_tokens = 0
 
     def setup(self, context: Any) -> None:
         from areal.nodes.workers.policy_copy import PolicyCopy
@@ -55,6 +63,7 @@ class GenerateNode:
         self.policy = PolicyCopy(context)
         self.engine, self.tokenizer = self.policy.engine, self.policy.tokenizer
         self.stops, self.chat = self.policy.stops, self.policy.chat
+        self.context_tokens, self.max_new_tokens = self.policy.context_tokens, context.config.generation.max_new_tokens
 
     @property
     def version(self) -> int:
@@ -74,7 +83,8 @@ class GenerateNode:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def pending(self) -> int:
-        return self.engine.pending()
+        """Requests the engine holds, and batches complete without it (every prompt in them refused)."""
+        return self.engine.pending() + sum(len(b.results) == b.expected for b in self._batches)
 
     def load_weights(self, weights: Mapping[str, Tensor], version: int) -> None:
         self.policy.deliver(self.engine, weights, version)  # the engine a test may have put in place
@@ -105,8 +115,18 @@ class GenerateNode:
         entry = _Pending(batch, stamped, samples, [sid for ids in sample_ids for sid in ids])
         from areal.models.chat import encode_prompt
 
-        requests = [GenRequest(request_id=sid, prompt_ids=encode_prompt(self.tokenizer, prompt, self.chat))
-                    for prompt, ids in zip(batch["prompt"], sample_ids) for sid in ids]
+        requests = []
+        for prompt, ids in zip(batch["prompt"], sample_ids):
+            prompt_ids = encode_prompt(self.tokenizer, prompt, self.chat)
+            room = None if self.context_tokens is None else self.context_tokens - len(prompt_ids)
+            if room is not None and room < 1:
+                for sid in ids:
+                    entry.results[sid] = _never_sampled(sid, prompt_ids)
+                    entry.refused[sid] = (f"its prompt is {len(prompt_ids)} tokens and the model's context "
+                                          f"{self.context_tokens} (max_position_embeddings): no room left to generate")
+                continue
+            limit = room if room is not None and room < self.max_new_tokens else None  # the context ends first
+            requests += [GenRequest(request_id=sid, prompt_ids=prompt_ids, max_new_tokens=limit) for sid in ids]
         self.engine.submit(requests)  # checks every request before queueing any: raise before any bookkeeping
         self._pending.update((r.request_id, entry) for r in requests)
         self._batches.append(entry)
@@ -145,7 +165,7 @@ class GenerateNode:
         return recycled
 
     def step(self) -> list[tuple[Batch, GroupMeta]]:
-        for result in self.engine.step():
+        for result in self.engine.step() if self.engine.pending() else []:
             self._pending.pop(result.request_id).results[result.request_id] = result
         done = [b for b in self._batches if len(b.results) == b.expected]
         self._batches = [b for b in self._batches if len(b.results) != b.expected]
@@ -171,8 +191,10 @@ class GenerateNode:
         fields["versions"] = Ragged.from_rows([r.versions for r in results], dtype=torch.int32)
         fields["completion"] = [self._completion(r.output_ids.tolist()) for r in results]
         fields["truncated"] = torch.tensor([int(r.finish_reason == "length") for r in results], dtype=torch.int64)
+        if entry.refused:
+            fields[FAILED] = [entry.refused.get(r.request_id) for r in results]
         notes = {r.request_id: why for r, text in zip(results, fields["completion"])
-                 if (why := generation_problem(r.finish_reason, text))}
+                 if r.request_id not in entry.refused and (why := generation_problem(r.finish_reason, text))}
         if notes and not entry.meta.eval:
             self.note(list(notes), list(notes.values()))
         return Batch(fields)
@@ -182,6 +204,14 @@ class GenerateNode:
         text = self._decode(ids)
         cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=len(text))
         return text[:cut]
+
+
+def _never_sampled(request_id: int, prompt_ids: list[int] | Tensor) -> Any:
+    """The result of a request refused before sampling: its prompt, no output."""
+    from areal.engines.generation import GenResult
+
+    return GenResult(request_id, torch.as_tensor(prompt_ids, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
+                     torch.zeros(0), torch.zeros(0, dtype=torch.int32), "length")
 
 
 def generation_problem(finish_reason: str, completion: str) -> str | None:
