@@ -34,6 +34,7 @@ from areal.graph.roles import Closes
 from areal.runtime.records.solved import solved
 
 BENCHMARKS = ("humaneval", "reasoning-gym", *SCHEMAS)
+PAST_CONTEXT = "prompt_fills_context"  # a sample not generated: its prompt leaves no room in the model's context
 # step callback: (phase, done, total)
 Progress = Callable[[str, int, int], None]
 # "chat template in use" -> the benchmark's tasks and stop strings
@@ -166,6 +167,9 @@ def evaluate(model: str, settings: EvalSettings, out: Path | None = None,
     begin = time.perf_counter()
     judged = _judge(tasks, outputs, judge, settings, report)
     judge_s = time.perf_counter() - begin
+    for task, limit in zip(judged, new_token_limits(policy, tokenizer, tasks, chat, settings.new_tokens)):
+        if limit == 0:  # failed, as a model that cannot read the prompt fails it, and counted apart
+            task.rewards, task.reasons = [0.0] * len(task.rewards), [PAST_CONTEXT] * len(task.rewards)
     document = {
         "model": model,
         "checkpoint": loaded,
@@ -254,8 +258,10 @@ def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]
         top_p=settings.top_p, stop_strings=stops, decode=decode, seed=settings.seed,
     )
     n = settings.samples
-    engine.submit(GenRequest(i * n + j, encode_prompt(tokenizer, task["prompt"], chat))
-                  for i, task in enumerate(tasks) for j in range(n))
+    limits = new_token_limits(policy, tokenizer, tasks, chat, settings.new_tokens)
+    engine.submit(GenRequest(i * n + j, encode_prompt(tokenizer, task["prompt"], chat),
+                             max_new_tokens=limit if limit < settings.new_tokens else None)
+                  for i, (task, limit) in enumerate(zip(tasks, limits)) if limit > 0 for j in range(n))
     total, done = len(tasks) * n, {}
     report("generate", 0, total)
     with torch.inference_mode():
@@ -265,10 +271,26 @@ def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]
             report("generate", len(done), total)
     texts = []
     for rid in range(total):
+        if rid not in done:  # its prompt fills the model's context: nothing generated
+            texts.append(("", 0))
+            continue
         text = decode(done[rid].output_ids.tolist())
         cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=len(text))
         texts.append((text[:cut], len(done[rid].output_ids)))
     return texts
+
+
+def new_token_limits(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]], chat: bool,
+                     new_tokens: int) -> list[int]:
+    """Per task, the tokens it may generate: `new_tokens`, or fewer where the model's context
+    (max_position_embeddings) ends first; 0 where its prompt fills the context (a position past it is one the model
+    never learnt)."""
+    from areal.models.chat import encode_prompt
+
+    context = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
+    if context is None:
+        return [new_tokens] * len(tasks)
+    return [max(0, min(new_tokens, context - len(encode_prompt(tokenizer, task["prompt"], chat)))) for task in tasks]
 
 
 def _judge(tasks: list[dict[str, Any]], outputs: list[tuple[str, int]], judge: Any, settings: EvalSettings,

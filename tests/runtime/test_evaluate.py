@@ -324,3 +324,22 @@ def test_a_run_is_refused_under_the_other_schemas_benchmark_naming_its_own(tmp_p
         _benchmark(str(run), EvalSettings(benchmark=wrong))
     if right == "code-tasks":  # and its own benchmark takes it
         assert _benchmark(str(run), EvalSettings(benchmark=right))[2].task == str(tmp_path / "heldout.jsonl")
+
+
+def test_a_prompt_past_the_models_context_is_failed_unsampled_and_one_near_it_generates_to_the_context(tmp_path):
+    from areal.cli.evaluate import PAST_CONTEXT, evaluate
+
+    model = make_checkpoint(tmp_path / "model")  # a context of 256 tokens, one a character
+    tests = {"kind": "call", "fn_name": "f", "inputs": [[1]], "outputs": [2]}
+    head = "def f(x):\n    return x + 1\n# "
+    prompts = {"short": head, "near": head + "y" * (246 - len(head)), "past": head + "z" * 300}
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"task_id": tid, "prompt": p, **tests}) + "\n" for tid, p in prompts.items()))
+    document = evaluate(str(model), EvalSettings(benchmark="code-tasks", task=str(tasks), samples=2, temperature=10.0,
+                                                 max_new_tokens=40, ks=(1,)))
+    problems = {p["task_id"]: p for p in document["problems"]}
+    past = [(s["tokens"], s["reward"], s["reason"]) for s in problems["past"]["samples"]]
+    assert past == [(0, 0.0, PAST_CONTEXT)] * 2
+    assert all(s["tokens"] <= 256 - 246 for s in problems["near"]["samples"])  # the context ends before 40 tokens
+    assert all(s["reason"] != PAST_CONTEXT for t in ("short", "near") for s in problems[t]["samples"])
+    assert document["summary"]["failures"][PAST_CONTEXT] == 2
