@@ -3,11 +3,13 @@ override fails exactly like a bad recipe value, naming the field (and the `--set
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+import areal.config as sections
 from areal.config import RunConfig
 from areal.errors import ConfigError
 
@@ -23,7 +25,7 @@ def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_describe(err, overrides)) from None
+        raise ConfigError(describe(err, overrides)) from None
 
 
 def with_values(config: RunConfig, values: dict[str, Any], origin: str) -> RunConfig:
@@ -34,7 +36,7 @@ def with_values(config: RunConfig, values: dict[str, Any], origin: str) -> RunCo
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError("\n".join(f"{origin}: {line}" for line in _describe(err, []).splitlines())) from None
+        raise ConfigError("\n".join(f"{origin}: {line}" for line in describe(err, []).splitlines())) from None
 
 
 def override_keys(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
@@ -46,7 +48,7 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_describe(err, [])) from None
+        raise ConfigError(describe(err, [])) from None
 
 
 def _parse_value(raw: str) -> Any:
@@ -82,14 +84,29 @@ def _is_mapping(annotation: Any) -> bool:
     return getattr(annotation, "__origin__", None) is dict
 
 
-def _describe(err: ValidationError, overrides: list[str]) -> str:
+def describe(err: ValidationError, overrides: list[str] | None = None) -> str:
     """One line per problem: the field (and the --set that gave it), then pydantic's message; a rule across fields
-    (no field of its own) is its own message, which names the fields."""
+    (no field of its own) is its own message, which names the fields; a field the section lacks, the one meant."""
     lines = []
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ") if e["type"] == "value_error" else e["msg"]
-        origin = next((o for o in overrides if o.split("=", 1)[0].strip() == field), None)
+        if e["type"] == "extra_forbidden":
+            msg = _unknown(err.title, e["loc"])
+        origin = next((o for o in overrides or [] if o.split("=", 1)[0].strip() == field), None)
         prefix = f"--set {origin}: " if origin else ""
         lines.append(f"{prefix}{field}: {msg[:1].lower()}{msg[1:]}" if field else msg)
     return "\n".join(lines)
+
+
+def _unknown(title: str, loc: tuple[Any, ...]) -> str:
+    """A field the section does not have: the one meant, when one is close, else the section's fields."""
+    model: Any = getattr(sections, title, None)
+    for part in loc[:-1]:  # down to the section the field was given in
+        annotation = model.model_fields[part].annotation if model is not None and part in model.model_fields else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    if model is None:
+        return "unknown field"
+    near = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f"unknown field; did you mean {near[0]}?" if near else \
+        f"unknown field ({model.__name__} has: {', '.join(model.model_fields)})"

@@ -14,11 +14,13 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from areal.config import RunConfig
 from areal.errors import ArealError, RecipeError
 from areal.graph.graph import Graph
 from areal.graph.settings import node_config, resolve_run_config
-from areal.overrides import apply_overrides
+from areal.overrides import apply_overrides, describe
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ def _execute(recipe: Path) -> dict[str, object]:
         raise RecipeError(f"{_shown(where)}{line}: syntax error: {err.msg}{imported}") from None
     except ArealError:
         raise
+    except ValidationError as err:  # a config section built with a bad value or an unknown field: each named
+        where = f"{_recipe_line(recipe, err)}: {err.title}"
+        raise RecipeError("\n".join(f"{where}: {line}" for line in describe(err).splitlines())) from None
     except Exception as err:
         raise RecipeError(f"{_recipe_line(recipe, err)}: {type(err).__name__}: {err}{_raised_beside(recipe, err)}") \
             from err

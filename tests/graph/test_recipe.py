@@ -39,6 +39,24 @@ def test_exception_in_recipe_names_its_line(write_recipe):
         load_recipe(path)
 
 
+def test_a_config_built_with_a_bad_value_or_an_unknown_field_names_each_at_the_recipe_line(write_recipe):
+    head = recipes.GOOD + "from areal.config import GenerationConfig\n\n"
+    line = head.count("\n") + 1
+    cases = {
+        "config = RunConfig(group_size='x', bach_size=4)\n": [
+            "RunConfig: group_size: input should be a valid integer, unable to parse string as an integer",
+            "RunConfig: bach_size: unknown field; did you mean batch_size?"],
+        "config = RunConfig(generation=GenerationConfig(max_new_token=8))\n": [
+            "GenerationConfig: max_new_token: unknown field; did you mean max_new_tokens?"],
+        "config = RunConfig(trainer={'lora': {'zzz': 3}})\n": [
+            "RunConfig: trainer.lora.zzz: unknown field (LoraConfig has: rank, alpha, dropout, target_modules)"],
+    }
+    for text, problems in cases.items():
+        with pytest.raises(RecipeError) as raised:
+            load_recipe(write_recipe(head + text))
+        assert str(raised.value).splitlines() == [f"x.py:{line}: {problem}" for problem in problems]
+
+
 def test_no_graph_and_two_graphs_are_clear_errors(write_recipe):
     with pytest.raises(RecipeError, match=r"exactly one Graph, found 0; add g = Graph"):
         load_recipe(write_recipe("x = 1\n"))
