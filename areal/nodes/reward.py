@@ -27,10 +27,10 @@ KNOWN_INPUTS: dict[str, PortType] = {**CODE_INPUTS, "answer": ports.ANSWER, **IM
 
 
 def reward(name: str, fn: Any, *, inputs: Mapping[str, PortType] | None = None) -> NodeSpec:
-    """Score each sample with `fn(*(batch[n] for n in fn.input_names))`, else `fn(programs, tests)`.
+    """Score each sample with `fn(*(batch[n] for n in names))`, `names` being `fn.input_names`, else its required
+    parameters (`def judge(completion, answer)`); a code reward, `fn(programs, tests)`.
 
-    Input ports: `inputs`, else `fn.inputs`, else one port per name in `fn.input_names`, else
-    prompt/completion/tests.
+    Input ports: `inputs`, else `fn.inputs`, else one port per name, else prompt/completion/tests.
     """
     declared = dict(inputs or getattr(fn, "inputs", None) or _named_inputs(fn) or CODE_INPUTS)
     return NodeSpec(
