@@ -17,6 +17,7 @@ import networkx as nx
 from areal.errors import GraphError
 from areal.graph.node import IMPLICIT_INPUTS, POLICY_KINDS, Location, Node, NodeSpec, caller_location, returns
 from areal.graph.ports import Json, PortType
+from areal.graph.task_list import TaskList
 from areal.graph.validate import problems
 
 
@@ -55,22 +56,30 @@ class Graph:
     def source(
         self, name: str, tasks: Any, *, outputs: Mapping[str, PortType] | None = None, heldout: Any = None
     ) -> Node:
-        """Add a replayable task stream.
+        """Add a replayable task stream: a source object, or a list of task dicts (areal/graph/task_list.py).
 
         Its ports come from `outputs`, else `tasks.ports`, else `tasks.fields` (names of json
         fields). `heldout` is a task collection the runtime scores pass@1 on at intervals.
         """
+        where = caller_location()
+        if isinstance(tasks, (list, tuple)) and (tasks or outputs is None):  # (an empty one with ports: a test's)
+            tasks = TaskList(tasks, name, where)
         if outputs is not None:
             ports = dict(outputs)
         elif getattr(tasks, "ports", None):
             ports = dict(tasks.ports)
-        else:
-            ports = {f: Json["S"] for f in getattr(tasks, "fields", ())}
+        elif getattr(tasks, "fields", None):
+            ports = {f: Json["S"] for f in tasks.fields}
+        else:  # nothing downstream could read it: say so here, not as every input "produced by no node"
+            raise GraphError([f"{where}: source '{name}' names no fields: give {type(tasks).__name__} a `fields` "
+                              "attribute (the names of a task's fields), pass outputs={'prompt': Json['S'], ...}, "
+                              "or pass a list of task dicts"])
         ports.update(IMPLICIT_INPUTS)
         if heldout is not None:
-            self.heldout[name] = heldout
+            self.heldout[name] = TaskList(heldout, f"{name}' held-out", where) if isinstance(heldout, (list, tuple)) \
+                else heldout
         spec = NodeSpec("source", name, {}, ports, returns(tasks), {}, type(tasks).__name__)
-        return self._place(spec, name, pool=1, take={}, where=caller_location())
+        return self._place(spec, name, pool=1, take={}, where=where)
 
     def add(
         self,

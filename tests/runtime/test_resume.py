@@ -124,3 +124,18 @@ def test_sync_run_resumed_from_a_mid_run_checkpoint_ends_with_bitwise_the_same_w
     assert final[0].keys() == final[1].keys()
     assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
     assert not all(torch.equal(final[0][k], start[k]) for k in start)  # the updates moved the weights
+
+
+def test_a_recipes_list_of_tasks_resumes_with_the_task_after_the_last_one_started(tmp_path):
+    from areal.runtime.records.sample_records import read_samples
+
+    recipe = tmp_path / "list_rl.py"
+    recipe.write_text(RECIPE.read_text().replace('g.source("tasks", Counting(),',
+                                                  'g.source("tasks", [{"prompt": f"p{i}"} for i in range(5)],'))
+    run = tmp_path / "run"
+    assert run_recipe(recipe, overrides=["steps=4"], run_dir=run, live=False) == 0
+    assert run_recipe(recipe, overrides=["steps=7"], resume=run, live=False) == 0
+    trained = {sid for r in _trained(run) for sid in r["sample_ids"]}
+    prompts = {s.group_id: s.fields["rollout.prompt"] for s in read_samples(run).values() if s.sample_id in trained}
+    assert sorted(prompts) == list(range(7 * B))  # every group once, across the resume
+    assert all(prompt == f"p{group % 5}" for group, prompt in prompts.items())  # the list in order, epoch on epoch
