@@ -113,6 +113,24 @@ def test_a_group_reissued_when_part_of_it_has_finished_is_not_submitted_again(tm
     assert len(done) == 1 and done[0][0]["sample_id"].tolist() == [14, 15] and node.pending() == 0
 
 
+def test_a_prompt_that_is_not_text_or_reads_as_no_tokens_fails_its_samples_and_the_batch_runs_on():
+    class Bytes:  # a tokenizer that adds no special tokens: "" reads as nothing
+        def encode(self, text):
+            return list(text.encode())
+
+    node = GenerateNode()
+    node.engine, node.tokenizer, node.stops, node.note, node.chat = OneAtATime(), Bytes(), [], lambda *a: None, False
+    node._decode = lambda ids: ""
+    batch = Batch({"prompt": ["def f(x):\n", 42, ""], "group_id": torch.tensor([-1, -2, -3]),
+                   "sample_id": torch.tensor([-1, -2, -3])})  # held-out copies: many prompts in one batch
+    node.submit(batch, GroupMeta(group=-1, samples=1, admitted_at=0, eval=True))
+    done = []
+    while node.pending():
+        done += node.step()
+    assert node.engine.queue == [] and len(done) == 1
+    assert done[0][0][FAILED] == [None, "its prompt is int 42, not text", "its prompt is empty"]
+
+
 @pytest.mark.eval
 def test_prompts_go_through_the_chat_template_of_a_model_that_has_one_unless_it_is_off(tmp_path, monkeypatch):
     pytest.importorskip("accelerate", reason="transformers loads GGUF files only with 'accelerate' (areal[eval])")

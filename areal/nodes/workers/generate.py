@@ -113,23 +113,34 @@ class GenerateNode:
             return
         stamped = meta if meta.eval else replace(meta, stamped_at=self.engine.version)  # recycle's stamp
         entry = _Pending(batch, stamped, samples, [sid for ids in sample_ids for sid in ids])
-        from areal.models.chat import encode_prompt
-
         requests = []
         for prompt, ids in zip(batch["prompt"], sample_ids):
-            prompt_ids = encode_prompt(self.tokenizer, prompt, self.chat)
-            room = None if self.context_tokens is None else self.context_tokens - len(prompt_ids)
-            if room is not None and room < 1:
+            prompt_ids, why = self._encoded(prompt)
+            if why is not None:  # its samples fail, named; the rest of the batch runs
                 for sid in ids:
-                    entry.results[sid] = _never_sampled(sid, prompt_ids)
-                    entry.refused[sid] = (f"its prompt is {len(prompt_ids)} tokens and the model's context "
-                                          f"{self.context_tokens} (max_position_embeddings): no room left to generate")
+                    entry.results[sid], entry.refused[sid] = _never_sampled(sid, prompt_ids), why
                 continue
+            room = None if self.context_tokens is None else self.context_tokens - len(prompt_ids)
             limit = room if room is not None and room < self.max_new_tokens else None  # the context ends first
             requests += [GenRequest(request_id=sid, prompt_ids=prompt_ids, max_new_tokens=limit) for sid in ids]
         self.engine.submit(requests)  # checks every request before queueing any: raise before any bookkeeping
         self._pending.update((r.request_id, entry) for r in requests)
         self._batches.append(entry)
+
+    def _encoded(self, prompt: Any) -> tuple[list[int], str | None]:
+        """A prompt's token ids and, where it cannot be sampled, why: not text, nothing to read, or no room left in
+        the model's context."""
+        from areal.models.chat import encode_prompt
+
+        if not isinstance(prompt, str):
+            return [], f"its prompt is {type(prompt).__name__} {prompt!r:.60}, not text"
+        prompt_ids = encode_prompt(self.tokenizer, prompt, self.chat)
+        if not prompt_ids:
+            return prompt_ids, "its prompt is empty"
+        if self.context_tokens is not None and len(prompt_ids) >= self.context_tokens:
+            return prompt_ids, (f"its prompt is {len(prompt_ids)} tokens and the model's context {self.context_tokens} "
+                                "(max_position_embeddings): no room left to generate")
+        return prompt_ids, None
 
     def abort_older_than(self, version: int) -> list[tuple[GroupMeta, list[int], list[int]]]:
         """Stop every training group holding a token sampled by a version below `version` (a staleness policy
