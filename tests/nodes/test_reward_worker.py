@@ -91,6 +91,16 @@ def test_the_math_reward_gets_completions_and_reference_answers():
     assert out["reward"].tolist() == [1.0, 0.0, 0.0] and out[FAILED] == {}
 
 
+def test_the_math_reward_reads_a_number_as_its_reference_and_fails_a_sample_without_one():
+    completions = ["\\boxed{4}", "\\boxed{0.5}", "\\boxed{4}", "\\boxed{4}"]
+    batch = Batch({"completion": completions, "answer": [4, 0.5, None, True], "sample_id": torch.arange(4)})
+    with math_reward(timeout_s=2.0) as fn:
+        out = RewardNode(fn)(batch)
+    assert out["reward"][:2].tolist() == [1.0, 1.0]
+    assert out[FAILED] == {2: "check_failed: the reference answer is NoneType None, not text or a number",
+                           3: "check_failed: the reference answer is bool True, not text or a number"}
+
+
 def test_a_reward_that_overflows_float32_or_is_not_a_number_fails_its_sample_not_the_worker():
     outcomes = [1e39, None, "1.0", True, -1e39, 0.5]
     out = RewardNode(lambda programs, tests: outcomes)(_batch(6))

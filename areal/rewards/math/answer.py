@@ -220,7 +220,12 @@ class MathReward:
             raise ValueError(f"math_reward: {counts}" + (f" and {len(prompts)} prompts" if prompts is not None else ""))
         return [self.score(c, a, p) for c, a, p in zip(completions, answers, prompts or [None] * len(answers))]
 
-    def score(self, completion: str, answer: str, prompt: str | None = None) -> MathResult:
+    def score(self, completion: str, answer: str | int | float, prompt: str | None = None) -> MathResult:
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            answer = str(answer)  # a task built in Python: {"answer": 42}
+        elif not isinstance(answer, str):  # the task's fault, not the completion's: failed, never a 0
+            return MathResult(0.0, "check_failed", None, f"the reference answer is {type(answer).__name__} "
+                                                         f"{answer!r:.60}, not text or a number")
         reading = read_completion(completion)
         if reading.answer is None or reading.reason is not None:
             return MathResult(0.0, reading.reason, reading.answer, reading.detail)
