@@ -48,6 +48,7 @@ REASONS = (
     "killed",
     "output_limit",
     "sandbox_error",
+    "check_failed",  # the task's tests are malformed: the sample fails, its program never runs
 )
 # what a record from inside may say about a test: the program's outcomes, never the machinery's
 PROGRAM_OUTCOMES = ("ok", "bad_result", "timeout", "crash", "memory", "killed", "output_limit")
@@ -177,7 +178,13 @@ class CodeTests:
     def __call__(self, programs: list[str], tests: list[dict]) -> list[CodeResult]:
         if len(programs) != len(tests):
             raise ValueError(f"code_tests: {len(programs)} programs but {len(tests)} test dicts")
-        jobs = [self._job(program, test) for program, test in zip(programs, tests)]
+        malformed: dict[int, CodeResult] = {}  # row -> why its tests cannot be run; the other rows run
+        jobs = []
+        for row, (program, test) in enumerate(zip(programs, tests)):
+            try:
+                jobs.append(self._job(program, test))
+            except ValueError as err:
+                malformed[row] = CodeResult(0.0, 0, 0, "check_failed", str(err))
         keys = [_job_key(job, outputs) for job, outputs in jobs]
         with self._lock:
             results = {key: self._results[key] for key in keys if key in self._results}
@@ -186,7 +193,8 @@ class CodeTests:
         fresh = dict(zip(todo, threads.map(lambda job: self._run(*job), todo.values()))) if threads else {}
         self._keep(reused=list(results), fresh=fresh)
         results.update(fresh)
-        return [results[key] for key in keys]
+        scored = iter(results[key] for key in keys)
+        return [malformed[row] if row in malformed else next(scored) for row in range(len(programs))]
 
     def _keep(self, reused: Iterable[str], fresh: dict[str, CodeResult]) -> None:
         """Count the runs; remember the repeatable fresh results, most recently used last, `remember` at most."""
@@ -206,6 +214,8 @@ class CodeTests:
 
     def _job(self, program: str, tests: dict) -> tuple[dict, list]:
         """The sandbox job for one completion, and the outputs its tests expect (kept out of it)."""
+        if not isinstance(tests, dict):
+            raise ValueError(f"code_tests: a task's tests are a dict, got {type(tests).__name__} {tests!r:.200}")
         kind = tests.get("kind")
         inputs, outputs = list(tests.get("inputs", ())), list(tests.get("outputs", ()))
         if kind not in ("call", "stdio") or len(inputs) != len(outputs) or not inputs:

@@ -80,9 +80,11 @@ def test_tuples_compare_equal_to_lists_as_json_does(sandbox):
     assert result.reward == 1.0
 
 
-def test_malformed_tests_raise_instead_of_scoring_zero(sandbox):
-    with pytest.raises(ValueError, match="as many outputs as inputs"):
-        sandbox(["print(1)"], [{"kind": "stdio", "inputs": ["1"], "outputs": []}])
+def test_malformed_tests_fail_their_own_sample_as_a_broken_check_and_the_others_are_scored(sandbox):
+    right = "a, b = map(int, input().split())\nprint(a + b)\n"
+    results = sandbox([right, right, right], [{"kind": "stdio", "inputs": ["1"], "outputs": []}, SUM, None])
+    assert [(r.reason, r.total) for r in results] == [("check_failed", 0), (None, 2), ("check_failed", 0)]
+    assert "as many outputs as inputs" in results[0].detail and "tests are a dict, got NoneType" in results[2].detail
     with pytest.raises(ValueError, match="2 programs but 1 test dicts"):
         sandbox(["a", "b"], [SUM])
 
