@@ -40,7 +40,8 @@ def check(**out):
     (torch.zeros(3, 5), "output 'score' is declared float32[S], so it must be a tensor of shape [S]; got shape [3, 5]"),
     (torch.tensor(1.0), "output 'score' is declared float32[S], so it must be a tensor of shape [S]; got shape []"),
     (torch.zeros(4), "output 'score' has 4 rows for a batch of 3"),
-    ([0.0, 0.0, 0.0], "output 'score' is declared float32[S] and must be a tensor, got list"),
+    ([0.0, 0.0, 0.0], "output 'score' is declared float32[S] and must be a tensor, got list "
+                      "(torch.as_tensor(value, dtype=torch.float32) makes one)"),
 ])
 def test_a_broken_contract_names_the_node_the_port_and_what_differs(value, says):
     with pytest.raises(NodeContractError, match=r"node 'scorer' \(custom\): " + re.escape(says)):

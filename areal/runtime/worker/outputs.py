@@ -74,7 +74,8 @@ def _cast(ptype: PortType, value: Any, rows: int) -> Any:
     if token and not isinstance(value, Ragged):
         raise ValueError(f"is declared {ptype} (per token) and must be a Ragged, got {type(value).__name__}")
     if not isinstance(tensor, Tensor):
-        raise ValueError(f"is declared {ptype} and must be a tensor, got {type(value).__name__}")
+        raise ValueError(f"is declared {ptype} and must be a tensor, got {type(value).__name__} "
+                         f"(torch.as_tensor(value, dtype={TORCH_DTYPES[ptype.dtype]}) makes one)")
     fixed = [int(d) for d in ptype.dims if d.isdigit()]
     want_dims = 1 + len(fixed)  # S (or the packed tokens of a Ragged), then the fixed sizes
     if tensor.dim() != want_dims or list(tensor.shape[1:]) != fixed:
