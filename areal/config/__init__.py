@@ -54,7 +54,8 @@ class RunConfig(Section):
         "from the policy exactly η versions old (a controlled-staleness experiment)"
     )
     steps: PositiveInt = Field(120, description="trainer steps (policy versions) to run")
-    max_minutes: PositiveFloat | None = Field(None, description="stop (with a checkpoint) after this wall-clock")
+    max_minutes: PositiveFloat | None = Field(None, description="end training after this wall-clock: no step "
+                                              "after it, the last held-out round on the final policy, a checkpoint")
     run_dir: str | None = Field(None, description="default: runs/<graph>-<timestamp>")
     trainer: TrainerConfig = TrainerConfig()
     generation: GenerationConfig = GenerationConfig()

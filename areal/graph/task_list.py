@@ -36,6 +36,11 @@ class TaskList:
     def __len__(self) -> int:
         return len(self.tasks)
 
+    @property
+    def epoch(self) -> int:
+        """Passes begun, minus one: a held-out list is read for one pass (records/evaluation.first_pass)."""
+        return self._epoch
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self
 

@@ -47,7 +47,10 @@ def test_the_list_is_read_in_order_epoch_after_epoch_and_a_restored_cursor_goes_
         TaskList(TASKS[:2], "tasks", None).restore(source.state())
 
 
-def test_a_held_out_list_is_kept_as_a_task_list():
+def test_a_held_out_list_is_read_for_one_pass():
+    from areal.runtime.records.evaluation import first_pass
+
     g = Graph("list")
-    g.source("tasks", TASKS, heldout=TASKS[:1])
-    assert isinstance(g.heldout["tasks"], TaskList) and len(g.heldout["tasks"]) == 1
+    g.source("tasks", TASKS, heldout=TASKS[1:])
+    assert isinstance(g.heldout["tasks"], TaskList)
+    assert first_pass(g.heldout["tasks"], 100) == TASKS[1:]

@@ -149,3 +149,17 @@ def test_a_weighted_reward_reports_its_mean_and_pass_at_1_counts_what_eval_solve
 def test_eval_solved_must_name_a_nodes_output(tmp_path):
     with pytest.raises(ConfigError, match=r"eval\.solved='advantage\.nope': no node 'advantage' with an output"):
         _run(tmp_path, "eval.solved=advantage.nope")
+
+
+def test_a_run_ended_by_max_minutes_trains_no_step_after_its_last_held_out_round_begins(tmp_path, monkeypatch):
+    # η = 4: when the time is up, four more steps' groups are in flight; the trainers must not train them while
+    # the last round samples, or it would read several policies under the one version it names
+    monkeypatch.setenv("FAKE_HELDOUT", "6")
+    monkeypatch.setenv("FAKE_TRAIN_WORK_MS", "20")
+    controller = _run(tmp_path, "steps=100000", "max_minutes=0.04", "staleness=4", "eval.interval_steps=0")
+    state = controller.run()
+    lines = [json.loads(line) for line in (Path(controller.plan.run_dir) / "metrics.jsonl").read_text().splitlines()]
+    steps, evals = [r for r in lines if r["kind"] == "step"], [r for r in lines if r["kind"] == "eval"]
+    assert 0 < state.version < 100000 and [e["version"] for e in evals] == [0, state.version]
+    assert steps[-1]["version"] == state.version and steps[-1]["wall_s"] <= evals[-1]["wall_s"]
+    assert max(r["version"] for r in _trained(controller)) == state.version - 1  # trained at v, published v + 1

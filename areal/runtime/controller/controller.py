@@ -225,7 +225,7 @@ class Controller(WorkerReports, WorkerRecovery):
             self._check_processes()
             self.accounting.overdue(time.monotonic(), self.config.faults.dead_after_s)
             if limit is not None and time.monotonic() - self.state.started_at > limit:
-                log.info("max_minutes reached at version %d", self.state.version)
+                self._end_training()  # before the last held-out round: it judges the policy the run ends with
                 break
         if self.heldout is not None and self.state.version > 0:
             self.versions.lag = 0  # training is over: the last held-out round judges the trained policy
@@ -361,8 +361,6 @@ class Controller(WorkerReports, WorkerRecovery):
         worker.holding = set(getattr(m, "holding", worker.holding))
         worker.counts = {"batches": m.batches, "samples": m.samples, "tokens": m.tokens}
 
-    # -- faults ---------------------------------------------------------------------------
-
     def _elapsed(self) -> float:  # seconds since this process's workers were ready: what its rates are over
         return max(time.monotonic() - self.state.started_at, 1e-9)
 
@@ -390,6 +388,7 @@ HANDLERS: dict[type[msg.Message], Callable[[Controller, WorkerProcess, Any], Non
     msg.BatchRefused: Controller._on_rejected,
     msg.NodeMetrics: Controller._on_metrics,
     msg.WorkerError: Controller._on_error,
+    msg.TrainingEnded: Controller._on_training_ended,
 }
 
 

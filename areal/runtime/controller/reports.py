@@ -18,7 +18,7 @@ from areal.runtime.storage import mirror, weight_files
 from areal.runtime.storage.checkpoint import find_checkpoints
 from areal.runtime.storage.rundir import WriteFailed, writing
 from areal.runtime.wire import messages as msg
-from areal.runtime.wire.commands import ForgetBelow
+from areal.runtime.wire.commands import EndTraining, ForgetBelow
 
 if TYPE_CHECKING:
     from areal.runtime.controller.run_state import WorkerProcess
@@ -56,6 +56,25 @@ class WorkerReports:
         if (self.heldout is not None and every and m.model == (self.plan.policy or m.model)
                 and m.version % every == 0 and m.version < self.state.steps):
             self._start_eval()
+
+    def _end_training(self) -> None:
+        """max_minutes: every trainer takes no further step; wait (a step's length at most, as long calls are said)
+        until each has said the version it ended at, so the run's last versions are known before its last round."""
+        log.info("max_minutes reached at version %d: training ends", self.state.version)
+        self.training_ended: set[str] = set()  # the trainers that said their last version
+        for w in self.workers.values():
+            if self.plan.pool(w.pool).role == "train":
+                self.control.send(w.worker_id, EndTraining())
+        deadline = time.monotonic() + self.config.faults.long_call_s
+        while set(self.trainers) - self.training_ended and time.monotonic() < deadline:
+            self._listen(100)
+            self._check_processes()
+        if missing := sorted(set(self.trainers) - self.training_ended):
+            log.warning("%s did not end training within %.0f s: the last held-out round may read later weights",
+                        ", ".join(missing), self.config.faults.long_call_s)
+
+    def _on_training_ended(self, worker: WorkerProcess, m: msg.TrainingEnded) -> None:
+        self.training_ended.add(m.model)
 
     def _step_record(self, m: msg.VersionPublished) -> None:
         self.state.staleness.update({int(k): int(v) for k, v in m.staleness.items()})

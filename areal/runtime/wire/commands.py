@@ -47,7 +47,12 @@ class HoldWeights(Command):
     update: WeightUpdate
 
 
-KINDS: dict[str, type[Command]] = {cls.KIND: cls for cls in (Stop, Rewire, TakeCensus, ForgetBelow, HoldWeights)}
+class EndTraining(Command):
+    KIND: ClassVar[str] = "end-training"  # max_minutes: a trainer takes no further step and says where it ended
+
+
+KINDS: dict[str, type[Command]] = {cls.KIND: cls for cls in (Stop, Rewire, TakeCensus, ForgetBelow, HoldWeights,
+                                                              EndTraining)}
 
 
 def parse(raw: Mapping[str, Any]) -> Command:

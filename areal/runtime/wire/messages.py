@@ -83,6 +83,12 @@ class VersionPublished(Message):
     tokens: int = 0
 
 
+class TrainingEnded(Message):
+    KIND: ClassVar[str] = "training-ended"  # a trainer told to end (max_minutes) took its last step: this one
+    model: str
+    version: int
+
+
 class SamplesFailed(Message):
     KIND: ClassVar[str] = "failed"
     node: str
@@ -174,7 +180,7 @@ class WorkerError(Message):
 KINDS: dict[str, type[Message]] = {cls.KIND: cls for cls in (
     Alive, Ready, Heartbeat, Census, Stopped, VersionPublished, SamplesFailed, SamplesFiltered, SamplesDropped,
     GroupsRecycled, SamplesNoted, HeldOutScored, CheckpointWritten, FileWritten, DuplicateDropped, BatchRefused,
-    NodeMetrics, WorkerError)}
+    NodeMetrics, WorkerError, TrainingEnded)}
 
 
 def parse(raw: Mapping[str, Any], sender: str) -> Message:

@@ -121,6 +121,7 @@ class Worker(MapRole, StreamRole, TrainerRole):
         self.orders = RankOrders() if self.pool.rendezvous else None
         self.follower = self.orders is not None and replica > 0  # gets its steps from rank 0, not a socket
         self.publisher = self._publisher() if self.pool.role == "train" else None
+        self.training_ended = False  # told to take no further step (the run's max_minutes)
         self.poller = zmq.Poller()
         self.inboxes: dict[str, BatchReceiver] = {}
         allow_remote = self.config.transport.host != "127.0.0.1"  # asked for
@@ -237,6 +238,9 @@ class Worker(MapRole, StreamRole, TrainerRole):
     def _on_census(self, command: cmd.TakeCensus) -> None:
         self.census = command.seq  # answered by the train loop once it has drained what is queued for it
 
+    def _on_end_training(self, command: cmd.EndTraining) -> None:
+        self.training_ended = True  # said, with the version, by the train loop between steps
+
     def _on_frontier(self, command: cmd.ForgetBelow) -> None:
         if self.join is not None:
             self.join.forget_below(command.group)
@@ -305,6 +309,7 @@ COMMANDS: dict[type[cmd.Command], Callable[[Worker, Any], None]] = {
     cmd.TakeCensus: Worker._on_census,
     cmd.ForgetBelow: Worker._on_frontier,
     cmd.HoldWeights: Worker._on_weights,
+    cmd.EndTraining: Worker._on_end_training,
 }
 
 

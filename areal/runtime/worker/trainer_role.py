@@ -41,6 +41,7 @@ class TrainerRole:
         waiting: dict[int, tuple[Batch, GroupMeta]] = {}
         dropped: list[int] = []  # groups dropped unread since the last step: consumed with the next
         idle = StepWait(self.spans)
+        ended_said = False
         while not self.stopping:
             self._wait(int(self.config.faults.heartbeat_s * 1000))
             for batch, meta in self._drain():
@@ -56,7 +57,7 @@ class TrainerRole:
             if self.census is not None:
                 self.control.send(msg.Census(seq=self.census, holding=sorted(self.holding)))
                 self.census = None
-            while self.trained_version < self.config.steps:
+            while self.trained_version < self.config.steps and not self.training_ended:
                 dropped += self._drop_expired(waiting)
                 step = self.staleness_policy.pick({g: b.size for g, (b, _) in waiting.items()}, self.next_group,
                                                   self.consumed, per_step)
@@ -72,6 +73,9 @@ class TrainerRole:
                 dropped = []
                 if self.stopping:
                     break
+            if self.training_ended and not ended_said:  # after its last VersionPublished, on the same socket
+                self.control.send(msg.TrainingEnded(model=self.pool.name, version=self.trained_version))
+                ended_said = True
         if self.orders is not None:
             self.orders.send("stop")
 
