@@ -10,7 +10,17 @@ import pytest
 
 from areal.errors import WireError
 from areal.runtime.weights import Via, WeightUpdate
-from areal.runtime.wire.commands import KINDS, Command, ForgetBelow, HoldWeights, Rewire, Stop, TakeCensus, parse
+from areal.runtime.wire.commands import (
+    KINDS,
+    Command,
+    EndTraining,
+    ForgetBelow,
+    HoldWeights,
+    Rewire,
+    Stop,
+    TakeCensus,
+    parse,
+)
 from areal.runtime.wire.control import pack, unpack
 from areal.runtime.worker.main import COMMANDS, Worker
 
@@ -20,6 +30,7 @@ EVERY_KIND = [  # every field away from its default
     TakeCensus(seq=3),
     ForgetBelow(group=17),
     HoldWeights(update=WeightUpdate("actor", 5, Via("files", "/run/weights/actor/v000005.safetensors"))),
+    EndTraining(),
 ]
 
 
@@ -51,7 +62,8 @@ def test_a_command_on_the_wire_is_a_map_with_its_type_and_the_fields_not_at_thei
     ({"type": "stop", "checkpiont": "/c"},
      r"^command 'stop' from the controller: checkpiont: Extra inputs are not permitted$"),
     ({"type": "reboot"},
-     r"^command from the controller: unknown type 'reboot' \(known: stop, peers, census, frontier, weights\)$"),
+     r"^command from the controller: unknown type 'reboot' "
+     r"\(known: stop, peers, census, frontier, weights, end-training\)$"),
 ])
 def test_a_malformed_command_is_refused_naming_its_kind_and_field(raw: dict[str, Any], error: str):
     with pytest.raises(WireError, match=error):
@@ -82,6 +94,7 @@ def _worker(*raw: dict[str, Any]) -> Worker:
     worker.control = Inbox(*raw)  # type: ignore[assignment]
     worker.pool = SimpleNamespace(role="map")  # type: ignore[assignment]
     worker.join, worker.stopping, worker.census = Join(), False, None  # type: ignore[assignment]
+    worker.training_ended = False
     worker._latest_weights = {}
     worker.mirror = None  # the run directory is this machine's
     return worker
@@ -95,12 +108,12 @@ def test_the_worker_has_one_handler_for_every_command_kind():
 def test_the_worker_carries_out_each_command_it_is_sent_in_order():
     weights = HoldWeights(update=WeightUpdate("actor", 4, Via("files", "/w/v000004.safetensors")))
     worker = _worker(TakeCensus(seq=4).to_wire(), ForgetBelow(group=9).to_wire(), weights.to_wire(),
-                     Stop().to_wire())
+                     EndTraining().to_wire(), Stop().to_wire())
     worker._commands()
     join = worker.join
     assert isinstance(join, Join)
     assert (worker.census, join.forgotten, worker._latest_weights) == (4, [9], {"actor": weights.update})
-    assert worker.stopping
+    assert worker.training_ended and worker.stopping
 
 
 def test_a_worker_sent_a_malformed_command_stops_with_the_kind_and_field_not_a_key_error():
