@@ -37,6 +37,7 @@ EVERY_KIND = [  # every field away from its default
     msg.BatchRefused(groups=[8], reason="header says int64[4]"),
     msg.NodeMetrics(values={"score/mean": 0.5}),
     msg.WorkerError(node="score", message="node 'score' raised", traceback="Traceback ...", fatal=True),
+    msg.TrainingEnded(model="actor", version=7),
 ]
 
 
