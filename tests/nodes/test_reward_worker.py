@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import numpy as np
+import pytest
 import torch
 
 from areal.graph.batch import Batch
@@ -147,3 +149,17 @@ def test_a_function_without_input_names_gets_the_fields_its_parameters_name():
     program = "def f(x):\n    return x\n"  # a code reward's: prompt + completion
     lengths = RewardNode(lambda programs, tests: [len(p) for p in programs])
     assert lengths(_batch(1))["reward"].tolist() == [len(program)]
+
+
+def test_rewards_may_come_as_a_tensor_an_array_or_a_generator_and_one_value_for_a_batch_is_refused():
+    batch = Batch({"completion": ["a", "bb", "ccc"], "sample_id": torch.arange(3)})
+    for returns in (lambda completion: torch.tensor([len(c) for c in completion], dtype=torch.float64),
+                    lambda completion: np.array([len(c) for c in completion], dtype=np.float32),
+                    lambda completion: (len(c) for c in completion)):
+        out = RewardNode(returns)(batch)
+        assert out["reward"].tolist() == [1.0, 2.0, 3.0] and out[FAILED] == {}
+    for returns, got in ((lambda completion: 0.5, "float 0.5"), (lambda completion: torch.tensor(0.5), "Tensor"),
+                         (lambda completion: [1.0], "1 outcomes")):
+        with pytest.raises(ValueError, match=f"^the reward function returned {got}.* for 3 samples: it returns one "
+                                             "outcome per sample"):
+            RewardNode(returns)(batch)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import numbers
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -41,7 +42,8 @@ class RewardNode:
         if batch.size == 0:
             return {"reward": torch.zeros(0)}
         try:
-            outcomes = list(call_reward(self.fn, batch))
+            returned = call_reward(self.fn, batch)
+            outcomes = list(returned) if _one_per_sample(returned) else None
         except Exception as err:  # the reward function itself broke: every sample of the batch failed
             where = raised_at(err)
             reason = f"{type(err).__name__}: {err}" + (f" (at {where})" if where else "")
@@ -50,13 +52,17 @@ class RewardNode:
                 log.warning("the reward function raised on a batch of %d samples, each failed:\n%s", batch.size,
                             "".join(traceback.format_exception(err)).rstrip())
             return {"reward": torch.full((batch.size,), float("nan")), FAILED: dict.fromkeys(range(batch.size), reason)}
-        if len(outcomes) != batch.size:
-            raise ValueError(f"reward function returned {len(outcomes)} outcomes for {batch.size} samples")
+        if outcomes is None or len(outcomes) != batch.size:
+            got = f"{type(returned).__name__} {returned!r:.60}" if outcomes is None else f"{len(outcomes)} outcomes"
+            raise ValueError(f"the reward function returned {got} for {batch.size} samples: it returns one outcome "
+                             "per sample (a list of numbers, or of results with a .reward)")
         rewards, failed = [], {}
         for row, outcome in enumerate(outcomes):
             value = getattr(outcome, "reward", outcome)
             reason = getattr(outcome, "reason", None)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()  # a row of a tensor of rewards
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 failed[row] = f"the reward function returned {type(value).__name__} {value!r:.60}, not a number"
                 value = float("nan")
             elif reason in MACHINERY_FAILURES:
@@ -67,6 +73,14 @@ class RewardNode:
             overflow = f" ({float(scores[row])} as float32)" if math.isfinite(rewards[row]) else ""
             failed.setdefault(row, f"reward is {rewards[row]!r}{overflow}")
         return {"reward": scores, FAILED: failed}
+
+
+def _one_per_sample(returned: Any) -> bool:
+    """Whether a reward function's result holds an item per sample (a list, a tensor's or an array's rows), not one
+    value (a number, a string, a dict)."""
+    if isinstance(returned, (str, bytes, Mapping)) or getattr(returned, "ndim", 1) == 0:
+        return False
+    return isinstance(returned, Iterable)
 
 
 def call_reward(fn: Any, columns: Mapping[str, Any]) -> Any:
