@@ -118,12 +118,18 @@ def test_samples_pages_and_filters_a_runs_records(tmp_path):
     log.trained("actor", 3, [0, 1], versions, Ragged.from_rows([torch.tensor([1, 1, 1]), torch.tensor([0, 1])]))
     log.removed("score", "failed", [3], ["wrong_answer: expected 5, got 6"])
     log.close()
+    (tmp_path / "run.lock").write_text(f"{os.getpid()}\n")  # the run goes on (this process holds it)
     table = subprocess.run([sys.executable, "-m", "areal.cli", "samples", str(tmp_path), "--where",
                             "score.reward<1"], capture_output=True, text=True, timeout=120,
                            env={**os.environ, "COLUMNS": "200"})
     assert table.returncode == 0, table.stderr
     assert "4 samples: 2 trained, 1 failed, 1 pending · 3 match, showing 1-3" in table.stdout
     assert "score: wrong_answer: expected 5, got 6" in table.stdout
+    (tmp_path / "run.lock").unlink()  # the run is over: a sample with no verdict never gets one
+    ended = subprocess.run([sys.executable, "-m", "areal.cli", "samples", str(tmp_path), "--status", "pending"],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"}).stdout
+    assert "4 samples: 2 trained, 1 failed, 1 unfinished (in flight when the run stopped) · 1 match" in ended
+    assert "sample 2 · group 1 · unfinished" in ended
     rows = [json.loads(x) for x in areal("samples", str(tmp_path), "--step", "3", "--json").stdout.splitlines()]
     assert [(r["sample_id"], r["lag"], r["fields"]["rollout.prompt"]) for r in rows] == [(0, 1, "def f(x):\n"),
                                                                                           (1, 0, "def f(x):\n")]

@@ -227,6 +227,7 @@ def samples(
 
     from areal.cli.samples import samples_table
     from areal.runtime.records.sample_records import read_samples, select
+    from areal.runtime.storage.rundir import held
 
     records = read_samples(run_dir)
     chosen = select(records.values(), status=status, step=step, where=where)
@@ -237,7 +238,7 @@ def samples(
         for record in page:
             typer.echo(json.dumps(asdict(record), default=str))
         return
-    Console().print(samples_table(records.values(), chosen, page, offset))
+    Console().print(samples_table(records.values(), chosen, page, offset, ended=not held(run_dir)))
 
 
 @app.command()

@@ -22,18 +22,22 @@ TEXT_CHARS = 400  # of a text field kept before the terminal's edge cuts it: a l
 
 
 def samples_table(every: Iterable[SampleRecord], chosen: list[SampleRecord], page: list[SampleRecord],
-                  offset: int) -> RenderableType:
+                  offset: int, ended: bool = False) -> RenderableType:
+    """`ended`: the run is over, so a sample with no verdict will never have one (it was in flight at the stop)."""
     counts = Counter(r.status for r in every)
-    title = (f"{sum(counts.values())} samples: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
+    named = {"pending": "unfinished (in flight when the run stopped)"} if ended else {}
+    title = (f"{sum(counts.values())} samples: "
+             + ", ".join(f"{counts[s]} {named.get(s, s)}" for s in STATUSES if counts[s])
              + f" · {len(chosen)} match, showing {offset + 1 if page else 0}-{offset + len(page)}")
     blocks: list[RenderableType] = [Text(title, style="bold")]
     for r in page:
-        blocks += [Text(_heading(r), style="bold cyan"), Padding(_fields(r), (0, 0, 0, 2))]
+        blocks += [Text(_heading(r, ended), style="bold cyan"), Padding(_fields(r), (0, 0, 0, 2))]
     return Group(*blocks)
 
 
-def _heading(r: SampleRecord) -> str:
-    fate = r.status if r.step is None else f"{r.status} at step {r.step}, lag {_cell(r.lag)}"
+def _heading(r: SampleRecord, ended: bool) -> str:
+    status = "unfinished" if ended and r.status == "pending" else r.status
+    fate = status if r.step is None else f"{status} at step {r.step}, lag {_cell(r.lag)}"
     return f"sample {r.sample_id} · group {_cell(r.group_id)} · {fate}"
 
 

@@ -11,7 +11,6 @@ is watching it, and a finished run reopens from the same files.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections import deque
@@ -26,7 +25,7 @@ from areal.runtime.records.sample_records import FOLDER as SAMPLES
 from areal.runtime.records.sample_records import SampleRecord, fold, select
 from areal.runtime.records.tail import JsonlTail
 from areal.runtime.storage.resume import RECIPE_COPY
-from areal.runtime.storage.rundir import LOCK_FILE
+from areal.runtime.storage.rundir import held
 from areal.view.activity import WINDOW_S, Activity
 from areal.view.axes import chart_axes
 
@@ -78,7 +77,7 @@ class RunFiles:
                 return None
             status = self._status()
             self.activity.update()
-            alive = _alive(self.run_dir) and (status or {}).get("status") != "stopped"
+            alive = held(self.run_dir) and (status or {}).get("status") != "stopped"
             # a finished run is shown as it was at its last span: its last seconds of work, not the silence after
             last = self.activity.newest_us / 1e6 or (status or {}).get("written_unix", 0.0)
             as_of = time.time() if alive or not last else last
@@ -204,18 +203,6 @@ def _row(record: SampleRecord) -> dict[str, Any]:
     row["fields"] = {k: (v[:CELL_CHARS] + "…" if isinstance(v, str) and len(v) > CELL_CHARS else v)
                      for k, v in record.fields.items()}
     return row
-
-
-def _alive(run_dir: Path) -> bool:
-    """Whether the process that holds the run directory (its pid in run.lock) still runs; read, never locked."""
-    try:
-        pid = int((run_dir / LOCK_FILE).read_text().split()[0])
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, IndexError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True  # someone else's process: it exists
-    return True
 
 
 def _draw(plan: Plan, run_dir: Path) -> str:

@@ -65,6 +65,18 @@ def claim_run_dir(folder: Path, resuming: bool) -> RunDirLock:
     return RunDirLock(folder, file)
 
 
+def held(folder: Path) -> bool:
+    """Whether the process that holds the run directory (its pid in run.lock) still runs; read, never locked."""
+    try:
+        pid = int((folder / LOCK_FILE).read_text().split()[0])
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, IndexError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True  # someone else's process: it exists
+    return True
+
+
 class WriteFailed(RunError):
     """A write into the run directory failed; the message names the file and says how to go on."""
 
