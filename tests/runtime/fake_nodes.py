@@ -177,6 +177,8 @@ class FakeTrainer:
         with self.log.open("a") as out:
             out.write(json.dumps(record) + "\n")
         self.version += 1
+        if "FAKE_TRAIN_IN_PLACE" in os.environ:  # normalises its advantages where they lie
+            batch["advantage"].sub_(batch["advantage"].mean())
         return {"loss": 0.0}
 
     def empty_step(self):

@@ -22,8 +22,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from areal.errors import ArealError, NodeContractError, RunError, own_frames, runtime_file
-from areal.graph.batch import Batch
+from areal.graph.batch import Batch, Ragged
 from areal.graph.node import Node
 from areal.graph.roles import DROPPED, FAILED, METRICS
 from areal.runtime.compiler.plan import IMPLICIT, Plan
@@ -112,6 +114,28 @@ class LongCalls:
 LONG_CALLS = LongCalls()  # the worker's one main thread calls its nodes through guard()
 
 
+def in_place_versions(view: Batch) -> dict[str, int]:
+    """Each tensor field's in-place version counter (a Ragged's values' and offsets'): torch bumps it on every
+    in-place write, to it or to any view of it."""
+    found = {}
+    for name, value in view.items():
+        parts = (value.values, value.offsets) if isinstance(value, Ragged) else (value,)
+        if all(isinstance(part, torch.Tensor) for part in parts):
+            found[name] = sum(part._version for part in parts)
+    return found
+
+
+def unchanged(n: Node, view: Batch, versions: Mapping[str, int], binding: Mapping[str, str]) -> None:
+    """Refuse a node that wrote into a field it was given: the field is its producer's, read by the nodes after it,
+    the trainer and the run's records (a reward centred in place would be recorded, and trained on, centred)."""
+    changed = [name for name, version in in_place_versions(view).items() if versions.get(name, version) != version]
+    if changed:
+        fields = ", ".join(f"'{name}' ({binding.get(name, name)})" for name in changed)
+        raise NodeContractError(f"{n.describe()}: changed its input {fields} in place, a field of the node that made "
+                                "it, which later nodes, the trainer and the run's records read; make a new tensor "
+                                "instead (r = r - r.mean(), not r -= r.mean())")
+
+
 class Chain:
     def __init__(self, nodes: list[Node], impls: list[Any], plan: Plan, report: Report,
                  log: SampleLog | None = None, spans: Spans | None = None) -> None:
@@ -130,9 +154,11 @@ class Chain:
                 batch = batch.merge({f"{n.name}.{port}": value for port, value in empty_outputs(n).items()})
                 continue
             view = self.view(batch, binding)
+            versions = in_place_versions(view)
             began = time.monotonic()
             out = dict(guard(n, impl, view))
             ended = time.monotonic()
+            unchanged(n, view, versions, binding)
             self.busy_s += ended - began
             if self.spans is not None:
                 self.spans.add("node", n.name, began, ended, samples=batch.size)
