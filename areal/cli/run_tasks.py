@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from areal.errors import ConfigError
+from areal.errors import ArealError, ConfigError
 
 SCHEMAS: dict[str, Literal["code", "math"]] = {"code-tasks": "code", "math-tasks": "math"}
 MAX_TASKS = 10_000  # without --limit: every held-out task (one pass of the set)
@@ -45,6 +45,12 @@ def run_tasks(model: str, benchmark: str, task: str | None, limit: int | None, t
     if run and not task:
         _check_trained_schema(path, schema)
     config = validate_config(json.loads((path / "config.json").read_text())) if run else RunConfig()
+    declared = _declared_heldout(path) if run and not task else None
+    if declared is not None:  # the recipe's own held-out tasks (a file, a list): what the run's rounds scored
+        tasks = first_pass(declared, limit or config.eval.tasks)
+        named = str(getattr(declared, "path", "")) or f"the recipe's {len(tasks)} held-out tasks"
+        return HeldOutTasks(_judge(schema, timeout_s), tasks, list(config.generation.stop), named,
+                            config.generation.max_new_tokens)
     if task:
         config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": task})})
     heldout = ConfiguredTasks(schema, "test")
@@ -57,6 +63,27 @@ def run_tasks(model: str, benchmark: str, task: str | None, limit: int | None, t
     tasks = first_pass(source, limit or rounds_read or MAX_TASKS)
     return HeldOutTasks(_judge(schema, timeout_s), tasks, list(config.generation.stop), named,
                         config.generation.max_new_tokens)
+
+
+def _declared_heldout(run_dir: Path) -> Any:
+    """The held-out source the run's recipe declared (`heldout=`), when it is its own: not a configured one
+    (`code_tasks("test")`), which the run's config resolves; None when there is none. The recipe is read where the
+    run found it (its modules beside it), else the run's copy of it."""
+    from areal.graph.recipe import load_recipe
+    from areal.graph.roles import ConfiguredSource
+    from areal.runtime.storage.resume import RECIPE_COPY
+
+    plan_path = run_dir / "plan.json"
+    plan = json.loads(plan_path.read_text()) if plan_path.is_file() else {}
+    recipe = next((p for p in (Path(plan.get("recipe", "")), run_dir / RECIPE_COPY) if p.suffix and p.is_file()), None)
+    if recipe is None:
+        return None
+    try:
+        heldout = load_recipe(recipe, plan.get("overrides", [])).graph.heldout
+    except ArealError as err:
+        raise ConfigError(f"{run_dir}: its recipe {recipe} does not load ({err}); name the tasks with --task") from None
+    source = next(iter(heldout.values()), None)
+    return None if source is None or isinstance(source, ConfiguredSource) else source
 
 
 def _judge(schema: str, timeout_s: float) -> Any:

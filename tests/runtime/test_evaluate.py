@@ -343,3 +343,18 @@ def test_a_prompt_past_the_models_context_is_failed_unsampled_and_one_near_it_ge
     assert all(s["tokens"] <= 256 - 246 for s in problems["near"]["samples"])  # the context ends before 40 tokens
     assert all(s["reason"] != PAST_CONTEXT for t in ("short", "near") for s in problems[t]["samples"])
     assert document["summary"]["failures"][PAST_CONTEXT] == 2
+
+
+def test_a_run_is_scored_on_the_held_out_tasks_its_recipe_declared_itself(tmp_path):
+    from areal.cli.evaluate import evaluate
+
+    run = _run_scored_against_its_own_tasks(tmp_path)  # its config names heldout.jsonl; its recipe, a list
+    tests = {"kind": "call", "fn_name": "f", "inputs": [[1]], "outputs": [3]}
+    own = [{"task_id": "adds-two", "prompt": "def f(x):\n    return x + 2\n# ", "tests": tests}]
+    recipe = tmp_path / "own_rl.py"
+    shipped = (Path(__file__).parents[2] / "recipes" / "code_rl.py").read_text()
+    recipe.write_text(shipped.replace('heldout=code_tasks("test")', f"heldout={own!r}"))
+    (run / "plan.json").write_text(json.dumps({"recipe": str(recipe), "overrides": [], "pools": [], "channels": []}))
+    document = evaluate(str(run), EvalSettings(benchmark="code-tasks", samples=2, temperature=1.0, ks=(1,)))
+    assert [p["task_id"] for p in document["problems"]] == ["adds-two"] and document["summary"]["pass@1"] == 1.0
+    assert document["benchmark"] == "code-tasks/the recipe's 1 held-out tasks"
