@@ -49,6 +49,32 @@ def live_table(controller: Controller) -> Table:
     return t
 
 
+class ProgressLines:
+    """The live view where there is no terminal to redraw (`areal run ... > log`, a batch job): a line per step at
+    most every `every_s`, each held-out round as it is scored, and each long node call once. A live view there
+    printed its last frame only, so a log showed nothing until the run ended."""
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s, self.clock = every_s, clock
+        self._printed_at, self._version, self._evals, self._long_calls = -every_s, 0, 0, 0
+
+    def lines(self, controller: Controller, final: bool = False) -> list[str]:
+        """What to print now (often nothing); `final`: the run ended, so its last step is said whenever it came."""
+        s, now, found = controller.state, self.clock(), []
+        for record in s.evals[self._evals:]:
+            found.append(f"held-out pass@1 {_pass(record)} at version {record['version']}")
+        for call in s.long_calls[self._long_calls:]:
+            found.append(f"long node call: {call}")
+        self._evals, self._long_calls = len(s.evals), len(s.long_calls)
+        if s.version != self._version and (final or now - self._printed_at >= self.every_s):
+            step = s.last_step
+            found.insert(0, f"version {s.version}/{s.steps} · {controller._elapsed():.0f} s · reward "
+                            f"{_fmt(step.get('reward_mean'))} · {_fmt(step.get('samples_per_s'), '.1f')} samples/s · "
+                            f"{_fmt(step.get('generated_tokens_per_s'), '.0f')} tokens/s")
+            self._printed_at, self._version = now, s.version
+        return found
+
+
 def summary_table(controller: Controller) -> Table:
     s = controller.state
     step = s.last_step

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from areal.cli.progress import live_table, summary_table
+from areal.cli.progress import ProgressLines, live_table, summary_table
 from areal.data.sources import heldout_note
 from areal.engines import needs_model, require_engines
 from areal.errors import ArealError, RecipeError, RunError
@@ -59,11 +59,16 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
                       soft_wrap=True)
     view: Live | None = None
     said: list[str] = []
+    lines = ProgressLines() if live and not console.is_terminal else None  # a log file: lines, not a redrawn view
+    live = live and lines is None
 
     def refresh(controller: Controller) -> None:
         if view is not None:
             view.update(live_table(controller))
-        elif not live:  # no live view to show them in: each long call on a line of its own, once
+        elif lines is not None:
+            for line in lines.lines(controller):
+                console.print(line, highlight=False, soft_wrap=True)
+        else:  # no live view to show them in: each long call on a line of its own, once
             for line in controller.state.long_calls[len(said):]:
                 console.print(f"[yellow]long node call:[/] {line}", highlight=False, soft_wrap=True)
                 said.append(line)
@@ -91,6 +96,8 @@ def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = 
         code = 130
     finally:
         stack.close()
+    for line in lines.lines(controller, final=True) if lines is not None else []:
+        console.print(line, highlight=False, soft_wrap=True)
     console.print(summary_table(controller))
     return code
 
