@@ -52,3 +52,17 @@ def test_a_run_into_a_file_prints_progress_lines_not_only_a_last_frame(tmp_path)
                       console=Console(file=out, width=200)) == 0
     text = out.getvalue()
     assert "version 3/3 · " in text and "areal · fake-rl" not in text  # a line, not the live view's frame
+
+
+def test_an_evals_progress_into_a_file_is_a_line_per_phase_now_and_then_and_one_at_its_end():
+    from areal.cli.progress import progress_lines
+
+    clock, out = Clock(), io.StringIO()
+    report = progress_lines(Console(file=out, width=200), every_s=30.0, clock=clock)
+    for done, now in ((0, 0.0), (10, 5.0), (40, 31.0), (64, 40.0), (64, 41.0)):
+        clock.now = now
+        report("generate", done, 64)
+    clock.now = 50.0
+    report("judge", 0, 64)
+    assert out.getvalue().splitlines() == ["generate 0/64 (0%) · 0 s", "generate 40/64 (62%) · 31 s",
+                                           "generate 64/64 (100%) · 40 s", "judge 0/64 (0%) · 50 s"]

@@ -174,6 +174,9 @@ def eval_progress(console: Console, quiet: bool) -> Iterator[Callable[[str, int,
     if quiet:
         yield lambda phase, done, total: None
         return
+    if not console.is_terminal:  # a log file: bars would show only at the end
+        yield progress_lines(console)
+        return
     columns = (TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as progress:
@@ -185,6 +188,23 @@ def eval_progress(console: Console, quiet: bool) -> Iterator[Callable[[str, int,
             progress.update(bars[phase], completed=done, total=total)
 
         yield report
+
+
+def progress_lines(console: Console, every_s: float = 30.0,
+                   clock: Callable[[], float] = time.monotonic) -> Callable[[str, int, int], None]:
+    """`report(phase, done, total)` as a line per phase at most every `every_s`, and one when the phase is done."""
+    began = clock()
+    said: dict[str, tuple[float, int]] = {}  # phase -> when its last line was printed, and its count then
+
+    def report(phase: str, done: int, total: int) -> None:
+        now = clock()
+        at, count = said.get(phase, (-every_s, -1))
+        if done != count and (done == total or now - at >= every_s):
+            said[phase] = (now, done)
+            console.print(f"{phase} {done}/{total} ({done / max(total, 1):.0%}) · {now - began:.0f} s",
+                          highlight=False)
+
+    return report
 
 
 def eval_table(document: dict[str, Any]) -> Table:
