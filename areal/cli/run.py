@@ -22,7 +22,7 @@ from rich.live import Live
 from areal.cli.progress import ProgressLines, live_table, summary_table
 from areal.data.sources import heldout_note
 from areal.engines import needs_model, require_engines
-from areal.errors import ArealError, RecipeError, RunError
+from areal.errors import ArealError, ConfigError, RecipeError, RunError
 from areal.graph.node import Node
 from areal.graph.recipe import Recipe, load_recipe
 from areal.models.cache import cache_root
@@ -113,6 +113,10 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
     recipe = load_recipe(recipe_path, overrides)
     if resume is not None and (changed := check_changes(resume.run_dir, recipe.config)):
         notes.append(_report(console, "resuming with changed settings:", changed))
+    if resume is not None and resume.saved and int(resume.saved["version"]) >= recipe.config.steps:
+        raise ConfigError(f"{resume.run_dir} is at version {resume.saved['version']} and steps={recipe.config.steps}: "
+                          f"nothing is left to train; resume with --set steps=N above {resume.saved['version']} to "
+                          "train on (areal eval scores its checkpoints)")
     _check_trains(recipe)
     _check_engines(recipe)
     reports = _preflight(recipe)

@@ -11,10 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from areal.cli.run import run_recipe
+from areal.errors import ConfigError
 from tests.local_model import make_checkpoint
 from tests.spawned import end_session, wait_gone
 
@@ -139,3 +141,15 @@ def test_a_recipes_list_of_tasks_resumes_with_the_task_after_the_last_one_starte
     prompts = {s.group_id: s.fields["rollout.prompt"] for s in read_samples(run).values() if s.sample_id in trained}
     assert sorted(prompts) == list(range(7 * B))  # every group once, across the resume
     assert all(prompt == f"p{group % 5}" for group, prompt in prompts.items())  # the list in order, epoch on epoch
+
+
+def test_resuming_a_run_that_reached_its_steps_is_refused_saying_how_to_train_on(tmp_path):
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(RECIPE, recipe)
+    run = tmp_path / "run"
+    assert run_recipe(recipe, overrides=["steps=3"], run_dir=run, live=False) == 0
+    metrics = (run / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match=r"is at version 3 and steps=3: nothing is left to train; resume with "
+                                          r"--set steps=N above 3"):
+        run_recipe(recipe, resume=run, live=False)
+    assert (run / "metrics.jsonl").read_text() == metrics  # no held-out round, no line, of a run with nothing to do
