@@ -41,6 +41,8 @@ class advantage:  # noqa: N801 (named like the function nodes it stands beside)
                 out.write(f"{os.getpid()} {self.tools[-1].pid}\n")
         if RAISE_ON_GROUP is not None and RAISE_ON_GROUP in batch["group_id"].tolist():
             raise ValueError(f"bad group {RAISE_ON_GROUP}")
+        if ADVANTAGE_KIND == "nothing":  # forgot its return
+            return None
         return {"advantage": ADVANTAGES[ADVANTAGE_KIND](batch), "reward": torch.full((batch.size,), REWARD),
                 "passed": torch.ones(batch.size)}
 

@@ -115,6 +115,18 @@ def test_a_trainer_that_writes_into_an_input_stops_the_run_before_its_step_is_re
     assert controller.state.version == 0
 
 
+@pytest.mark.parametrize(("knob", "says"), [
+    (("FAKE_ADVANTAGE", "nothing"), r"node 'advantage' \(custom\): returned NoneType None, not a dict of its outputs "
+                                    r"by port \(advantage, reward, passed\)"),
+    (("FAKE_TRAIN_RETURNS_NOTHING", "1"), r"node 'actor' \(ppo-update\): returned NoneType None, not a dict of "
+                                          r"numbers for the step's record \(\{\} for none\)"),
+])
+def test_a_node_that_returns_no_dict_stops_the_run_naming_it_and_what_it_returns(tmp_path, monkeypatch, knob, says):
+    monkeypatch.setenv(*knob)
+    with pytest.raises(RunError, match=says):
+        _controller(tmp_path).run()
+
+
 def test_a_batch_that_lost_every_row_carries_empty_columns_of_each_declared_type():
     from areal.runtime.worker.outputs import empty_outputs
 

@@ -114,6 +114,16 @@ class LongCalls:
 LONG_CALLS = LongCalls()  # the worker's one main thread calls its nodes through guard()
 
 
+def returned(n: Node, out: Any) -> dict[str, Any]:
+    """What a node's call returned, which must be a dict: its outputs by port (a trainer's: numbers for the step's
+    record)."""
+    if not isinstance(out, Mapping):
+        wants = "numbers for the step's record ({} for none)" if n.role == "trainer" else \
+            f"its outputs by port ({', '.join(n.outputs)})"
+        raise NodeContractError(f"{n.describe()}: returned {type(out).__name__} {out!r:.60}, not a dict of {wants}")
+    return dict(out)
+
+
 def in_place_versions(view: Batch) -> dict[str, int]:
     """Each tensor field's in-place version counter (a Ragged's values' and offsets'): torch bumps it on every
     in-place write, to it or to any view of it."""
@@ -156,7 +166,7 @@ class Chain:
             view = self.view(batch, binding)
             versions = in_place_versions(view)
             began = time.monotonic()
-            out = dict(guard(n, impl, view))
+            out = returned(n, guard(n, impl, view))
             ended = time.monotonic()
             unchanged(n, view, versions, binding)
             self.busy_s += ended - began

@@ -28,7 +28,7 @@ from areal.runtime.staleness.policies.loss_mask import loss_mask, with_truncated
 from areal.runtime.storage.checkpoint import MANIFEST, staging_dir
 from areal.runtime.wire import messages as msg
 from areal.runtime.worker import mismatch
-from areal.runtime.worker.chain import guard, in_place_versions, unchanged
+from areal.runtime.worker.chain import guard, in_place_versions, returned, unchanged
 
 log = logging.getLogger("areal.worker")
 
@@ -143,7 +143,7 @@ class TrainerRole:
             view = Batch({name: value for name, value in audit.items() if name in binding or name in IMPLICIT
                           or (name == "loss_mask" and name in reads)})
             given = in_place_versions(view)
-            stats |= dict(guard(self.nodes[-1], trainer, view))
+            stats |= returned(self.nodes[-1], guard(self.nodes[-1], trainer, view))
             unchanged(self.nodes[-1], view, given, binding)
             end = time.monotonic()
             self.spans.add("node", self.nodes[-1].name, middle, end, samples=batch.size)
