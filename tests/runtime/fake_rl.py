@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from areal import Float, Graph, Int, RunConfig, node
+from areal.graph.roles import METRICS
 from tests.runtime.fake_nodes import Counting, FakeGenerate, FakeTrainer, every_third_group
 
 RAISE_ON_GROUP = int(os.environ["FAKE_RAISE_ON_GROUP"]) if "FAKE_RAISE_ON_GROUP" in os.environ else None
@@ -43,6 +44,9 @@ class advantage:  # noqa: N801 (named like the function nodes it stands beside)
             raise ValueError(f"bad group {RAISE_ON_GROUP}")
         if ADVANTAGE_KIND == "nothing":  # forgot its return
             return None
+        if ADVANTAGE_KIND == "worded_metric":
+            return {"advantage": torch.zeros(batch.size), "reward": torch.zeros(batch.size),
+                    "passed": torch.ones(batch.size), METRICS: {"spread": "wide"}}
         return {"advantage": ADVANTAGES[ADVANTAGE_KIND](batch), "reward": torch.full((batch.size,), REWARD),
                 "passed": torch.ones(batch.size)}
 

@@ -118,6 +118,8 @@ def test_a_trainer_that_writes_into_an_input_stops_the_run_before_its_step_is_re
 @pytest.mark.parametrize(("knob", "says"), [
     (("FAKE_ADVANTAGE", "nothing"), r"node 'advantage' \(custom\): returned NoneType None, not a dict of its outputs "
                                     r"by port \(advantage, reward, passed\)"),
+    (("FAKE_ADVANTAGE", "worded_metric"), r"node 'advantage' \(custom\): its __metrics__ 'spread' is str 'wide', not "
+                                          r"a number"),
     (("FAKE_TRAIN_RETURNS_NOTHING", "1"), r"node 'actor' \(ppo-update\): returned NoneType None, not a dict of "
                                           r"numbers for the step's record \(\{\} for none\)"),
 ])

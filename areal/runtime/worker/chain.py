@@ -124,6 +124,18 @@ def returned(n: Node, out: Any) -> dict[str, Any]:
     return dict(out)
 
 
+def numbers(n: Node, metrics: Mapping[str, Any]) -> dict[str, float]:
+    """A node's METRICS as floats (a one-element tensor is a number); anything else is a broken contract."""
+    found = {}
+    for name, value in metrics.items():
+        try:
+            found[str(name)] = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise NodeContractError(f"{n.describe()}: its {METRICS} {name!r} is {type(value).__name__} "
+                                    f"{value!r:.60}, not a number") from None
+    return found
+
+
 def in_place_versions(view: Batch) -> dict[str, int]:
     """Each tensor field's in-place version counter (a Ragged's values' and offsets'): torch bumps it on every
     in-place write, to it or to any view of it."""
@@ -185,7 +197,7 @@ class Chain:
         """Add a node's checked outputs to the batch under its name; take out the rows it failed or dropped."""
         failed = out.pop(FAILED, None) or {}
         dropped = out.pop(DROPPED, None) or {}
-        metrics = {str(k): float(v) for k, v in (out.pop(METRICS, None) or {}).items()}
+        metrics = numbers(n, out.pop(METRICS, None) or {})
         if dropped and n.role != "filter":
             raise NodeContractError(f"{n.describe()}: returned {DROPPED} rows, which only a node declared with "
                                     "role='filter' may drop")
