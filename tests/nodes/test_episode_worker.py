@@ -97,12 +97,26 @@ def test_an_episode_that_raises_fails_its_own_sample_with_the_reason_and_its_sib
             raise RuntimeError("the tool crashed")
         return {"reward": 1.0, "score": float(len(done.ids))}
 
+    where = f"(at test_episode_worker.py:{flaky.__code__.co_firstlineno + 3} in flaky)"
+
     runner = runner_on(tmp_path, flaky, outputs={"score": Float["S"]})
     runner.submit(*group(["a", "b"], group_id=4, samples=2))
     (batch, meta), = run_all(runner)
     assert batch["sample_id"].tolist() == [8, 9, 10, 11]  # group g's sample k is g·G + k, row by row
-    assert batch[FAILED] == [None, "the episode raised RuntimeError: the tool crashed"] * 2
+    assert batch[FAILED] == [None, f"the episode raised RuntimeError: the tool crashed {where}"] * 2
     assert batch["reward"].tolist() == [1.0, 0.0, 1.0, 0.0] and batch["score"].tolist()[0] > 0
+
+
+def test_an_llm_call_not_awaited_is_said_as_such(tmp_path):
+    async def hasty(task, llm):
+        await llm.generate(task["prompt"], max_new_tokens=2)
+        return float(len(llm.generate("more").text))  # the coroutine, not its completion
+
+    runner = runner_on(tmp_path, hasty)
+    runner.submit(*group(["a"], samples=1))
+    (batch, _), = run_all(runner)
+    assert batch[FAILED][0].startswith("the episode raised AttributeError: 'coroutine' object has no attribute "
+                                       "'text' (an llm call not awaited?) (at test_episode_worker.py:")
 
 
 @pytest.mark.parametrize("returned,why", [

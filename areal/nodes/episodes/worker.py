@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from areal.errors import raised_at
 from areal.graph.batch import Batch, Ragged
 from areal.graph.meta import GroupMeta
 from areal.graph.ports import PortType
@@ -214,7 +215,10 @@ class EpisodeRunner:
             ended = Ended(llm.trajectory, failure=f"the episode ran past timeout_s={self.timeout_s} "
                                                   f"({time.monotonic() - started:.0f} s)")
         except Exception as err:  # the episode's own code (or a turn it asked for) broke: this sample failed
-            ended = Ended(llm.trajectory, failure=f"the episode raised {type(err).__name__}: {err}")
+            where = raised_at(err)
+            unawaited = " (an llm call not awaited?)" if "'coroutine' object" in str(err) else ""
+            ended = Ended(llm.trajectory, failure=f"the episode raised {type(err).__name__}: {err}{unawaited}"
+                                                  + (f" (at {where})" if where else ""))
         finally:
             del self.sessions[key]
         if ended.failure is None and not llm.trajectory.turns:
