@@ -107,6 +107,7 @@ def test_an_episode_that_raises_fails_its_own_sample_with_the_reason_and_its_sib
     assert batch["reward"].tolist() == [1.0, 0.0, 1.0, 0.0] and batch["score"].tolist()[0] > 0
 
 
+@pytest.mark.filterwarnings("ignore:coroutine 'EpisodeLLM.generate' was never awaited")
 def test_an_llm_call_not_awaited_is_said_as_such(tmp_path):
     async def hasty(task, llm):
         await llm.generate(task["prompt"], max_new_tokens=2)
