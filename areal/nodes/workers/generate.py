@@ -176,7 +176,7 @@ class GenerateNode:
         return recycled
 
     def step(self) -> list[tuple[Batch, GroupMeta]]:
-        for result in self.engine.step() if self.engine.pending() else []:
+        for result in self.engine.step():  # nothing to do in it when every prompt of a batch failed
             self._pending.pop(result.request_id).results[result.request_id] = result
         done = [b for b in self._batches if len(b.results) == b.expected]
         self._batches = [b for b in self._batches if len(b.results) != b.expected]

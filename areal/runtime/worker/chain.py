@@ -121,6 +121,11 @@ def returned(n: Node, out: Any) -> dict[str, Any]:
         wants = "numbers for the step's record ({} for none)" if n.role == "trainer" else \
             f"its outputs by port ({', '.join(n.outputs)})"
         raise NodeContractError(f"{n.describe()}: returned {type(out).__name__} {out!r:.60}, not a dict of {wants}")
+    extra = [k for k in out if k not in n.outputs and k not in (FAILED, DROPPED, METRICS)]
+    if extra and n.role != "trainer":
+        raise NodeContractError(f"{n.describe()}: returned {', '.join(map(repr, extra))}, which it does not declare "
+                                f"(its outputs: {', '.join(n.outputs)}); declare it in outputs= to keep it, or "
+                                f"return it under {METRICS} as a number for the step")
     return dict(out)
 
 
