@@ -44,9 +44,10 @@ class advantage:  # noqa: N801 (named like the function nodes it stands beside)
             raise ValueError(f"bad group {RAISE_ON_GROUP}")
         if ADVANTAGE_KIND == "nothing":  # forgot its return
             return None
-        if ADVANTAGE_KIND == "worded_metric":
+        if ADVANTAGE_KIND in ("worded_metric", "undeclared"):
+            extra = {METRICS: {"spread": "wide"}} if ADVANTAGE_KIND == "worded_metric" else {"spread": torch.ones(1)}
             return {"advantage": torch.zeros(batch.size), "reward": torch.zeros(batch.size),
-                    "passed": torch.ones(batch.size), METRICS: {"spread": "wide"}}
+                    "passed": torch.ones(batch.size), **extra}
         return {"advantage": ADVANTAGES[ADVANTAGE_KIND](batch), "reward": torch.full((batch.size,), REWARD),
                 "passed": torch.ones(batch.size)}
 
