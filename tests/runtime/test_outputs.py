@@ -121,7 +121,7 @@ def test_a_trainer_that_writes_into_an_input_stops_the_run_before_its_step_is_re
     (("FAKE_ADVANTAGE", "worded_metric"), r"node 'advantage' \(custom\): its __metrics__ 'spread' is str 'wide', not "
                                           r"a number"),
     (("FAKE_ADVANTAGE", "undeclared"), r"node 'advantage' \(custom\): returned 'spread', which it does not declare "
-                                       r"\(its outputs: advantage, reward, passed\); declare it in outputs= to keep it"),
+                                       r"\(its outputs: advantage, reward, passed\); declare it in outputs="),
     (("FAKE_TRAIN_RETURNS_NOTHING", "1"), r"node 'actor' \(ppo-update\): returned NoneType None, not a dict of "
                                           r"numbers for the step's record \(\{\} for none\)"),
 ])
