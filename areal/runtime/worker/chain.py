@@ -115,8 +115,8 @@ LONG_CALLS = LongCalls()  # the worker's one main thread calls its nodes through
 
 
 def returned(n: Node, out: Any) -> dict[str, Any]:
-    """What a node's call returned, which must be a dict: its outputs by port (a trainer's: numbers for the step's
-    record)."""
+    """What a node's call returned, which must be a dict: its declared outputs by port, and FAILED, DROPPED or
+    METRICS (a trainer's: numbers for the step's record). An undeclared output is refused: nothing could read it."""
     if not isinstance(out, Mapping):
         wants = "numbers for the step's record ({} for none)" if n.role == "trainer" else \
             f"its outputs by port ({', '.join(n.outputs)})"
