@@ -74,6 +74,7 @@ class WorkerReports:
                         ", ".join(missing), self.config.faults.long_call_s)
 
     def _on_training_ended(self, worker: WorkerProcess, m: msg.TrainingEnded) -> None:
+        log.info("%s took its last step: version %d", m.model, m.version)
         self.training_ended.add(m.model)
 
     def _step_record(self, m: msg.VersionPublished) -> None:
