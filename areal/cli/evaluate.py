@@ -162,12 +162,13 @@ def evaluate(model: str, settings: EvalSettings, out: Path | None = None,
     chat = uses_chat(tokenizer, "off" if settings.chat_template == "off" else "auto")
     tasks, stops = build_tasks(chat)
     begin = time.perf_counter()
-    outputs = generate_completions(policy, tokenizer, tasks, settings, chat, stops, report)
+    limits = new_token_limits(policy, tokenizer, tasks, chat, settings.new_tokens)
+    outputs = generate_completions(policy, tokenizer, tasks, settings, chat, stops, report, limits)
     generate_s = time.perf_counter() - begin
     begin = time.perf_counter()
     judged = _judge(tasks, outputs, judge, settings, report)
     judge_s = time.perf_counter() - begin
-    for task, limit in zip(judged, new_token_limits(policy, tokenizer, tasks, chat, settings.new_tokens)):
+    for task, limit in zip(judged, limits):
         if limit == 0:  # failed, as a model that cannot read the prompt fails it, and counted apart
             task.rewards, task.reasons = [0.0] * len(task.rewards), [PAST_CONTEXT] * len(task.rewards)
     document = {
@@ -241,8 +242,9 @@ def _benchmark(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, Ev
 
 
 def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]], settings: EvalSettings, chat: bool,
-              stops: list[str], report: Progress) -> list[tuple[str, int]]:
-    """(completion text cut at the first stop string, output tokens) per task × sample, in that order."""
+              stops: list[str], report: Progress, limits: list[int] | None = None) -> list[tuple[str, int]]:
+    """(completion text cut at the first stop string, output tokens) per task × sample, in that order; `limits`: each
+    task's `new_token_limits`, when the caller has them (a task at 0 is not sampled: ("", 0))."""
     from areal.config import GenerationConfig
     from areal.engines import torch_generation_engine
     from areal.engines.generation import GenRequest
@@ -258,7 +260,7 @@ def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]
         top_p=settings.top_p, stop_strings=stops, decode=decode, seed=settings.seed,
     )
     n = settings.samples
-    limits = new_token_limits(policy, tokenizer, tasks, chat, settings.new_tokens)
+    limits = limits or new_token_limits(policy, tokenizer, tasks, chat, settings.new_tokens)
     engine.submit(GenRequest(i * n + j, encode_prompt(tokenizer, task["prompt"], chat),
                              max_new_tokens=limit if limit < settings.new_tokens else None)
                   for i, (task, limit) in enumerate(zip(tasks, limits)) if limit > 0 for j in range(n))
