@@ -98,12 +98,13 @@ def test_kill_9_of_the_whole_run_then_resume_trains_each_acknowledged_sample_onc
     done = sorted(p for p in (run / "checkpoints").glob("step-*") if (p / "controller.json").exists())
     acknowledged = int(done[-1].name.split("-")[1])
     assert acknowledged >= 6
-    assert run_recipe(recipe, overrides=["steps=12"], resume=run, live=False) == 0
+    steps = acknowledged + 6  # past the checkpoint however far the run got: a finished run is not resumed
+    assert run_recipe(recipe, overrides=[f"steps={steps}"], resume=run, live=False) == 0
     after = _trained(run)[len(before):]
     kept = [r for r in before if r["version"] < acknowledged]  # work after the checkpoint is rolled back
     ids = _ids(kept) + _ids(after)
-    assert [r["version"] for r in kept + after] == list(range(12))
-    assert sorted(ids) == list(range(12 * B * G))  # none skipped, none twice
+    assert [r["version"] for r in kept + after] == list(range(steps))
+    assert sorted(ids) == list(range(steps * B * G))  # none skipped, none twice
 
 
 def test_sync_run_resumed_from_a_mid_run_checkpoint_ends_with_bitwise_the_same_weights(tmp_path):
