@@ -287,12 +287,14 @@ def new_token_limits(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]], c
     """Per task, the tokens it may generate: `new_tokens`, or fewer where the model's context
     (max_position_embeddings) ends first; 0 where its prompt fills the context (a position past it is one the model
     never learnt)."""
+    from areal.engines.generation import new_tokens_fitting
     from areal.models.chat import encode_prompt
 
     context = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
     if context is None:
         return [new_tokens] * len(tasks)
-    return [max(0, min(new_tokens, context - len(encode_prompt(tokenizer, task["prompt"], chat)))) for task in tasks]
+    return [new_tokens_fitting(new_tokens, len(encode_prompt(tokenizer, task["prompt"], chat)), context)
+            for task in tasks]
 
 
 def _judge(tasks: list[dict[str, Any]], outputs: list[tuple[str, int]], judge: Any, settings: EvalSettings,

@@ -14,6 +14,13 @@ from areal.engines.lists import list_tensor
 FinishReason = Literal["eos", "length", "stop"]
 
 
+def new_tokens_fitting(wanted: int, prompt_tokens: int, context: int | None) -> int:
+    """The new tokens a sample may take: `wanted`, or fewer where the model's context (max_position_embeddings, None
+    where its config gives none) ends first; 0 where the prompt fills it (a position past it is one the model never
+    learnt)."""
+    return wanted if context is None else max(0, min(wanted, context - prompt_tokens))
+
+
 @dataclass
 class GenRequest:
     """One prompt to complete; `max_new_tokens` and `stop` (strings) override the engine's for this request."""

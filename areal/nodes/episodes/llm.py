@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from areal.engines.generation import new_tokens_fitting
 from areal.nodes.episodes.conversation import (
     Added,
     ChatFormat,
@@ -174,12 +175,10 @@ class EpisodeLLM:
         limit = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
         if limit < 1:
             raise EpisodeError(f"max_new_tokens must be >= 1, got {limit}")
-        if self.context_tokens is not None:
-            room = self.context_tokens - len(context)
-            if room < 1:
-                raise EpisodeError(f"the episode's context is full: {len(context)} tokens of the model's "
-                                   f"{self.context_tokens}")
-            limit = min(limit, room)
+        limit = new_tokens_fitting(limit, len(context), self.context_tokens)
+        if limit < 1:
+            raise EpisodeError(f"the episode's context is full: {len(context)} tokens of the model's "
+                               f"{self.context_tokens}")
         version = self._version()
         self._busy = True
         try:

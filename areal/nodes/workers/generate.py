@@ -100,7 +100,7 @@ class GenerateNode:
             self.report("metrics", values={f"generator_{phase}_share": s / total for phase, s in spent.items()})
 
     def submit(self, batch: Batch, meta: GroupMeta) -> None:
-        from areal.engines.generation import GenRequest
+        from areal.engines.generation import GenRequest, new_tokens_fitting
 
         samples = meta.samples
         groups = batch["group_id"].tolist()
@@ -120,8 +120,8 @@ class GenerateNode:
                 for sid in ids:
                     entry.results[sid], entry.refused[sid] = _never_sampled(sid, prompt_ids), why
                 continue
-            room = None if self.context_tokens is None else self.context_tokens - len(prompt_ids)
-            limit = room if room is not None and room < self.max_new_tokens else None  # the context ends first
+            fitting = new_tokens_fitting(self.max_new_tokens, len(prompt_ids), self.context_tokens)
+            limit = fitting if fitting < self.max_new_tokens else None  # the context ends first
             requests += [GenRequest(request_id=sid, prompt_ids=prompt_ids, max_new_tokens=limit) for sid in ids]
         self.engine.submit(requests)  # checks every request before queueing any: raise before any bookkeeping
         self._pending.update((r.request_id, entry) for r in requests)
