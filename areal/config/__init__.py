@@ -151,6 +151,17 @@ class RunConfig(Section):
                              f"an optimizer step on some of them; at most {samples}")
         return self
 
+    def microbatch_too_small(self) -> str | None:
+        """Why a trainer of this config cannot train a whole completion in one micro-batch, if it cannot: checked
+        once the generator's own settings are in the run's (graph/settings.py), not by a validator of the
+        sections alone, whose max_new_tokens a recipe's generator may override."""
+        budget, longest = self.trainer.microbatch_tokens, self.generation.max_new_tokens
+        if self.trainer.engine == "emulated" or budget > longest:
+            return None
+        return (f"trainer.microbatch_tokens={budget} cannot hold a sample of generation.max_new_tokens={longest} "
+                f"tokens and its prompt: the trainer would stop at the first completion that long; set it to at "
+                f"least the longest prompt + {longest}")
+
     @property
     def effective_staleness(self) -> int:
         """The bound the trainer checks: no trained sample more than this many versions behind."""

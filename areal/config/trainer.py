@@ -34,7 +34,9 @@ class TrainerConfig(Section):
     objective: Literal["decoupled", "standard", "decoupled-shortcut"] = Field(
         "decoupled", description="decoupled PPO (AReaL), standard PPO, or decoupled with the proximal shortcut")
     microbatch_tokens: PositiveInt = Field(4096, description="positions one micro-batch may hold: its rows x "
-                                           "the longest row (torch engine; FSDP counts real tokens)")
+                                           "the longest row (torch engine; FSDP counts real tokens); a sample, "
+                                           "prompt and completion, must fit in one, so it must be more than "
+                                           "generation.max_new_tokens (checked before the run)")
     shared_prefixes: Literal["auto", "on", "off"] = Field(
         "auto", description="torch engine: sequences that share a prompt (a group's samples) run as one row, the "
         "prompt once and each sample's own tokens masked from the others', so a group's prompt is computed once a "

@@ -48,7 +48,13 @@ def resolve_run_config(graph: Graph, config: RunConfig, overrides: tuple[str, ..
     origin = "; ".join(f"{who} sets {', '.join(values)}" for who, values in setters.items())
     resolved = with_values(config, {p: v for p, (v, _) in run_values.items()}, origin)
     for n in graph.nodes.values():
-        node_config(resolved, n)  # each node's view must validate too (a trainer's lr, its ranks and engine)
+        seen = node_config(resolved, n)  # each node's view must validate too (a trainer's lr, its ranks and engine)
+        trains = "trainer.microbatch_tokens" in n.spec.setting_paths.values()
+        too_small = seen.microbatch_too_small() if trains else None
+        if too_small:
+            problems.append(f"{n.describe()}: {too_small}")
+    if problems:
+        raise ConfigError("\n".join(problems))
     return resolved
 
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+from areal.errors import ConfigError
 
-class PackingError(ValueError):
-    """A sequence cannot fit in any micro-batch: it alone is over the token budget."""
+
+class PackingError(ConfigError, ValueError):
+    """A sequence cannot fit in any micro-batch: it alone is over the token budget (a setting to change, so a user
+    error: its message names trainer.microbatch_tokens)."""
 
     def __init__(self, index: int, length: int, max_tokens: int) -> None:
         self.index, self.length, self.max_tokens = index, length, max_tokens

@@ -112,6 +112,18 @@ def test_more_minibatches_than_a_step_has_samples_is_refused_for_the_run_and_for
         load(write_recipe, "nodes.actor.minibatches=100")
 
 
+def test_a_microbatch_budget_that_cannot_hold_a_whole_completion_is_refused_before_the_run(write_recipe):
+    # the generator's completions reach 12 tokens: a budget of 12 cannot hold one with its prompt, and the trainer
+    # would stop at the first completion that long
+    assert load(write_recipe, "trainer.microbatch_tokens=13").node_config("actor").trainer.microbatch_tokens == 13
+    with pytest.raises(ConfigError, match=r"^x.py:\d+: node 'actor' \(ppo-update\): trainer.microbatch_tokens=12 "
+                                          r"cannot hold a sample of generation.max_new_tokens=12 tokens and its "
+                                          r"prompt.*at least the longest prompt \+ 12"):
+        load(write_recipe, "trainer.microbatch_tokens=12")
+    with pytest.raises(ConfigError, match=r"node 'actor' \(ppo-update\): .*trainer.microbatch_tokens=8 cannot hold"):
+        load(write_recipe, "nodes.actor.microbatch_tokens=8")
+
+
 from areal import Float, Int, node  # noqa: E402  (the stand-in advantage the recipe imports)
 
 

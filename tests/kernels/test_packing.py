@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from areal.errors import ConfigError
 from areal.kernels.packing import PackingError, balance_across_ranks, pack_microbatches, padding_waste
 
 budgets = st.integers(min_value=1, max_value=300)
@@ -43,6 +44,7 @@ def test_a_sequence_over_budget_raises_naming_it(case, data):
         pack_microbatches(lengths, budget)
     assert (err.value.index, err.value.length, err.value.max_tokens) == (index, too_long, budget)
     assert f"sequence {index} has {too_long} tokens, over the micro-batch budget of {budget} tokens" in str(err.value)
+    assert isinstance(err.value, ConfigError)  # a setting to change: a node's failure says it without areal's frames
 
 
 def test_packing_balances_load_across_the_minimal_bin_count():
