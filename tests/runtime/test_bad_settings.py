@@ -110,6 +110,18 @@ def test_a_step_of_cut_completions_warns_once_and_a_step_with_one_whole_one_does
     assert warned(3, 1.0) == []  # once a run
 
 
+@pytest.mark.parametrize(("group_size", "hint"), [(1, "group_size=1: a group-relative advantage is 0 for a group "
+                                                    "of one sample"), (8, "every group's samples had equal rewards")])
+def test_a_step_of_zero_advantages_says_the_likelier_cause_for_the_group_size(group_size, hint):
+    from areal.runtime.records.steps import StepRecorder
+
+    said = StepRecorder(0, group_size=group_size, several_trainers=False).warnings(
+        {"version": 3, "wall_s": 1.0, "zero_advantage": 1.0})
+    assert len(said) == 1 and said[0]["warning"].startswith("every advantage of step 3 is 0") and hint in said[0][
+        "warning"]
+    assert ("group_size" in said[0]["warning"]) == (group_size == 1)  # a group of 8 is no cause to name
+
+
 def test_held_out_tasks_are_one_pass_of_the_file_and_repeated_ids_are_kept_and_named(tmp_path, caplog):
     path = tmp_path / "heldout.jsonl"
     tasks = [{"task_id": tid, "problem": f"{i} + 1", "answer": str(i + 1)} for i, tid in enumerate("abcab")]

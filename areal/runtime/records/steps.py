@@ -54,9 +54,10 @@ class StepRecorder:
         """Metrics lines for what a step says is wrong, each said once a run (logged too)."""
         version, found = record["version"], []
         if record.get("zero_advantage") == 1.0:
+            why = ("group_size=1: a group-relative advantage is 0 for a group of one sample; sample more per prompt"
+                   if self.group_size == 1 else "every group's samples had equal rewards: all solved or all failed?")
             found.append(("zero_advantage", f"every advantage of step {version} is 0: the update cannot move the "
-                          f"policy (group_size={self.group_size} with a group-normalised advantage, or every group's "
-                          "rewards equal?)"))
+                          f"policy ({why})"))
         if record.get("empty_share") == 1.0:
             found.append(("empty", f"every sample step {version} trained had an empty completion: the model wrote "
                           "nothing before a stop string or its end token. Check generation.stop (or the generate "
