@@ -63,7 +63,10 @@ def test_a_worker_file_stops_at_its_size_and_a_torn_last_line_is_skipped(tmp_pat
 def test_a_bad_condition_says_what_is_expected(tmp_path):
     with pytest.raises(ConfigError, match="expected FIELD OP VALUE"):
         select([], where=["reward"])
-    with pytest.raises(ConfigError, match="no samples/ folder"):
+    with pytest.raises(ConfigError, match=r"no samples/ folder, .*\(written by runs with records.samples=true"):
+        read_samples(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"records": {"samples": False}}))
+    with pytest.raises(ConfigError, match=r"no samples/ folder, .*\(the run was made with records.samples=false"):
         read_samples(tmp_path)
 
 

@@ -55,8 +55,7 @@ def read_samples(run_dir: str | Path) -> dict[int, SampleRecord]:
     """Every sample the run's workers wrote about, by id; a later line about the same thing wins."""
     folder = Path(run_dir) / FOLDER
     if not folder.is_dir():
-        raise ConfigError(f"{run_dir}: no {FOLDER}/ folder, so no per-sample records (written by runs with "
-                          "records.samples=true, the default, since this areal)")
+        raise ConfigError(f"{run_dir}: no {FOLDER}/ folder, so no per-sample records ({_why_none(Path(run_dir))})")
     records: dict[int, SampleRecord] = {}
     for path in sorted(folder.glob("*.jsonl")):
         fold(records, JsonlTail(path).read())
@@ -145,3 +144,14 @@ def _condition(text: str, names: set[str]) -> Callable[[SampleRecord], bool]:
             return bool(_OPS[op](str(value), str(wanted)))
 
     return test
+
+
+def _why_none(run_dir: Path) -> str:
+    """The run's own setting where its config says it was off, else the areal that first wrote records."""
+    try:
+        written = json.loads((run_dir / "config.json").read_text())["records"]["samples"]
+    except (OSError, ValueError, KeyError, TypeError):
+        written = True
+    if written is False:
+        return "the run was made with records.samples=false; a run with it true, the default, writes them"
+    return "written by runs with records.samples=true, the default, since this areal"
