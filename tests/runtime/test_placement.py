@@ -3,6 +3,7 @@ single-node Ray runs the small custom-node graph with every sample trained exact
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ import pytest
 from areal.cli.progress import live_table
 from areal.cli.run import build_controller
 from areal.config import ClusterConfig, RunConfig
-from areal.errors import ConfigError
+from areal.errors import ConfigError, RunError
 from areal.graph.recipe import load_recipe
 from areal.overrides import apply_overrides
 from areal.runtime.compiler.cluster import MISSING_RAY
@@ -95,7 +96,8 @@ def test_a_worker_binds_host_node_on_the_ip_its_ray_actor_reported(monkeypatch):
 
 
 def test_local_backend_is_the_local_launcher():
-    assert type(launcher_for(ClusterConfig())).__name__ == "LocalLauncher"
+    recipe = load_recipe(RECIPE, [])
+    assert type(launcher_for(ClusterConfig(), compile_plan(recipe.graph, recipe.config))).__name__ == "LocalLauncher"
 
 
 @pytest.fixture
@@ -118,6 +120,29 @@ def test_the_plan_under_ray_shows_the_node_each_replica_lands_on_and_keeps_no_re
     assert all(g["state"] == "REMOVED" for g in local_ray.util.placement_group_table().values())
     shown = plan.table(lands_on(plan, recipe.config.cluster)).columns[-1]
     assert shown.header == "lands on" and list(shown.cells)[1] == f"[0] {node}\n[1] {node}"
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(60)
+def test_a_ray_of_the_runs_own_is_given_the_pools_cpus_and_refuses_at_once_what_no_node_of_it_has(tmp_path):
+    # more CPUs than the machine's cores: they share the cores, as under the local backend (a 2-core machine waited
+    # 120 s for a third CPU); a GPU or a custom resource it lacks is said at once, not after ready_timeout_s
+    ray = pytest.importorskip("ray")
+    cores = os.cpu_count() or 1
+    launcher = RayLauncher(ClusterConfig(backend="ray", ready_timeout_s=300, resources={"rollout": {"gen": 1}}),
+                           cpus_wanted=cores + 3)
+    try:
+        assert ray.cluster_resources()["CPU"] == cores + 3
+        recipe = load_recipe(RECIPE, ["cluster.backend=ray", 'placement={"rollout": 2}'])
+        plan = compile_plan(recipe.graph, recipe.config)
+        with pytest.raises(RunError, match=r"pool 'rollout' needs \{'gen': 2\} in all, and this run's own Ray on "
+                                           r"this machine has \{'gen': 0\}; no node joins it"):
+            launcher.start(worker_spec(plan, tmp_path / "plan.json", "rollout", 0, 0, None, tmp_path / "log"))
+        spec = worker_spec(plan, tmp_path / "plan.json", "actor", 0, 0, None, tmp_path / "log")
+        with pytest.raises(RunError, match=r"pool 'actor' needs \{'GPU': 1\} in all.*has \{'GPU': 0\}"):
+            launcher.start(dataclasses.replace(spec, gpus=1))
+    finally:
+        ray.shutdown()
 
 
 @pytest.mark.cluster

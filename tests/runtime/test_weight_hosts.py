@@ -68,7 +68,7 @@ class _TwoHosts:
 
 
 def test_a_run_whose_launcher_puts_the_shm_trainer_apart_from_its_generators_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr("areal.runtime.controller.controller.launcher_for", lambda cluster: _TwoHosts())
+    monkeypatch.setattr("areal.runtime.controller.controller.launcher_for", lambda cluster, plan: _TwoHosts())
     controller = build_controller(RECIPE, ["transport.weights=shm", "steps=1"], tmp_path / "run")
     with pytest.raises(ConfigError, match=r"(?s)transport\.weights=shm: model 'actor' is trained on host 10\.0\.0\.1 "
                                           r"\(actor\[0\]\), but rollout\[0\] .* runs on host 10\.0\.0\.2.*"

@@ -189,7 +189,7 @@ class Controller(WorkerReports, WorkerRecovery):
         version = self.versions.current[pool] if spec.role == "train" else self.versions.sampled(spec.model or None)
         launch = worker_spec(self.plan, self._plan_path, pool, replica, version, self.resume_dir, log_path)
         try:
-            process = launcher_for(self.config.cluster).start(launch)
+            process = launcher_for(self.config.cluster, self.plan).start(launch)
         except OSError as err:  # its log cannot be opened: a run directory made read-only, a full disk
             raise RunError(f"cannot start {worker_id}: {err.strerror} ({err.filename or log_path}); a run needs "
                            f"its directory {self.run_dir} writable to the end") from None

@@ -36,7 +36,7 @@ def lands_on(plan: Plan, cluster: ClusterConfig) -> dict[str, list[str]]:
     """Pool -> the machine each replica would run on now: this one, or under Ray the node its bundle gets."""
     if cluster.backend == "local":
         return {p.name: ["this machine"] * p.replicas for p in plan.pools[1:]}
-    launcher = launcher_for(cluster)
+    launcher = launcher_for(cluster, plan)
     assert isinstance(launcher, RayLauncher)
     shown: dict[str, list[str]] = {p.name: [] for p in plan.pools[1:]}
     for pool, _, node in launcher.landing(_specs(plan), keep=False):
@@ -47,21 +47,23 @@ def lands_on(plan: Plan, cluster: ClusterConfig) -> dict[str, list[str]]:
 def weights_landing(plan: Plan, cluster: ClusterConfig) -> list[tuple[str, int, str]]:
     """(pool, replica, host) of every replica, before any starts: under Ray its bundle is reserved now and kept for
     it, so what transport.weights=auto decides from this is where the workers run."""
-    launcher = launcher_for(cluster)
+    launcher = launcher_for(cluster, plan)
     if not isinstance(launcher, RayLauncher):
         return [(p.name, r, "local") for p in plan.pools[1:] for r in range(p.replicas)]
     return launcher.landing(_specs(plan), keep=True)
 
 
-def launcher_for(cluster: ClusterConfig) -> Launcher:
-    """The launcher a run's cluster config asks for. Ray state is kept per Ray session (one per process)."""
+def launcher_for(cluster: ClusterConfig, plan: Plan) -> Launcher:
+    """The launcher a run's cluster config asks for. Ray state is kept per Ray session (one per process); a Ray
+    the run starts itself is told the CPUs the plan's pools take."""
     if cluster.backend == "local":
         return LocalLauncher()
     session = ray_session()
     key = cluster.model_dump_json()  # the config holds dicts: not hashable itself
     launcher = _RAY_LAUNCHERS.get(key)
     if launcher is None or session is None or launcher.session != session:
-        launcher = _RAY_LAUNCHERS[key] = RayLauncher(cluster)
+        cpus = sum(p.threads * p.replicas for p in plan.pools[1:])
+        launcher = _RAY_LAUNCHERS[key] = RayLauncher(cluster, cpus)
     return launcher
 
 

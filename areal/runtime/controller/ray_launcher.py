@@ -214,13 +214,23 @@ class RayHandle:
 class RayLauncher:
     """One placement group per pool (a bundle per replica); one actor per replica in its bundle."""
 
-    def __init__(self, cluster: ClusterConfig) -> None:
+    def __init__(self, cluster: ClusterConfig, cpus_wanted: int = 0) -> None:
         self.ray = import_ray()
         self.cluster = cluster
-        if not self.ray.is_initialized():
-            # None starts a Ray of this run's own ("local": Ray would otherwise join whatever cluster
-            # this machine last started); "auto" or "ray://..." joins a cluster
-            self.ray.init(address=cluster.address or "local", include_dashboard=False, log_to_driver=False)
+        # a Ray this run starts on this machine: no node ever joins it, so what it lacks is never waited for
+        self.own = cluster.address is None and not self.ray.is_initialized()
+        if self.own:
+            # "local": Ray would otherwise join whatever cluster this machine last started. Told the CPUs the pools
+            # take where the machine has fewer cores: they share the cores, as under cluster.backend=local
+            cores = os.cpu_count() or 1
+            if cpus_wanted > cores:
+                log.warning("cluster.backend=ray without cluster.address: this run's own Ray on this machine is "
+                            "given %d CPUs, the pools' threads, for its %d cores: the pools share them, as under "
+                            "cluster.backend=local", cpus_wanted, cores)
+            self.ray.init(address="local", num_cpus=max(cores, cpus_wanted), include_dashboard=False,
+                          log_to_driver=False)
+        elif not self.ray.is_initialized():  # "auto" or "ray://...": join a cluster
+            self.ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
         self.session = ray_session()
         self.home = str(self.ray.get_runtime_context().get_node_id())  # the controller's node
         self._actor_class = self.ray.remote(max_restarts=0)(WorkerActor)
@@ -314,6 +324,8 @@ class RayLauncher:
             group = self.ray.util.placement_group([dict(bundle) for _ in range(spec.replicas)], strategy=strategy)
             # the run's first reservation is waited for, so that a cluster without room says so at once; a pool
             # whose every replica died (a lost node) is started again without waiting: its workers say they wait
+            if key not in self._reserved and self.own:
+                self._check_own_ray_holds(spec, bundle)
             if key not in self._reserved:
                 ready, _ = self.ray.wait([group.ready()], timeout=self.cluster.ready_timeout_s)
                 if not ready:
@@ -327,6 +339,17 @@ class RayLauncher:
             self._reserved.add(key)
             self._groups[key] = group
         return self._groups[key]
+
+    def _check_own_ray_holds(self, spec: WorkerSpec, bundle: dict[str, float]) -> None:
+        """A RunError at once where this run's own Ray can never hold a pool (no node joins it): a GPU on a
+        machine without one, a custom resource of cluster.resources."""
+        totals = self.ray.cluster_resources()
+        short = {k: v * spec.replicas for k, v in bundle.items() if v * spec.replicas > totals.get(k, 0)}
+        if short:
+            has = {k: totals.get(k, 0) for k in short}
+            raise RunError(f"pool '{spec.pool}' needs {short} in all, and this run's own Ray on this machine has "
+                           f"{has}; no node joins it: start a Ray cluster with them (ray start --resources=... "
+                           "for custom ones) and join it with cluster.address=auto, or ask for fewer")
 
 
 def check_endpoints(endpoints: tuple[str, ...]) -> None:
