@@ -123,6 +123,19 @@ def test_the_plan_under_ray_shows_the_node_each_replica_lands_on_and_keeps_no_re
 
 
 @pytest.mark.cluster
+def test_a_cluster_without_room_for_a_pool_says_what_it_needs_and_the_cpus_free_after_ready_timeout(local_ray,
+                                                                                                   tmp_path):
+    recipe = load_recipe(RECIPE, ["cluster.backend=ray", 'placement={"rollout": 5}', "cluster.ready_timeout_s=1"])
+    plan = compile_plan(recipe.graph, recipe.config)
+    launcher = RayLauncher(recipe.config.cluster)  # joins the test's Ray of 4 CPUs: one it did not start
+    with pytest.raises(RunError) as refused:
+        launcher.start(worker_spec(plan, tmp_path / "plan.json", "rollout", 0, 0, None, tmp_path / "log"))
+    assert str(refused.value) == ("pool 'rollout': Ray could not reserve 5 x {'CPU': 1} (PACK, total {'CPU': 5}) "
+                                  "within 1 s; the cluster has {'CPU': 4.0} free. Lower the pool's replicas or "
+                                  "threads, or add nodes")
+
+
+@pytest.mark.cluster
 @pytest.mark.timeout(60)
 def test_a_ray_of_the_runs_own_is_given_the_pools_cpus_and_refuses_at_once_what_no_node_of_it_has(tmp_path):
     # more CPUs than the machine's cores: they share the cores, as under the local backend (a 2-core machine waited

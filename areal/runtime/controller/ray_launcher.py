@@ -282,10 +282,14 @@ class RayLauncher:
         table = self.ray.util.placement_group_table(group) if group is not None else {}
         if table.get("state") == "CREATED":
             return None
-        free = {k: v for k, v in self.ray.available_resources().items()
-                if "_group_" not in k and not k.startswith("node:") and "memory" not in k}
         return (f"{spec.worker_id} waits for Ray to place it ({waited_s:.0f} s): each '{spec.pool}' replica needs "
-                f"{self._bundle(spec)}, the cluster has {free} free; it starts when a node with room for it joins")
+                f"{self._bundle(spec)}, the cluster has {self._free()} free; it starts when a node with room for it "
+                "joins")
+
+    def _free(self) -> dict[str, float]:
+        """The cluster's free resources a bundle may ask for (not Ray's own bookkeeping of groups and nodes)."""
+        return {k: v for k, v in self.ray.available_resources().items()
+                if "_group_" not in k and not k.startswith("node:") and "memory" not in k}
 
     def away(self, spec: WorkerSpec) -> dict[str, Any] | None:
         """What an actor needs to make a copy of the run directory on a node without it; None when shared."""
@@ -334,7 +338,7 @@ class RayLauncher:
                     raise RunError(
                         f"pool '{spec.pool}': Ray could not reserve {spec.replicas} x {bundle} ({strategy}, total "
                         f"{total}) within {self.cluster.ready_timeout_s:.0f} s; the cluster has "
-                        f"{self.ray.available_resources()} free. Lower the pool's replicas or threads, or add nodes"
+                        f"{self._free()} free. Lower the pool's replicas or threads, or add nodes"
                     )
             self._reserved.add(key)
             self._groups[key] = group
