@@ -50,7 +50,8 @@ def test_placement_of_a_node_that_has_no_pool_of_its_own_is_refused(tmp_path):
 
 def test_max_new_tokens_beyond_the_models_context_stops_the_run_at_once_naming_the_setting(tmp_path):
     model = make_checkpoint(tmp_path / "ckpt")  # max_position_embeddings=256
-    controller = _controller(tmp_path, TINY_RL, f"model={model}", "generation.max_new_tokens=5000")
+    controller = _controller(tmp_path, TINY_RL, f"model={model}", "generation.max_new_tokens=5000",
+                             "trainer.microbatch_tokens=8192")
     with pytest.raises(RunError, match=r"generation.max_new_tokens=5000 leaves no room for a prompt in the model's "
                                        r"context of 256 tokens (?s:.*)while setting up") as raised:
         controller.run()

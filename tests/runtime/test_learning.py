@@ -52,6 +52,27 @@ def test_a_rounds_error_counts_each_tasks_own_samples():
         math.sqrt(0.5 * 0.5 / 1) / 3)
 
 
+@pytest.mark.parametrize(("rewards", "solved", "warned"), [
+    ([0.97, 0.4, 0.0, 0.0], [False] * 4, True),  # a combined reward that never reaches 1: pass@1 0, said
+    ([0.0] * 4, [False] * 4, False),  # nothing earned anything: a weak model, nothing to say
+    ([1.0, 0.4, 0.0, 0.0], [True, False, False, False], False),  # one solved
+])
+def test_a_round_that_solves_nothing_though_its_rewards_are_positive_says_what_counts_as_solved(rewards, solved,
+                                                                                                warned):
+    from areal.runtime.records.steps import StepRecorder
+
+    held = HeldOut([{"task_id": "a"}, {"task_id": "b"}], samples=2)
+    held.start(0, lambda tasks, groups: groups)
+    record = held.scored(0, [-1, -2, -3, -4], rewards, solved) | {"wall_s": 1.0}
+    assert record["reward_max"] == max(rewards)
+    said = StepRecorder(0, 8, False, "combine.reward ≥ 1").warnings(record)
+    assert bool(said) == warned
+    if warned:
+        assert said[0]["warning"].startswith("no sample of the held-out round at version 0 counted as solved "
+                                             "(combine.reward ≥ 1), though its rewards reached 0.97")
+        assert "eval.solved=NODE.PORT" in said[0]["warning"]
+
+
 def _task_batch(tasks: list[dict], groups: list[int]):
     import torch
 

@@ -110,8 +110,8 @@ class Controller(WorkerReports, WorkerRecovery):
                                      keep_lines=int(saved.get("metrics_lines", 0)) if saved else None)
         # the samples' fate where the controller decides it: admitted, or dropped by the staleness policy
         self.sample_log = SampleLog(self.run_dir, "controller", config.records) if config.records.samples else None
-        # a resumed run's rates count only its own work
-        self.steps = StepRecorder(len(self.accounting.trained), config.group_size, len(self.trainers) > 1)
+        self.steps = StepRecorder(len(self.accounting.trained), config.group_size, len(self.trainers) > 1,
+                                  f"{plan.solved_field} ≥ {plan.solved_at:g}")  # a resumed run's rates: its own work
         self.restarts = Restarts(config.faults, plan)
         self.workers: dict[str, WorkerProcess] = {}
         self.bad_tasks: list[str] = []
@@ -314,7 +314,8 @@ class Controller(WorkerReports, WorkerRecovery):
     def _eval_done(self, record: dict[str, Any]) -> None:
         record["wall_s"] = self._wall()
         self.state.evals.append(record)
-        self.metrics.write(record)
+        for line in [record, *self.steps.warnings(record)]:
+            self.metrics.write(line)
 
     # -- events ---------------------------------------------------------------------------
 

@@ -108,7 +108,8 @@ class HeldOut:
         return {"kind": "eval", "round": round_id, "version": pending.version, "tasks": tasks,
                 "samples": pending.n, "pass@1": passed / max(pending.n, 1),
                 "pass@1_se": pass_at_1_error(per_task, self.samples),
-                "reward_mean": sum(rewards) / max(pending.n, 1), "failed": len(pending.failed)}
+                "reward_mean": sum(rewards) / max(pending.n, 1), "reward_max": max(rewards, default=None),
+                "failed": len(pending.failed)}
 
     def in_flight(self) -> list[tuple[Batch, GroupMeta]]:
         """The chunks of unfinished rounds with a sample neither scored nor failed (to send again after a crash)."""
