@@ -104,16 +104,30 @@ def test_the_math_reward_reads_a_number_as_its_reference_and_fails_a_sample_with
 
 
 def test_a_reward_that_overflows_float32_or_is_not_a_number_fails_its_sample_not_the_worker():
-    outcomes = [1e39, None, "1.0", True, -1e39, 0.5]
-    out = RewardNode(lambda programs, tests: outcomes)(_batch(6))
+    outcomes = [1e39, None, "1.0", True, -1e39, 0.5, False]
+    out = RewardNode(lambda programs, tests: outcomes)(_batch(7))
     assert out[FAILED] == {
         0: "reward is 1e+39 (inf as float32)",
         1: "the reward function returned NoneType None, not a number",
         2: "the reward function returned str '1.0', not a number",
-        3: "the reward function returned bool True, not a number",
         4: "reward is -1e+39 (-inf as float32)",
     }
-    assert out["reward"].dtype == torch.float32 and out["reward"][5].item() == 0.5
+    assert out["reward"].dtype == torch.float32 and out["reward"][[3, 5, 6]].tolist() == [1.0, 0.5, 0.0]
+
+
+@pytest.mark.parametrize("returned", [
+    lambda c, a: [x == y for x, y in zip(c, a)],  # the natural check: bools
+    lambda c, a: np.array(c) == np.array(a),  # numpy's bools
+    lambda c, a: [np.float32(x == y) for x, y in zip(c, a)],  # numpy scalars
+    lambda c, a: torch.tensor([x == y for x, y in zip(c, a)]),  # a bool tensor
+])
+def test_a_reward_of_bools_or_numpy_scalars_is_one_for_true_and_zero_for_false(returned):
+    def judge(completion, answer):
+        return returned(completion, answer)
+
+    batch = Batch({"completion": ["4", "5", "6"], "answer": ["4", "4", "6"], "sample_id": torch.arange(3)})
+    out = RewardNode(judge)(batch)
+    assert out[FAILED] == {} and out["reward"].tolist() == [1.0, 0.0, 1.0]
 
 
 def test_a_reward_function_with_a_setup_gets_the_workers_context():

@@ -1,9 +1,9 @@
 """What runs inside a reward worker: call the reward function, sort outcomes from failures.
 
-A wrong, crashing or timed-out program earns its reward (usually 0): that is the program's
-doing. A NaN or infinite reward (checked as float32, the dtype the trainer sees), a value that
-is not a number (None, a string), an exception from the reward function, or an outcome whose
-reason says the machinery broke (`sandbox_error`) is a failure of the reward itself: the sample
+A wrong, crashing or timed-out program earns its reward (usually 0): that is the program's doing. A bool is a
+reward of 1 or 0 (`[answer == reference ...]`). A NaN or infinite reward (checked as float32, the dtype the
+trainer sees), a value that is not a number (None, a string), an exception from the reward function, or an
+outcome whose reason says the machinery broke (`sandbox_error`) is a failure of the reward itself: the sample
 is marked failed with its reason, counted and reported, never scored.
 """
 
@@ -60,9 +60,11 @@ class RewardNode:
         for row, outcome in enumerate(outcomes):
             value = getattr(outcome, "reward", outcome)
             reason = getattr(outcome, "reason", None)
-            if isinstance(value, torch.Tensor) and value.numel() == 1:
-                value = value.item()  # a row of a tensor of rewards
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            if isinstance(value, torch.Tensor) and value.numel() == 1 or getattr(value, "ndim", None) == 0:
+                value = value.item()  # a row of a tensor or an array of rewards, a numpy scalar
+            if isinstance(value, bool):
+                value = float(value)  # `answer == reference`: solved or not, 1 or 0
+            if not isinstance(value, numbers.Real):
                 failed[row] = f"the reward function returned {type(value).__name__} {value!r:.60}, not a number"
                 value = float("nan")
             elif reason in MACHINERY_FAILURES:
