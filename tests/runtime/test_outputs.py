@@ -48,6 +48,29 @@ def test_a_broken_contract_names_the_node_the_port_and_what_differs(value, says)
         check(score=value)
 
 
+@pytest.mark.parametrize(("value", "says"), [
+    (torch.zeros(3, 4), "output 'logp' is declared float32[S,T] (per token) and must be a Ragged or a list of each "
+                        "sample's values, got Tensor: a padded [samples, longest] tensor would count its padding as "
+                        "tokens; Ragged.from_rows(rows) makes one"),
+    ([torch.zeros(2, 2)] * 3, "output 'logp' is declared float32[S,T] (per token): each sample's values must have one "
+                              "entry per token, got a 2-dimensional row"),
+    ([[0.0], ["x"], [1.0]], "output 'logp' is declared float32[S,T] (per token): its list must hold each sample's "
+                            "values"),
+    ([torch.zeros(2)] * 4, "output 'logp' has 4 rows for a batch of 3"),
+])
+def test_a_per_token_output_that_is_no_ragged_or_list_of_rows_is_refused_saying_how_to_make_one(value, says):
+    with pytest.raises(NodeContractError, match=r"node 'scorer' \(custom\): " + re.escape(says)):
+        check(logp=value)
+
+
+def test_a_per_token_output_may_be_a_list_of_each_samples_values_tensors_or_numbers():
+    rows = [torch.tensor([0.5, 1.0], dtype=torch.float64), [2, 3, 4], []]
+    out, failed = check(logp=rows)
+    assert isinstance(out["logp"], Ragged) and out["logp"].values.dtype == torch.float32 and failed == {}
+    assert out["logp"].lengths.tolist() == [2, 3, 0]
+    assert out["logp"].values.tolist() == [0.5, 1.0, 2.0, 3.0, 4.0]
+
+
 def test_values_are_cast_to_the_declared_dtype_and_non_finite_rows_fail_with_their_reason():
     out, failed = check(score=torch.tensor([1e39, 0.5, 2.0], dtype=torch.float64),  # inf once it is float32
                         logp=Ragged.from_rows([torch.zeros(2), torch.tensor([0.0, float("nan")]), torch.zeros(1)]),

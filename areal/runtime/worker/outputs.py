@@ -70,9 +70,14 @@ def _cast(ptype: PortType, value: Any, rows: int) -> Any:
         _rows(len(value), rows)
         return value
     token = ptype.level == "token"
+    if token and isinstance(value, list):
+        value = _rows_as_ragged(ptype, value)
     tensor = value.values if token and isinstance(value, Ragged) else value
     if token and not isinstance(value, Ragged):
-        raise ValueError(f"is declared {ptype} (per token) and must be a Ragged, got {type(value).__name__}")
+        hint = (": a padded [samples, longest] tensor would count its padding as tokens" if isinstance(value, Tensor)
+                else "")
+        raise ValueError(f"is declared {ptype} (per token) and must be a Ragged or a list of each sample's values, "
+                         f"got {type(value).__name__}{hint}; Ragged.from_rows(rows) makes one (areal.graph.batch)")
     if not isinstance(tensor, Tensor):
         raise ValueError(f"is declared {ptype} and must be a tensor, got {type(value).__name__} "
                          f"(torch.as_tensor(value, dtype={TORCH_DTYPES[ptype.dtype]}) makes one)")
@@ -91,6 +96,21 @@ def _cast(ptype: PortType, value: Any, rows: int) -> Any:
         return value
     cast = tensor.to(want)
     return Ragged(cast, value.offsets) if token else cast
+
+
+def _rows_as_ragged(ptype: PortType, rows: list[Any]) -> Ragged:
+    """A list of each sample's values (tensors or lists of numbers) as a Ragged of them."""
+    try:
+        tensors = [row if isinstance(row, Tensor) else torch.as_tensor(row, dtype=TORCH_DTYPES[ptype.dtype])
+                   for row in rows]
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"is declared {ptype} (per token): its list must hold each sample's values, a tensor or a "
+                         f"list of numbers ({err})") from None
+    flat = [t.dim() for t in tensors if t.dim() != 1 + sum(d.isdigit() for d in ptype.dims)]
+    if flat:
+        raise ValueError(f"is declared {ptype} (per token): each sample's values must have one entry per token, got "
+                         f"a {flat[0]}-dimensional row")
+    return Ragged.from_rows(tensors, dtype=None if tensors else TORCH_DTYPES[ptype.dtype])
 
 
 def _rows(got: int, rows: int) -> None:
