@@ -43,6 +43,12 @@ class ConfiguredTasks:
     def __repr__(self) -> str:
         return f"{self.schema}_tasks({self.split!r})"
 
+    def __iter__(self) -> Any:
+        """Refused: which tasks this stands for is the run's config's to say, and the run reads them."""
+        raise TypeError(f"{self!r} stands for the tasks a run's config names (data.path, else the built-in set), read "
+                        f"as the run starts; to read them here: {self!r}.configure(RunConfig()) (or with the run's "
+                        f"RunConfig), or builtin_{self.schema}_tasks({self.split!r}) for the built-in set")
+
     def named(self, config: RunConfig) -> tuple[str, str | None]:
         """The data key that names this split's tasks under `config`, and what it names (a file or builtin:NAME);
         None for the held-out split of a run that trains on a file and names no held-out one."""

@@ -32,6 +32,14 @@ def test_math_tasks_read_data_path_with_the_math_schema_else_the_builtin_set(tmp
     assert math_tasks("test").fields == ("task_id", "prompt", "answer")
 
 
+def test_reading_a_config_chosen_source_outside_a_run_says_how_to_read_its_tasks():
+    with pytest.raises(TypeError, match=r"^code_tasks\('train'\) stands for the tasks a run's config names .*: "
+                                        r"code_tasks\('train'\).configure\(RunConfig\(\)\) .*, or "
+                                        r"builtin_code_tasks\('train'\) for the built-in set$"):
+        next(iter(code_tasks("train")))
+    assert set(next(iter(code_tasks("train").configure(RunConfig())))) >= set(code_tasks("train").fields)
+
+
 def test_a_bad_data_file_is_named_with_its_config_key(tmp_path):
     code = tmp_path / "code.jsonl"
     code.write_text(json.dumps({"prompt": "def f(x):\n", "fn_name": "f", "inputs": [[1]], "outputs": [2]}) + "\n")
