@@ -249,6 +249,7 @@ def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]
     from areal.engines import torch_generation_engine
     from areal.engines.generation import GenRequest
     from areal.models.chat import encode_prompt
+    from areal.models.loading import pad_token_id
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
@@ -256,7 +257,7 @@ def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]
     # the run's own engine: the fixed decode step where the lean forward knows the model
     engine = torch_generation_engine(
         policy, GenerationConfig(max_batch=settings.max_batch), eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=_pad_id(tokenizer), max_new_tokens=settings.new_tokens, temperature=settings.temperature,
+        pad_token_id=pad_token_id(tokenizer), max_new_tokens=settings.new_tokens, temperature=settings.temperature,
         top_p=settings.top_p, stop_strings=stops, decode=decode, seed=settings.seed,
     )
     n = settings.samples
@@ -326,7 +327,3 @@ def _judge(tasks: list[dict[str, Any]], outputs: list[tuple[str, int]], judge: A
                              [results[r].reason for r in rows], [outputs[r][1] for r in rows]))
     return judged
 
-
-def _pad_id(tokenizer: Any) -> int:
-    """A pad id for left padding (masked out, so any id will do): the tokenizer's, else eos."""
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -155,13 +155,13 @@ def train_engine(config: RunConfig, model: Callable[[], PreTrainedModel]) -> Tra
 
 def _torch_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any, weights: Path | None,
                       version: int, decode: Callable[[list[int]], str]) -> GenerationEngine:
-    from areal.models.loading import load_model
+    from areal.models.loading import load_model, pad_token_id
 
     assert checkpoint is not None  # only an emulated device runs without one
     model = load_model(checkpoint, dtype=config.dtype).to(torch_device(config.generation.device))
     if weights is not None:
         model.load_state_dict(load_file(str(weights)))
-    return torch_generation_engine(model, config.generation, pad_token_id=tokenizer.pad_token_id,
+    return torch_generation_engine(model, config.generation, pad_token_id=pad_token_id(tokenizer),
                                    **_sampling(config, tokenizer, version, decode))
 
 

@@ -100,6 +100,15 @@ def holds_char_tokenizer(path: Path) -> bool:
 TOKENIZER_PROBE = "def f(x):\n    return x + 1  # 2 + 2 = 4"  # any real tokenizer gives it some tokens
 
 
+def pad_token_id(tokenizer: Any) -> int:
+    """The id padded rows are filled with (masked out or past the row's end, so any id will do): the tokenizer's
+    pad, else its eos (GPT-2's and Llama 3's tokenizers have no pad), else 0."""
+    for found in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if found is not None:
+            return int(found)
+    return 0
+
+
 def load_tokenizer(path: Path) -> Any:
     """CharTokenizer for our own checkpoints (AutoTokenizer does not know it), else AutoTokenizer, refused when it
     encodes text as no tokens: transformers builds an empty tokenizer of the model's family for a directory that

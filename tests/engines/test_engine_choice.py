@@ -98,6 +98,31 @@ def test_the_factories_build_the_torch_engines_by_default_with_the_given_weights
         assert GenerationConfig(**setting).refill_rows == rows
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])  # Hugging Face's forward, the lean one
+def test_a_tokenizer_without_a_pad_token_generates_padded_rows_with_its_eos(tmp_path, family):
+    # GPT-2's and Llama 3's tokenizers have no pad token: prompts of different lengths are padded all the same
+    import transformers
+    from tokenizers import Tokenizer, models
+
+    from areal.engines.generation import GenRequest
+
+    vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate("abcdefgh")}}
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="a")),
+                                                eos_token="<eos>")
+    assert fast.pad_token_id is None
+    shape = dict(vocab_size=len(vocab), eos_token_id=0, bos_token_id=0)
+    model = (transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, **shape))
+             if family == "gpt2" else transformers.LlamaForCausalLM(transformers.LlamaConfig(
+                 hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, **shape)))
+    model.save_pretrained(tmp_path / family)
+    fast.save_pretrained(tmp_path / family)
+    config = RunConfig(model=str(tmp_path / family), generation={"max_new_tokens": 4, "stop": []})
+    engine = generation_engine(config, tmp_path / family, load_tokenizer(tmp_path / family), weights=None, version=0,
+                               decode=fast.decode)
+    done = engine.generate([GenRequest(0, [1, 2, 3, 4, 5]), GenRequest(1, [6])])
+    assert sorted(r.request_id for r in done) == [0, 1] and all(len(r.output_ids) >= 1 for r in done)
+
+
 def test_decode_step_picks_the_engine_and_a_model_the_lean_forward_does_not_know_keeps_hfs_forward(capsys, tmp_path):
     import transformers
 
