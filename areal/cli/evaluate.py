@@ -246,17 +246,18 @@ def generate_completions(policy: Any, tokenizer: Any, tasks: list[dict[str, Any]
     """(completion text cut at the first stop string, output tokens) per task × sample, in that order; `limits`: each
     task's `new_token_limits`, when the caller has them (a task at 0 is not sampled: ("", 0))."""
     from areal.config import GenerationConfig
-    from areal.engines import torch_generation_engine
+    from areal.engines import ending, torch_generation_engine
     from areal.engines.generation import GenRequest
     from areal.models.chat import encode_prompt
-    from areal.models.loading import pad_token_id
+    from areal.models.loading import end_token_ids, pad_token_id
 
     def decode(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=True)
 
     # the run's own engine: the fixed decode step where the lean forward knows the model
     engine = torch_generation_engine(
-        policy, GenerationConfig(max_batch=settings.max_batch), eos_token_id=tokenizer.eos_token_id,
+        policy, GenerationConfig(max_batch=settings.max_batch),
+        **ending(end_token_ids(tokenizer, getattr(getattr(policy, "generation_config", None), "eos_token_id", None))),
         pad_token_id=pad_token_id(tokenizer), max_new_tokens=settings.new_tokens, temperature=settings.temperature,
         top_p=settings.top_p, stop_strings=stops, decode=decode, seed=settings.seed,
     )

@@ -162,7 +162,7 @@ def _torch_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any
     if weights is not None:
         model.load_state_dict(load_file(str(weights)))
     return torch_generation_engine(model, config.generation, pad_token_id=pad_token_id(tokenizer),
-                                   **_sampling(config, tokenizer, version, decode))
+                                   **_sampling(config, tokenizer, version, decode, checkpoint))
 
 
 def torch_generation_engine(model: PreTrainedModel, gen: GenerationConfig, **settings: Any) -> GenerationEngine:
@@ -204,7 +204,8 @@ def _vllm_generation(config: RunConfig, checkpoint: Path | None, tokenizer: Any,
         adapters = AdapterSlots(Path(folder), config.staleness + 1, str(checkpoint))
     backend = VLLMBackend(str(checkpoint), dtype=config.dtype, seed=config.seed,
                           max_num_seqs=config.generation.max_batch, **lora_args)
-    engine = VLLMGenerationEngine(backend, **_sampling(config, tokenizer, version, decode), adapters=adapters)
+    engine = VLLMGenerationEngine(backend, **_sampling(config, tokenizer, version, decode, checkpoint),
+                                  adapters=adapters)
     if weights is not None:  # through the update path: the engine is live, nothing is in flight yet
         engine.update_weights(load_file(str(weights)), version)
     return engine
@@ -224,10 +225,21 @@ def _emulated_generation(config: RunConfig, checkpoint: Path | None, tokenizer: 
         keep_kv_on_update=config.generation.keeps_kv)
 
 
-def _sampling(config: RunConfig, tokenizer: Any, version: int, decode: Callable[[list[int]], str]) -> dict[str, Any]:
+def _sampling(config: RunConfig, tokenizer: Any, version: int, decode: Callable[[list[int]], str],
+              checkpoint: Path | None) -> dict[str, Any]:
+    from areal.models.loading import end_token_ids, generation_eos
+
     gen = config.generation
-    return dict(eos_token_id=tokenizer.eos_token_id, max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
-                top_p=gen.top_p, stop_strings=list(gen.stop), decode=decode, seed=config.seed, version=version)
+    listed = generation_eos(checkpoint) if checkpoint is not None else None
+    return dict(**ending(end_token_ids(tokenizer, listed)), max_new_tokens=gen.max_new_tokens,
+                temperature=gen.temperature, top_p=gen.top_p, stop_strings=list(gen.stop), decode=decode,
+                seed=config.seed, version=version)
+
+
+def ending(ends: list[int]) -> dict[str, Any]:
+    """An engine's eos_token_id and stop_sequences for the ids that end a completion (`end_token_ids`): the first
+    is its eos, each other a one-token stop sequence."""
+    return {"eos_token_id": ends[0] if ends else None, "stop_sequences": [[i] for i in ends[1:]] or None}
 
 
 def _torch_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> TrainEngine:

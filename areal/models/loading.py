@@ -109,6 +109,27 @@ def pad_token_id(tokenizer: Any) -> int:
     return 0
 
 
+def end_token_ids(tokenizer: Any, listed: int | list[int] | None) -> list[int]:
+    """The ids that end a completion: the tokenizer's eos, then every other id the model's generation config lists
+    as eos (`listed`), as Hugging Face's generate and vLLM end on them: Llama 3 instruct lists <|eot_id|> and
+    <|eom_id|> beside <|end_of_text|>, Qwen <|im_end|> and <|endoftext|>."""
+    ends = [int(tokenizer.eos_token_id)] if tokenizer.eos_token_id is not None else []
+    more = listed if isinstance(listed, list) else [] if listed is None else [listed]
+    return ends + [int(i) for i in dict.fromkeys(more) if int(i) not in ends]
+
+
+def generation_eos(checkpoint: Path) -> int | list[int] | None:
+    """The eos a checkpoint's generation config lists (generation_config.json, else config.json, as transformers
+    reads them), without loading the model."""
+    for name in ("generation_config.json", "config.json"):
+        path = Path(checkpoint) / name
+        if path.is_file():
+            listed = json.loads(path.read_text()).get("eos_token_id")
+            if listed is not None:
+                return listed
+    return None
+
+
 def load_tokenizer(path: Path) -> Any:
     """CharTokenizer for our own checkpoints (AutoTokenizer does not know it), else AutoTokenizer, refused when it
     encodes text as no tokens: transformers builds an empty tokenizer of the model's family for a directory that

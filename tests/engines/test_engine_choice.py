@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -98,29 +100,67 @@ def test_the_factories_build_the_torch_engines_by_default_with_the_given_weights
         assert GenerationConfig(**setting).refill_rows == rows
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])  # Hugging Face's forward, the lean one
-def test_a_tokenizer_without_a_pad_token_generates_padded_rows_with_its_eos(tmp_path, family):
-    # GPT-2's and Llama 3's tokenizers have no pad token: prompts of different lengths are padded all the same
+def _no_pad_checkpoint(folder: Path, family: str, **config: Any) -> Any:
+    """A tiny checkpoint whose tokenizer, like GPT-2's and Llama 3's, has no pad token; its tokenizer."""
     import transformers
     from tokenizers import Tokenizer, models
-
-    from areal.engines.generation import GenRequest
 
     vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate("abcdefgh")}}
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="a")),
                                                 eos_token="<eos>")
-    assert fast.pad_token_id is None
-    shape = dict(vocab_size=len(vocab), eos_token_id=0, bos_token_id=0)
+    shape = dict(vocab_size=len(vocab), bos_token_id=0, eos_token_id=0, **config)
     model = (transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, **shape))
              if family == "gpt2" else transformers.LlamaForCausalLM(transformers.LlamaConfig(
                  hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, **shape)))
-    model.save_pretrained(tmp_path / family)
-    fast.save_pretrained(tmp_path / family)
+    model.save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return fast
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])  # Hugging Face's forward, the lean one
+def test_a_tokenizer_without_a_pad_token_generates_padded_rows_with_its_eos(tmp_path, family):
+    from areal.engines.generation import GenRequest
+
+    fast = _no_pad_checkpoint(tmp_path / family, family)
+    assert fast.pad_token_id is None
     config = RunConfig(model=str(tmp_path / family), generation={"max_new_tokens": 4, "stop": []})
     engine = generation_engine(config, tmp_path / family, load_tokenizer(tmp_path / family), weights=None, version=0,
                                decode=fast.decode)
     done = engine.generate([GenRequest(0, [1, 2, 3, 4, 5]), GenRequest(1, [6])])
     assert sorted(r.request_id for r in done) == [0, 1] and all(len(r.output_ids) >= 1 for r in done)
+
+
+def test_every_eos_the_generation_config_lists_ends_a_completion_in_the_run_and_in_eval(tmp_path):
+    # Llama 3 instruct lists <|eot_id|> and <|eom_id|> beside the tokenizer's eos: a turn ending on either must end
+    # the completion, as it does under Hugging Face's generate and vLLM
+    from areal.cli.evaluate import EvalSettings, generate_completions
+    from areal.engines.generation import GenRequest
+
+    fast = _no_pad_checkpoint(tmp_path / "ckpt", "llama", tie_word_embeddings=False)
+    config = json.loads((tmp_path / "ckpt" / "generation_config.json").read_text())
+    (tmp_path / "ckpt" / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": [0, 7, 0]}))
+    model = load_model(tmp_path / "ckpt")
+    with torch.no_grad():  # every position's hidden state is one vector v, and token 7's logit is 50|v|: always 7
+        v = torch.randn(16)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight[:] = v
+        model.model.norm.weight.fill_(1.0)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[7] = 50.0 * v / v.norm()
+    model.save_pretrained(tmp_path / "ckpt")
+    run = RunConfig(model=str(tmp_path / "ckpt"), generation={"max_new_tokens": 6, "stop": [], "temperature": 1e-3})
+    engine = generation_engine(run, tmp_path / "ckpt", load_tokenizer(tmp_path / "ckpt"), weights=None, version=0,
+                               decode=fast.decode)
+    assert (engine.eos_token_id, engine.stop_sequences) == (0, [[7]])
+    results = engine.generate([GenRequest(i, [1, 2, i + 1]) for i in range(4)])
+    assert all(r.output_ids.tolist()[-1] == 7 and r.finish_reason == "stop" for r in results)
+    assert any(len(r.output_ids) < 6 for r in results)
+    settings = EvalSettings(benchmark="code-tasks", max_new_tokens=6)
+    outputs = generate_completions(model, fast, [{"prompt": "abc"}, {"prompt": "h"}], settings, False, [],
+                                   lambda *_: None)
+    assert all(tokens < 6 for _, tokens in outputs)  # ended on 7, not at the length
 
 
 def test_decode_step_picks_the_engine_and_a_model_the_lean_forward_does_not_know_keeps_hfs_forward(capsys, tmp_path):
