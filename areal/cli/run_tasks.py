@@ -2,7 +2,8 @@
 
 MODEL a run directory: the tasks its held-out rounds scored (its config's held-out set, the first `eval.tasks`),
 its stop strings and length; `--task` (builtin:NAME or a JSONL file) and `--max-new-tokens` override them. Else
-the schema's built-in held-out set, or the one `--task` names, with the generation defaults. A run trained on one
+the schema's built-in held-out set, or the one `--task` names, with its own stop strings (a file's: none) and the
+generation default length. A run trained on one
 schema is refused under the other's benchmark, naming the right one: the code tasks were silently scored for a
 math run.
 """
@@ -36,6 +37,7 @@ def run_tasks(model: str, benchmark: str, task: str | None, limit: int | None, t
     from areal.cli.export import is_run_dir
     from areal.config import RunConfig
     from areal.data.sources import ConfiguredTasks
+    from areal.graph.settings import task_stops
     from areal.overrides import validate_config
     from areal.runtime.records.evaluation import first_pass
 
@@ -49,7 +51,7 @@ def run_tasks(model: str, benchmark: str, task: str | None, limit: int | None, t
     if declared is not None:  # the recipe's own held-out tasks (a file, a list): what the run's rounds scored
         tasks = first_pass(declared, limit or config.eval.tasks)
         named = str(getattr(declared, "path", "")) or f"the recipe's {len(tasks)} held-out tasks"
-        return HeldOutTasks(_judge(schema, timeout_s), tasks, list(config.generation.stop), named,
+        return HeldOutTasks(_judge(schema, timeout_s), tasks, list(config.generation.stop or ()), named,
                             config.generation.max_new_tokens)
     if task:
         config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": task})})
@@ -61,8 +63,8 @@ def run_tasks(model: str, benchmark: str, task: str | None, limit: int | None, t
     source = heldout.configure(config)  # a bad name or file is refused here, naming it
     rounds_read = config.eval.tasks if run and not task else 0  # a run's rounds scored its first eval.tasks
     tasks = first_pass(source, limit or rounds_read or MAX_TASKS)
-    return HeldOutTasks(_judge(schema, timeout_s), tasks, list(config.generation.stop), named,
-                        config.generation.max_new_tokens)
+    stops = config.generation.stop if config.generation.stop is not None else task_stops(source, config)
+    return HeldOutTasks(_judge(schema, timeout_s), tasks, list(stops), named, config.generation.max_new_tokens)
 
 
 def _declared_heldout(run_dir: Path) -> Any:

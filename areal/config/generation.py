@@ -25,7 +25,10 @@ class GenerationConfig(Section):
         "every running row); keep-kv: they decode on over the KV the old weights wrote (PipelineRL's in-flight "
         "update: no re-read, but a token after the update comes from neither policy exactly; its behaviour "
         "log-prob is still the one it was drawn with)")
-    stop: list[str] = Field(default_factory=lambda: ["\ndef ", "\n#", "\nprint", "\n\n"])
+    stop: list[str] | None = Field(
+        None, description="strings that end a completion (its text is cut before them); None: the training tasks' "
+        "own, set as the run starts (the built-in code tasks end a function body at the next def, comment, print "
+        "or blank line; a file of one's own and the math tasks have none: a completion ends at eos or the length)")
     threads: PositiveInt = Field(1, description="torch threads of each generate worker")
     engine: Literal["torch", "vllm", "emulated"] = Field(
         "torch", description="torch: CPU or one GPU; vllm: vLLM on a CUDA GPU (pip install 'areal[gpu]'); "

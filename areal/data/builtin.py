@@ -3,7 +3,8 @@
 A built-in set is a tuple of task dicts generated in this process. `split_of` puts a task in
 "train" or "test" from a hash of its id alone, so no seed can move a task across splits.
 `BuiltinTaskSource` cycles through one split for ever, each epoch in an order drawn from
-(seed, epoch), and its cursor is a few integers a checkpoint keeps. Generating the tasks is
+(seed, epoch), and its cursor is a few integers a checkpoint keeps. Its `stop` strings end its tasks' completions
+in a run that sets no `generation.stop` (graph/settings.py). Generating the tasks is
 each set's own job (`code_tasks.py`, `math_tasks.py`).
 """
 
@@ -53,10 +54,11 @@ class BuiltinTaskSource:
     cursor (`state`/`restore`) is what a checkpoint keeps to resume on the very next task.
     """
 
-    def __init__(self, tasks: tuple[Task, ...], split: str, seed: int) -> None:
+    def __init__(self, tasks: tuple[Task, ...], split: str, seed: int, stop: tuple[str, ...] = ()) -> None:
         self.tasks = tasks
         self.split = split
         self.seed = seed
+        self.stop = stop  # where its tasks' completions end (a run's generation.stop unless it sets one)
         self._epoch = 0
         self._index = 0
         self._order = self._shuffled(0)

@@ -17,7 +17,7 @@ import random
 from functools import cache
 
 from areal.data.builtin import BuiltinTaskSource, Task, select
-from areal.data.code_tasks import DIGITS, INT_ARGS, reference_task
+from areal.data.code_tasks import CODE_STOPS, DIGITS, INT_ARGS, reference_task
 
 N_TASKS = 700
 MAX_STEPS = 30
@@ -58,4 +58,4 @@ def _all_tasks() -> tuple[Task, ...]:
 
 def builtin_chain_tasks(split: str = "train", seed: int = 0, n: int | None = None) -> BuiltinTaskSource:
     """The chain tasks of `split`; `n` keeps a subset of n tasks chosen by `seed`."""
-    return BuiltinTaskSource(select(_all_tasks(), split, seed, n, "builtin_chain_tasks"), split, seed)
+    return BuiltinTaskSource(select(_all_tasks(), split, seed, n, "builtin_chain_tasks"), split, seed, CODE_STOPS)

@@ -23,6 +23,8 @@ from typing import Any
 from areal.data.builtin import BuiltinTaskSource, Task, digest, select
 
 N_TESTS = 5
+# a task's completion is a function body: it ends where the next def, comment, print or blank line begins
+CODE_STOPS = ("\ndef ", "\n#", "\nprint", "\n\n")
 INT_VARS = ("x", "n", "a", "k")
 STR_VARS = ("s", "w", "t")
 LIST_VARS = ("xs", "nums", "vals")
@@ -178,4 +180,4 @@ def _all_tasks() -> tuple[Task, ...]:
 
 def builtin_code_tasks(split: str = "train", seed: int = 0, n: int | None = None) -> BuiltinTaskSource:
     """The built-in tasks of `split`; `n` keeps a subset of n tasks chosen by `seed`."""
-    return BuiltinTaskSource(select(_all_tasks(), split, seed, n, "builtin_code_tasks"), split, seed)
+    return BuiltinTaskSource(select(_all_tasks(), split, seed, n, "builtin_code_tasks"), split, seed, CODE_STOPS)

@@ -60,6 +60,14 @@ class ConfiguredTasks:
             key, path = "path", config.data.path  # held-out tasks of the training set's built-in set
         return key, path or BUILTIN_PREFIX + self.schema  # else the schema's own built-in set
 
+    def stop_strings(self, config: RunConfig) -> tuple[str, ...]:
+        """The stop strings of the tasks `config` names: a built-in set's own; none for a file of one's own (its
+        completions are whole programs or answers, which a code body's stops would cut)."""
+        key, path = self.named(config)
+        if path is None or not path.startswith(BUILTIN_PREFIX):
+            return ()
+        return tuple(self._named_builtin(key, path.removeprefix(BUILTIN_PREFIX), config.data.seed).stop)
+
     def configure(self, config: RunConfig) -> Any:
         """The tasks, or None where `named` names none."""
         key, path = self.named(config)

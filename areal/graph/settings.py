@@ -6,7 +6,8 @@ the recipe's RunConfig section, the node's own arguments, then `--set nodes.NAME
 A `--set` of the section field itself (`--set trainer.objective=...`) for a field the node sets
 in the recipe is refused with a message that names the node's line and the override that works:
 it would otherwise silently lose. Settings with "run" scope (a generator's group size and
-sampling, which the trainer and the accounting must agree on) are applied to the run's config.
+sampling, which the trainer and the accounting must agree on) are applied to the run's config. A run that sets
+no `generation.stop` gets its training tasks' own (`task_stops`).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ def resolve_run_config(graph: Graph, config: RunConfig, overrides: tuple[str, ..
         setters.setdefault(n.describe(), []).append(f"{path}={value!r}")
     origin = "; ".join(f"{who} sets {', '.join(values)}" for who, values in setters.items())
     resolved = with_values(config, {p: v for p, (v, _) in run_values.items()}, origin)
+    if resolved.generation.stop is None:  # the training tasks' own (the built-in code tasks': a body's end)
+        sources = [n.spec.instantiate() for n in graph.nodes.values() if n.kind == "source"]
+        stops = list(dict.fromkeys(s for source in sources for s in task_stops(source, resolved)))
+        resolved = with_values(resolved, {"generation.stop": stops}, "the training tasks' stop strings")
     for n in graph.nodes.values():
         seen = node_config(resolved, n)  # each node's view must validate too (a trainer's lr, its ranks and engine)
         trains = "trainer.microbatch_tokens" in n.spec.setting_paths.values()
@@ -56,6 +61,13 @@ def resolve_run_config(graph: Graph, config: RunConfig, overrides: tuple[str, ..
     if problems:
         raise ConfigError("\n".join(problems))
     return resolved
+
+
+def task_stops(source: Any, config: RunConfig) -> tuple[str, ...]:
+    """The strings a task source's completions end at, for a run that sets no generation.stop: a config-chosen
+    source's `stop_strings(config)` (`code_tasks`), a source's `stop` (the built-in sets), else none."""
+    chosen = getattr(source, "stop_strings", None)
+    return tuple(chosen(config) if callable(chosen) else getattr(source, "stop", ()))
 
 
 def node_config(config: RunConfig, n: Node) -> RunConfig:

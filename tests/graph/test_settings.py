@@ -144,3 +144,33 @@ def test_lora_is_a_trainer_setting_by_argument_or_set_and_a_field_of_a_section_t
     with pytest.raises(ConfigError, match=r"trainer\.lora\.rank=2: x\.py:\d+: node 'actor' \(ppo-update\) sets lora="
                                           r"\{'rank': 4, 'alpha': 8\} itself, which wins over trainer\.lora\.rank"):
         load_recipe(path, ["trainer.lora.rank=2"])
+
+
+STOPS_RECIPE = """\
+from areal import Graph, RunConfig
+from areal.data import code_tasks, math_tasks
+from areal.nodes import generate
+
+config = RunConfig(CONFIG)
+g = Graph("stops")
+g.source("tasks", SOURCE)
+g.add(generate("rollout"GENERATE))
+"""
+
+
+@pytest.mark.parametrize(("source", "config", "generate", "overrides", "stops"), [
+    ('code_tasks("train")', "", "", [], ["\ndef ", "\n#", "\nprint", "\n\n"]),  # a function body ends there
+    ('code_tasks("train")', "", "", ["data.path=builtin:chains"], ["\ndef ", "\n#", "\nprint", "\n\n"]),
+    ('code_tasks("train")', "", "", ["data.path=mine.jsonl"], []),  # whole programs: a blank line is no end
+    ('math_tasks("train")', "", "", [], []),  # "#### 42" and worked answers run to eos
+    ('[{"prompt": "2 + 2 ="}]', "", "", [], []),  # a list of tasks of one's own
+    ('code_tasks("train")', 'generation={"stop": ["END"]}', "", [], ["END"]),  # the recipe's own
+    ('code_tasks("train")', "", ', stop=["\\n\\n"]', [], ["\n\n"]),  # the generator's own
+    ('code_tasks("train")', "", "", ['generation.stop=[]'], []),  # none, by --set
+])
+def test_a_run_that_sets_no_stop_strings_gets_its_training_tasks_own(write_recipe, source, config, generate,
+                                                                       overrides, stops):
+    text = STOPS_RECIPE.replace("SOURCE", source).replace("CONFIG", config).replace("GENERATE", generate)
+    recipe = load_recipe(write_recipe(text), overrides)
+    assert recipe.config.generation.stop == stops
+    assert recipe.node_config("rollout").generation.stop == stops

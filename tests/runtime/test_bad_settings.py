@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -237,4 +238,5 @@ def test_the_summary_counts_every_generated_token_even_before_a_generators_first
     console = Console(file=io.StringIO(), width=400)
     console.print(summary_table(controller))
     shown = float(re.search(r"generated tokens/s\s*│\s*(\d+)", console.file.getvalue()).group(1))
-    assert shown >= state.trained_tokens / controller._elapsed() > 0  # the trained outputs were generated here
+    # the trained outputs were generated here; the summary shows whole tokens/s (82.1 as 82)
+    assert shown >= math.floor(state.trained_tokens / controller._elapsed()) > 0

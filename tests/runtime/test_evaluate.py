@@ -279,6 +279,17 @@ def test_code_tasks_takes_another_set_by_name_and_refuses_one_it_does_not_know(t
         _benchmark("builtin:tiny-coder", EvalSettings(benchmark="code-tasks", task="builtin:cod"))
 
 
+def test_a_model_scored_on_a_set_outside_a_run_stops_its_completions_where_that_sets_tasks_end(tmp_path):
+    from areal.cli.evaluate import _benchmark
+
+    (tmp_path / "mine.jsonl").write_text(json.dumps({"prompt": "def f(x):\n", "fn_name": "f", "inputs": [[1]],
+                                                     "outputs": [1]}) + "\n")
+    for benchmark, task, stops in (("code-tasks", None, ["\ndef ", "\n#", "\nprint", "\n\n"]),
+                                   ("code-tasks", str(tmp_path / "mine.jsonl"), []), ("math-tasks", None, [])):
+        _, build, _ = _benchmark("builtin:tiny-coder", EvalSettings(benchmark=benchmark, task=task, limit=1))
+        assert build(False)[1] == stops, (benchmark, task)
+
+
 def test_a_run_trained_on_a_file_alone_had_no_held_out_tasks_and_eval_asks_for_some(tmp_path):
     from areal.cli.evaluate import _benchmark
     from areal.config import RunConfig
