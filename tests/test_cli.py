@@ -274,21 +274,29 @@ def test_a_run_resumes_by_its_directory_alone_as_the_messages_that_suggest_it_sa
         "--resume RUN_DIR" in " ".join(neither.stderr.split())
 
 
-def test_a_run_shorter_than_its_lr_warmup_says_so_as_it_starts(tmp_path):
+def _said_at_start(folder: Path, *settings: str) -> str:
+    """What building the fake recipe's run with these settings says on the console."""
     import io
 
     from rich.console import Console
 
     from areal.cli.run import build_controller
 
+    out = io.StringIO()
     fake = Path(__file__).with_name("runtime") / "fake_rl.py"
+    build_controller(fake, list(settings), folder, console=Console(file=out, width=400)).lock.release()
+    return out.getvalue()
 
-    def said(name: str, *settings: str) -> str:
-        out = io.StringIO()
-        build_controller(fake, list(settings), tmp_path / name, console=Console(file=out, width=400)).lock.release()
-        return out.getvalue()
 
-    short = said("short", "steps=4", "trainer.warmup_steps=8")
+def test_a_run_shorter_than_its_lr_warmup_says_so_as_it_starts(tmp_path):
+    short = _said_at_start(tmp_path / "short", "steps=4", "trainer.warmup_steps=8")
     assert ("node 'actor' (ppo-update): trainer.warmup_steps=8 is more than steps=4, so its lr never reaches "
             "trainer.lr=0.0003 (50% of it at the last step)") in short
-    assert "warmup" not in said("reached", "steps=4", "trainer.warmup_steps=4")  # lr * 4/4 at its last step
+    assert "warmup" not in _said_at_start(tmp_path / "reached", "steps=4", "trainer.warmup_steps=4")  # lr at 4/4
+
+
+def test_a_run_sampling_from_the_nucleus_says_its_update_is_not_of_what_it_sampled(tmp_path):
+    nucleus = _said_at_start(tmp_path / "nucleus", "generation.top_p=0.9")
+    assert ("generation.top_p=0.9: tokens are drawn from the nucleus, but the trainer scores them under the whole "
+            "tempered distribution (their behaviour log-probs are of the whole distribution too)") in nucleus
+    assert "top_p" not in _said_at_start(tmp_path / "whole", "generation.top_p=1.0")

@@ -146,7 +146,7 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
     scored = recipe.config.eval.tasks > 0
     for note in filter(None, (heldout_note(h, recipe.config) for h in recipe.graph.heldout.values() if scored)):
         _note(console, note)
-    for note in _short_of_warmup(recipe):
+    for note in _short_of_warmup(recipe) + _nucleus(recipe):
         _note(console, note)
     _prepare_models(recipe)
     return controller
@@ -237,6 +237,17 @@ def _short_of_warmup(recipe: Recipe) -> list[str]:
                          f"lr never reaches trainer.lr={t.lr:g} ({steps / t.warmup_steps:.0%} of it at the last "
                          "step); lower trainer.warmup_steps for a short run")
     return notes
+
+
+def _nucleus(recipe: Recipe) -> list[str]:
+    """A run that samples from the nucleus (top_p < 1) trains as though it had sampled the whole distribution."""
+    gen = recipe.config.generation
+    if gen.top_p >= 1:
+        return []
+    behaviour = "renormalised over the nucleus" if gen.engine == "vllm" else "of the whole distribution too"
+    return [f"generation.top_p={gen.top_p:g}: tokens are drawn from the nucleus, but the trainer scores them under "
+            f"the whole tempered distribution (their behaviour log-probs are {behaviour}), so the update is not "
+            "the policy gradient of what was sampled; top_p=1, the default, trains on exactly what it samples"]
 
 
 def _builtin_policy_nodes(recipe: Recipe) -> list[Node]:
