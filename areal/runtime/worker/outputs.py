@@ -106,10 +106,10 @@ def _rows_as_ragged(ptype: PortType, rows: list[Any]) -> Ragged:
     except (TypeError, ValueError, RuntimeError) as err:
         raise ValueError(f"is declared {ptype} (per token): its list must hold each sample's values, a tensor or a "
                          f"list of numbers ({err})") from None
-    flat = [t.dim() for t in tensors if t.dim() != 1 + sum(d.isdigit() for d in ptype.dims)]
-    if flat:
+    wrong = [t.dim() for t in tensors if t.dim() != 1 + sum(d.isdigit() for d in ptype.dims)]
+    if wrong:
         raise ValueError(f"is declared {ptype} (per token): each sample's values must have one entry per token, got "
-                         f"a {flat[0]}-dimensional row")
+                         f"a {wrong[0]}-dimensional row")
     return Ragged.from_rows(tensors, dtype=None if tensors else TORCH_DTYPES[ptype.dtype])
 
 
