@@ -62,8 +62,6 @@ class RewardNode:
             reason = getattr(outcome, "reason", None)
             if isinstance(value, torch.Tensor) and value.numel() == 1 or getattr(value, "ndim", None) == 0:
                 value = value.item()  # a row of a tensor or an array of rewards, a numpy scalar
-            if isinstance(value, bool):
-                value = float(value)  # `answer == reference`: solved or not, 1 or 0
             if not isinstance(value, numbers.Real):
                 failed[row] = f"the reward function returned {type(value).__name__} {value!r:.60}, not a number"
                 value = float("nan")
