@@ -141,9 +141,17 @@ def test_a_lora_checkpoint_resumes_its_adapters_and_only_onto_its_own_base(tmp_p
     assert json.loads((tmp_path / BASE_FILE).read_text())["base_sha256"] != node.base_sha256
 
 
-def test_a_target_that_is_not_a_linear_layer_is_refused_naming_it():
-    with pytest.raises(ValueError, match="embed_tokens, which is not a plain linear layer"):
+def test_a_target_that_is_not_a_linear_layer_is_refused_naming_it_and_the_models_linear_layers():
+    with pytest.raises(ConfigError, match=r"reaches base_model\.model\.model\.embed_tokens \(Embedding\), not a "
+                                          r"plain linear layer .*; name linear ones: this model's are down_proj, "
+                                          r"gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj$"):
         with_adapters(tiny_qwen2(0), LoraConfig(rank=2, target_modules=["embed_tokens"]))
+    import transformers  # GPT-2's projections are transposed Conv1D layers: nothing its generators could merge
+
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20))
+    with pytest.raises(ConfigError, match=r"reaches .*c_attn \(Conv1D\).*this model has no linear layers but "
+                                          r"its output head, so its LoRA cannot be trained here$"):
+        with_adapters(gpt2, LoraConfig(rank=2))
 
 
 def test_a_frozen_reference_inside_a_lora_trainer_is_its_model_with_the_adapters_off_in_float64():

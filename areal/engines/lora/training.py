@@ -16,10 +16,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from areal.config import LoraConfig
 from areal.engines.lora.adapter import PEFT_PREFIX, A, B
+from areal.errors import ConfigError
 
 PEFT_ADAPTER = "default"  # peft's name for a model's one adapter
 
@@ -31,17 +33,23 @@ def with_adapters(model: Any, lora: LoraConfig) -> Any:
 
     settings = PeftLoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
                               target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    linear = sorted({path.rpartition(".")[2] for path, module in model.named_modules()
+                     if type(module) is torch.nn.Linear and not path.endswith("lm_head")})
     try:
         wrapped = get_peft_model(model, settings)
     except ValueError as err:  # peft names the target it did not find
-        raise ValueError(f"trainer.lora.target_modules={lora.target_modules!r}: {err}") from None
+        raise ConfigError(f"trainer.lora.target_modules={lora.target_modules!r}: {err}") from None
     from peft.tuners.lora import LoraLayer
 
-    unmergeable = [path for path, module in wrapped.named_modules() if isinstance(module, LoraLayer)
+    unmergeable = [(path, module) for path, module in wrapped.named_modules() if isinstance(module, LoraLayer)
                    and (type(module).__name__ != "Linear" or getattr(module, "fan_in_fan_out", False))]
     if unmergeable:
-        raise ValueError(f"trainer.lora.target_modules={lora.target_modules!r} reaches {unmergeable[0]}, which is "
-                         "not a plain linear layer; name linear layers only (q_proj, v_proj, ...)")
+        path, module = unmergeable[0]
+        kind = type(getattr(module, "base_layer", module)).__name__
+        targets = (f"name linear ones: this model's are {', '.join(linear)}" if linear else
+                   "this model has no linear layers but its output head, so its LoRA cannot be trained here")
+        raise ConfigError(f"trainer.lora.target_modules={lora.target_modules!r} reaches {path} ({kind}), "
+                          f"not a plain linear layer (the generators merge B·A into a linear weight); {targets}")
     return wrapped
 
 
