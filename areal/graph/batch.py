@@ -121,7 +121,8 @@ class Batch(Mapping[str, Field]):
             return self._fields[name]
         except KeyError:
             have = ", ".join(self._fields) or "nothing"
-            raise KeyError(f"batch has no field {name!r} (it has: {have})") from None
+            raise KeyError(f"batch has no field {name!r} (it has: {have}; a node is given the fields its inputs "
+                           "declare, plus sample_id and group_id)") from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._fields)

@@ -46,3 +46,12 @@ def test_comparing_a_ragged_with_a_number_or_tensor_raises_and_says_what_to_comp
         _ = ragged != other
     with pytest.raises(TypeError, match="compares only with a Ragged"):
         _ = ragged == other
+
+
+def test_reading_a_field_the_batch_lacks_names_what_it_has_and_where_a_nodes_fields_come_from():
+    from areal.graph.batch import Batch
+
+    batch = Batch({"reward": torch.zeros(2), "group_id": torch.zeros(2, dtype=torch.int64)})
+    with pytest.raises(KeyError, match=r"batch has no field 'output_ids' \(it has: reward, group_id; a node is given "
+                                       r"the fields its inputs declare"):
+        batch["output_ids"]
