@@ -3,9 +3,8 @@
 MODEL a run directory: the tasks its held-out rounds scored (its config's held-out set, the first `eval.tasks`),
 its stop strings and length; `--task` (builtin:NAME or a JSONL file) and `--max-new-tokens` override them. Else
 the schema's built-in held-out set, or the one `--task` names, with its own stop strings (a file's: none) and the
-generation default length. A run trained on one
-schema is refused under the other's benchmark, naming the right one: the code tasks were silently scored for a
-math run.
+generation default length. A run trained on one schema is refused under the other's benchmark, naming the right
+one: the code tasks were silently scored for a math run.
 """
 
 from __future__ import annotations
