@@ -65,9 +65,11 @@ def resolve_run_config(graph: Graph, config: RunConfig, overrides: tuple[str, ..
 
 def task_stops(source: Any, config: RunConfig) -> tuple[str, ...]:
     """The strings a task source's completions end at, for a run that sets no generation.stop: a config-chosen
-    source's `stop_strings(config)` (`code_tasks`), a source's `stop` (the built-in sets), else none."""
+    source's `stop_strings(config)` (`code_tasks`), a source's `stop` strings (the built-in sets), else none (a
+    source of one's own whose `stop` is something else, a method that ends a reader, has none)."""
     chosen = getattr(source, "stop_strings", None)
-    return tuple(chosen(config) if callable(chosen) else getattr(source, "stop", ()))
+    stops = chosen(config) if callable(chosen) else getattr(source, "stop", ())
+    return tuple(stops) if isinstance(stops, (list, tuple)) and all(isinstance(s, str) for s in stops) else ()
 
 
 def node_config(config: RunConfig, n: Node) -> RunConfig:

@@ -151,6 +151,13 @@ from areal import Graph, RunConfig
 from areal.data import code_tasks, math_tasks
 from areal.nodes import generate
 
+class Reader:
+    fields = ("prompt",)
+    def __iter__(self):
+        return iter([{"prompt": "a"}])
+    def stop(self):
+        pass
+
 config = RunConfig(CONFIG)
 g = Graph("stops")
 g.source("tasks", SOURCE)
@@ -164,6 +171,7 @@ g.add(generate("rollout"GENERATE))
     ('code_tasks("train")', "", "", ["data.path=mine.jsonl"], []),  # whole programs: a blank line is no end
     ('math_tasks("train")', "", "", [], []),  # "#### 42" and worked answers run to eos
     ('[{"prompt": "2 + 2 ="}]', "", "", [], []),  # a list of tasks of one's own
+    ("Reader()", "", "", [], []),  # a source of one's own whose `stop` ends its reader
     ('code_tasks("train")', 'generation={"stop": ["END"]}', "", [], ["END"]),  # the recipe's own
     ('code_tasks("train")', "", ', stop=["\\n\\n"]', [], ["\n\n"]),  # the generator's own
     ('code_tasks("train")', "", "", ['generation.stop=[]'], []),  # none, by --set
