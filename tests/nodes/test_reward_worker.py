@@ -177,3 +177,18 @@ def test_rewards_may_come_as_a_tensor_an_array_or_a_generator_and_one_value_for_
         with pytest.raises(ValueError, match=f"^the reward function returned {got}.* for 3 samples: it returns one "
                                              "outcome per sample"):
             RewardNode(returns)(batch)
+
+
+def test_an_async_reward_function_is_awaited_and_what_it_raises_fails_the_batch_naming_its_line():
+    async def judge(completion, answer):  # a judge model over HTTP, say
+        return [float(c == a) for c, a in zip(completion, answer)]
+
+    async def broken(completion, answer):
+        raise ConnectionError("judge unreachable")
+
+    batch = Batch({"completion": ["4", "5"], "answer": ["4", "4"], "sample_id": torch.arange(2)})
+    out = RewardNode(judge)(batch)
+    assert out[FAILED] == {} and out["reward"].tolist() == [1.0, 0.0]
+    failed = RewardNode(broken)(batch)[FAILED]
+    assert set(failed) == {0, 1}
+    assert failed[0].startswith("ConnectionError: judge unreachable (at test_reward_worker.py:")

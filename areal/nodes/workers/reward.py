@@ -9,12 +9,13 @@ is marked failed with its reason, counted and reported, never scored.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
 import numbers
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -85,12 +86,21 @@ def _one_per_sample(returned: Any) -> bool:
 
 def call_reward(fn: Any, columns: Mapping[str, Any]) -> Any:
     """`fn`'s outcomes for these columns (a batch, or `areal eval`'s lists): the fields it names (`field_names`),
-    else a code reward's programs (the prompt, a function header, followed by the completion) and tests."""
+    else a code reward's programs (the prompt, a function header, followed by the completion) and tests; an async
+    function's, awaited."""
     names = field_names(fn)
     if names:
-        return fn(*(columns[name] for name in names))
-    programs = [p + c for p, c in zip(columns["prompt"], columns["completion"])]
-    return fn(programs, columns["tests"])
+        returned = fn(*(columns[name] for name in names))
+    else:
+        programs = [p + c for p, c in zip(columns["prompt"], columns["completion"])]
+        returned = fn(programs, columns["tests"])
+    if inspect.isawaitable(returned):  # an `async def` reward (a judge model over HTTP): run to its end here
+        returned = asyncio.run(_awaited(returned))
+    return returned
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 def field_names(fn: Any) -> tuple[str, ...]:
