@@ -164,3 +164,20 @@ def test_a_batch_that_lost_every_row_carries_empty_columns_of_each_declared_type
     assert out["a"].shape == (0,) and out["a"].dtype == torch.float32
     assert isinstance(out["b"], Ragged) and len(out["b"]) == 0 and out["b"].values.dtype == torch.int64
     assert out["c"] == [] and out["d"].shape == (0, 4)
+
+
+def test_an_async_node_is_refused_saying_a_node_is_a_plain_function_and_leaves_no_unawaited_warning():
+    import warnings
+
+    from areal.runtime.worker.chain import returned
+
+    @node(inputs={"reward": Float["S"]}, outputs={"advantage": Float["S"]})
+    async def centred(batch):
+        return {"advantage": batch["reward"] - batch["reward"].mean()}
+
+    placed = Graph("g").add(centred)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a coroutine dropped unawaited warns as it is collected
+        with pytest.raises(NodeContractError, match=r"node 'centred' \(custom\): is an async def, and a node is called "
+                                                    r"as a plain function; make it a def"):
+            returned(placed, centred.instantiate()(Batch({"reward": torch.ones(2)})))

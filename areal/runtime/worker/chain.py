@@ -12,6 +12,7 @@ with no samples: a batch that lost them all goes on with empty columns of the no
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import threading
@@ -117,6 +118,10 @@ LONG_CALLS = LongCalls()  # the worker's one main thread calls its nodes through
 def returned(n: Node, out: Any) -> dict[str, Any]:
     """What a node's call returned, which must be a dict: its declared outputs by port, and FAILED, DROPPED or
     METRICS (a trainer's: numbers for the step's record). An undeclared output is refused: nothing could read it."""
+    if inspect.iscoroutine(out):
+        out.close()  # never to run: no "never awaited" warning after the message
+        raise NodeContractError(f"{n.describe()}: is an async def, and a node is called as a plain function; make it "
+                                "a def (asyncio.run(...) inside it for what it awaits)")
     if not isinstance(out, Mapping):
         wants = "numbers for the step's record ({} for none)" if n.role == "trainer" else \
             f"its outputs by port ({', '.join(n.outputs)})"
