@@ -205,3 +205,21 @@ def missing_methods(role: str, target: Any, follows_weights: bool = False) -> li
     if inspect.isfunction(target):  # a function node is its own __call__
         return [] if needed == ["__call__"] else [n for n in needed if n != "__call__"]
     return [name for name in needed if not callable(getattr(target, name, None))]
+
+
+def call_problems(role: str, target: Any) -> list[str]:
+    """How `target` (a custom node's class or function) could not be called as the runtime calls it, each a clause:
+    an `async def` (an episode's run alone is awaited), a `setup` that takes no context."""
+    found = []
+    call = target if inspect.isfunction(target) else inspect.getattr_static(target, "__call__", None)
+    if role != "episode" and inspect.iscoroutinefunction(call):
+        found.append("is an async def, and a node is called as a plain function; make it a def (asyncio.run(...) "
+                     "inside it for what it awaits)")
+    setup = getattr(target, "setup", None) if inspect.isclass(target) else None
+    if inspect.isfunction(setup):
+        try:
+            inspect.signature(setup).bind(None, None)  # (self, context)
+        except TypeError:
+            found.append(f"its setup{inspect.signature(setup)} cannot take the worker's context; define "
+                         "setup(self, context)")
+    return found

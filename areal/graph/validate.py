@@ -12,7 +12,7 @@ from typing import Protocol
 import networkx as nx
 
 from areal.graph.node import POLICY_KINDS, REQUIRED_PORTS, Location, Node
-from areal.graph.roles import SAMPLING_ROLES, missing_methods
+from areal.graph.roles import SAMPLING_ROLES, call_problems, missing_methods
 
 
 class Graph(Protocol):
@@ -60,6 +60,7 @@ def _roles(graph: Graph) -> list[str]:
         if target is None:
             continue  # a built-in kind: its implementation is areal's own
         follows = n.spec.params.get("model") in trainers and n.role in ("map", "filter")
+        out += [f"{n.describe()}: {problem}" for problem in call_problems(n.role, target)]
         missing = missing_methods(n.role, target, follows_weights=follows)
         if missing:
             needs = ", ".join(m if m.endswith(")") else m + "()" for m in missing)

@@ -77,3 +77,47 @@ def test_an_episode_is_an_async_function_or_a_class_with_an_async_run_and_is_nam
         _graph(episode("e", blocking)).validate()
     (problem,) = caught.value.problems
     assert "test_roles.py:" in problem and "node 'e' (episode): an episode node needs async run(task, llm)" in problem
+
+
+def test_a_node_the_runtime_could_not_call_is_named_at_its_line_an_async_def_or_a_setup_without_context():
+    from areal.graph.roles import call_problems
+
+    async def centred(batch):
+        return {}
+
+    class AsyncCall:
+        async def __call__(self, batch):
+            return {}
+
+    class NoContext:
+        def setup(self):
+            ...
+
+        def __call__(self, batch):
+            return {}
+
+    class Fine:
+        def setup(self, context):
+            ...
+
+        def __call__(self, batch):
+            return {}
+
+    class FineToo(Fine):
+        def setup(self, *args):
+            ...
+
+    async def agent(task, llm):  # an episode's run is awaited: fine
+        return 1.0
+
+    assert call_problems("map", centred) == call_problems("filter", AsyncCall) == [
+        "is an async def, and a node is called as a plain function; make it a def (asyncio.run(...) inside it for "
+        "what it awaits)"]
+    assert call_problems("map", NoContext) == [
+        "its setup(self) cannot take the worker's context; define setup(self, context)"]
+    assert call_problems("map", Fine) == call_problems("map", FineToo) == call_problems("episode", agent) == []
+    spec = node(inputs={"prompt": Json["S"]}, outputs={"score": Float["S"]})(NoContext)
+    with pytest.raises(GraphError) as caught:
+        _graph(spec).validate()
+    (problem,) = caught.value.problems
+    assert "test_roles.py:" in problem and "node 'NoContext' (custom): its setup(self) cannot take" in problem
