@@ -209,8 +209,17 @@ def missing_methods(role: str, target: Any, follows_weights: bool = False) -> li
 
 def call_problems(role: str, target: Any) -> list[str]:
     """How `target` (a custom node's class or function) could not be called as the runtime calls it, each a clause:
-    an `async def` (an episode's run alone is awaited), a `setup` that takes no context."""
+    an `async def` (an episode's run alone is awaited), a class that cannot be made without arguments, a `setup`
+    that takes no context."""
     found = []
+    if inspect.isclass(target):
+        try:
+            inspect.signature(target).bind()
+        except TypeError:
+            found.append(f"{target.__name__}{inspect.signature(target)} cannot be made without arguments, and each "
+                         "worker makes its node with none; give them defaults, or read settings in setup(context)")
+        except ValueError:  # a class whose signature Python cannot read: made as it is
+            pass
     call = target if inspect.isfunction(target) else inspect.getattr_static(target, "__call__", None)
     if role != "episode" and inspect.iscoroutinefunction(call):
         found.append("is an async def, and a node is called as a plain function; make it a def (asyncio.run(...) "

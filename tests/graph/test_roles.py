@@ -79,7 +79,7 @@ def test_an_episode_is_an_async_function_or_a_class_with_an_async_run_and_is_nam
     assert "test_roles.py:" in problem and "node 'e' (episode): an episode node needs async run(task, llm)" in problem
 
 
-def test_a_node_the_runtime_could_not_call_is_named_at_its_line_an_async_def_or_a_setup_without_context():
+def test_a_node_the_runtime_could_not_make_or_call_is_named_at_its_line():
     from areal.graph.roles import call_problems
 
     async def centred(batch):
@@ -107,6 +107,10 @@ def test_a_node_the_runtime_could_not_call_is_named_at_its_line_an_async_def_or_
         def setup(self, *args):
             ...
 
+    class NeedsArgs(Fine):
+        def __init__(self, scale, shift=0.0):
+            self.scale = scale
+
     async def agent(task, llm):  # an episode's run is awaited: fine
         return 1.0
 
@@ -115,6 +119,9 @@ def test_a_node_the_runtime_could_not_call_is_named_at_its_line_an_async_def_or_
         "what it awaits)"]
     assert call_problems("map", NoContext) == [
         "its setup(self) cannot take the worker's context; define setup(self, context)"]
+    assert call_problems("map", NeedsArgs) == [
+        "NeedsArgs(scale, shift=0.0) cannot be made without arguments, and each worker makes its node with none; give "
+        "them defaults, or read settings in setup(context)"]
     assert call_problems("map", Fine) == call_problems("map", FineToo) == call_problems("episode", agent) == []
     spec = node(inputs={"prompt": Json["S"]}, outputs={"score": Float["S"]})(NoContext)
     with pytest.raises(GraphError) as caught:
