@@ -50,7 +50,7 @@ def run_tasks(model: str, benchmark: str, task: str | None, limit: int | None, t
     if declared is not None:  # the recipe's own held-out tasks (a file, a list): what the run's rounds scored
         tasks = first_pass(declared, limit or config.eval.tasks)
         named = str(getattr(declared, "path", "")) or f"the recipe's {len(tasks)} held-out tasks"
-        return HeldOutTasks(_judge(schema, timeout_s), tasks, list(config.generation.stop or ()), named,
+        return HeldOutTasks(_judge(schema, timeout_s), tasks, config.generation.stops, named,
                             config.generation.max_new_tokens)
     if task:
         config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": task})})

@@ -76,6 +76,12 @@ class GenerationConfig(Section):
         return self.on_new_weights == "keep-kv"
 
     @property
+    def stops(self) -> list[str]:
+        """The stop strings a generator uses: the run's, settled as it starts (graph/settings.py); none for a config
+        that was never settled (a test's, the API's)."""
+        return list(self.stop or ())
+
+    @property
     def refill_rows(self) -> int:
         """Free rows that start a refill: the setting, or a quarter of the batch."""
         return self.refill_min_free or max(1, self.max_batch // 4)

@@ -232,7 +232,7 @@ def _sampling(config: RunConfig, tokenizer: Any, version: int, decode: Callable[
     gen = config.generation
     listed = generation_eos(checkpoint) if checkpoint is not None else None
     return dict(**ending(end_token_ids(tokenizer, listed)), max_new_tokens=gen.max_new_tokens,
-                temperature=gen.temperature, top_p=gen.top_p, stop_strings=list(gen.stop or ()), decode=decode,
+                temperature=gen.temperature, top_p=gen.top_p, stop_strings=gen.stops, decode=decode,
                 seed=config.seed, version=version)
 
 

@@ -181,4 +181,4 @@ def test_a_run_that_sets_no_stop_strings_gets_its_training_tasks_own(write_recip
     text = STOPS_RECIPE.replace("SOURCE", source).replace("CONFIG", config).replace("GENERATE", generate)
     recipe = load_recipe(write_recipe(text), overrides)
     assert recipe.config.generation.stop == stops
-    assert recipe.node_config("rollout").generation.stop == stops
+    assert recipe.node_config("rollout").generation.stop == stops == recipe.config.generation.stops

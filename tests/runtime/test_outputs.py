@@ -178,6 +178,7 @@ def test_an_async_node_is_refused_saying_a_node_is_a_plain_function_and_leaves_n
     placed = Graph("g").add(centred)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a coroutine dropped unawaited warns as it is collected
-        with pytest.raises(NodeContractError, match=r"node 'centred' \(custom\): is an async def, and a node is called "
-                                                    r"as a plain function; make it a def"):
+        with pytest.raises(NodeContractError, match=r"node 'centred' \(custom\): returned a coroutine, and a node is "
+                                                    r"called as a plain function whose result is never awaited; make "
+                                                    r"it a def"):
             returned(placed, centred.instantiate()(Batch({"reward": torch.ones(2)})))

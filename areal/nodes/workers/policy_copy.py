@@ -44,7 +44,7 @@ class PolicyCopy:
             from areal.engines.emulated.device import ByteTokenizer
 
             self.tokenizer = ByteTokenizer()
-        self.stops = list(config.generation.stop or ())  # a run's is set (graph/settings.py); a bare config's none
+        self.stops = config.generation.stops
         self.chat = uses_chat(self.tokenizer, config.generation.chat_template)
         self.engine_name = config.generation.engine
         self.model_name = str(config.model)

@@ -120,8 +120,9 @@ def returned(n: Node, out: Any) -> dict[str, Any]:
     METRICS (a trainer's: numbers for the step's record). An undeclared output is refused: nothing could read it."""
     if inspect.iscoroutine(out):
         out.close()  # never to run: no "never awaited" warning after the message
-        raise NodeContractError(f"{n.describe()}: is an async def, and a node is called as a plain function; make it "
-                                "a def (asyncio.run(...) inside it for what it awaits)")
+        raise NodeContractError(f"{n.describe()}: returned a coroutine, and a node is called as a plain function "
+                                "whose result is never awaited; make it a def (asyncio.run(...) inside it for what it "
+                                "awaits)")
     if not isinstance(out, Mapping):
         wants = "numbers for the step's record ({} for none)" if n.role == "trainer" else \
             f"its outputs by port ({', '.join(n.outputs)})"
