@@ -47,8 +47,12 @@ class TrainerConfig(Section):
     reuse_proximal_forward: Literal["auto", "on", "off"] = Field(
         "auto", description="with one minibatch, the update backpropagates through the proximal pass's forward "
         "(the same weights, the same micro-batches) instead of running its own: one forward fewer a step, for "
-        "the batch's activations held between the two passes, and a model with dropout trains without it; "
-        "auto: on when the trainer runs on the CPU (torch engine)")
+        "the batch's activations held between the two passes; auto: on when the trainer runs on the CPU (torch "
+        "engine)")
+    model_dropout: bool = Field(False, description="the model's own dropout (GPT-2's 0.1) acts in the update; off: "
+                                "the update's forward is the one the behaviour and proximal log-probs were taken "
+                                "with, so a step's ratio to its own weights is 1 and clipping sees only policy change "
+                                "(a LoRA adapter's dropout is lora.dropout)")
     warmup_steps: NonNegativeInt = Field(20, description="linear lr warmup: Adam's first steps are sign-like and "
                                          "move every weight by ~lr")
     lr_schedule: Literal["constant", "cosine"] = "constant"
@@ -91,7 +95,10 @@ class TrainerConfig(Section):
         """The settings that keep the update from running on one proximal forward over the batch (the torch
         engine's; FSDP and the emulated engine run their passes their own way, several minibatches one each)."""
         needs = {"engine": (self.engine, "torch"), "minibatches": (self.minibatches, 1),
-                 "objective": (self.objective, "decoupled")}
+                 "objective": (self.objective, "decoupled"),
+                 # dropout acts only in the update's own forward (the proximal pass runs without it)
+                 "model_dropout": (self.model_dropout, False),
+                 "lora.dropout": (self.lora.dropout if self.lora.rank else 0.0, 0.0)}
         return [f"{name}={got} (needs {want})" for name, (got, want) in needs.items() if got != want]
 
     def shares_prefixes(self, on_cpu: bool) -> bool:
@@ -101,5 +108,4 @@ class TrainerConfig(Section):
     def reuses_proximal_forward(self, on_cpu: bool) -> bool:
         """Whether the update backpropagates through the proximal pass's forward (reuse_proximal_forward)."""
         wanted = self.reuse_proximal_forward == "on" or (self.reuse_proximal_forward == "auto" and on_cpu)
-        # LoRA dropout acts only in the update's own forward (the proximal pass runs in eval mode)
-        return wanted and not self._no_single_proximal_forward() and not (self.lora.rank and self.lora.dropout)
+        return wanted and not self._no_single_proximal_forward()

@@ -281,7 +281,8 @@ def train_settings(config: RunConfig) -> TrainSettings:
                          microbatch_tokens=t.microbatch_tokens, warmup_steps=t.warmup_steps,
                          lr_schedule=t.lr_schedule, total_steps=config.steps,
                          temperature=config.generation.temperature,
-                         shared_prefixes=t.shares_prefixes(on_cpu=torch_device(t.device).type == "cpu"))
+                         shared_prefixes=t.shares_prefixes(on_cpu=torch_device(t.device).type == "cpu"),
+                         model_dropout=t.model_dropout)
 
 
 def _has_package(name: str) -> bool:

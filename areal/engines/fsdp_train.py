@@ -47,7 +47,7 @@ from areal.engines.torch_train import (
     read_trainer_state,
     refuse_non_finite,
 )
-from areal.engines.trainer_settings import TrainSettings
+from areal.engines.trainer_settings import TrainSettings, enter_update_mode
 from areal.kernels.packing import balance_across_ranks, pack_microbatches
 from areal.kernels.shared_prefix import members
 
@@ -174,7 +174,7 @@ class FSDPTrainEngine:
         plan = rank_microbatches([len(s) for s in sequences], self.world, self.settings.microbatch_tokens)
         steps = max(len(p) for p in plan)
         mine = plan[self.rank]
-        self.model.train()
+        enter_update_mode(self.model, self.settings)
         self.local.optimizer.zero_grad(set_to_none=True)
         numbers = StepStats()
         for k in range(steps):

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from areal.engines.lora.training import is_lora, load_adapter_checkpoint
 from areal.engines.step_stats import StepStats, Total
-from areal.engines.trainer_settings import TrainSettings
+from areal.engines.trainer_settings import TrainSettings, enter_update_mode
 from areal.kernels.logprob import token_logprobs
 from areal.kernels.packing import padded_microbatches
 from areal.kernels.shared_prefix import Unit, members, prefix_units, shares_prefixes, unit_length, unit_rows
@@ -219,7 +219,7 @@ class TorchTrainEngine:
         per_token, per_sample = self._check_batch(sequences, prompt_lens, extra or {})
         out_lens = [len(s) - p for s, p in zip(sequences, prompt_lens, strict=True)]
         total = sum(out_lens)
-        self.model.train()
+        enter_update_mode(self.model, self.settings)
         self.optimizer.zero_grad(set_to_none=True)
         numbers = StepStats()
         kept, self._kept = self._kept, None

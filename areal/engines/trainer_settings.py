@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from torch.nn import Module
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class TrainSettings:
     total_steps: int | None = None  # where a cosine schedule reaches 0
     temperature: float = 1.0
     shared_prefixes: bool = True  # a group's prompt once a row where the model allows (kernels/shared_prefix.py)
+    model_dropout: bool = False  # the model's own dropout acts in the update (a LoRA adapter's always does)
 
     def __post_init__(self) -> None:
         if self.lr_schedule not in ("constant", "cosine"):
@@ -43,3 +47,13 @@ class TrainSettings:
         assert self.total_steps is not None
         progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
         return self.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def enter_update_mode(model: Module, settings: TrainSettings) -> None:
+    """Train mode for an update: without the model's own dropout unless `model_dropout`, so the update's forward
+    is the one its behaviour and proximal log-probs were taken with (a dropped-out forward reads as policy change
+    in the PPO ratio); a LoRA adapter's dropout is its own setting and acts whenever it is set."""
+    model.train(settings.model_dropout)
+    for module in model.modules():
+        if hasattr(module, "lora_dropout"):
+            module.lora_dropout.train()

@@ -15,7 +15,7 @@ from areal.config import LoraConfig
 from areal.engines import TorchTrainEngine
 from areal.engines.lora import KIND, Merger, adapter_file, factor_pairs, is_adapter, save_adapter, write_peft_dir
 from areal.engines.lora.training import adapter_factors, base_sha256, with_adapters
-from areal.engines.trainer_settings import TrainSettings
+from areal.engines.trainer_settings import TrainSettings, enter_update_mode
 from areal.errors import ConfigError
 from areal.nodes.workers.trainer import BASE_FILE, TrainerNode
 from tests.engines.conftest import tiny_qwen2
@@ -176,3 +176,22 @@ def test_a_frozen_reference_inside_a_lora_trainer_is_its_model_with_the_adapters
         torch.testing.assert_close(g.double(), b[1:].double(), rtol=0, atol=1e-6)  # float32 rows of float64 logps
         assert not torch.allclose(a[1:].double(), b[1:].double(), atol=1e-3)
     assert reference.engine is None  # no second model was loaded
+
+
+@pytest.mark.parametrize("lora_dropout", [0.0, 0.5])
+def test_an_adapters_dropout_acts_in_the_update_and_the_base_models_own_does_not(lora_dropout):
+    model = tiny_qwen2(0)
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    wrapped = with_adapters(model, LoraConfig(rank=4, alpha=12.0, dropout=lora_dropout))
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_B" in name:
+                p.fill_(0.1)
+    enter_update_mode(wrapped, TrainSettings())
+    outputs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            outputs.append(wrapped(input_ids=SEQS[0][None], use_cache=False).logits)
+    assert torch.equal(*outputs) == (lora_dropout == 0.0)

@@ -167,12 +167,31 @@ def test_checkpoint_round_trip_restores_outputs_and_the_next_step(make_model, tm
         assert torch.equal(a, b), name
 
 
+def with_dropout(model: torch.nn.Module, p: float = 0.5) -> torch.nn.Module:
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = p
+    return model
+
+
+def test_the_models_own_dropout_stays_out_of_the_update_unless_asked(make_model):
+    """The behaviour and proximal log-probs are taken without dropout: the update's gradient is that forward's
+    (float64's), so a step's ratio to its own weights is 1; with model_dropout the draws change the step."""
+    model = with_dropout(make_model(0)).eval()
+    seqs, prompts, extra = batch()
+    engine = TorchTrainEngine(copy.deepcopy(model), TrainSettings(lr=1e-3, grad_clip=None))
+    assert_the_float64_step(model, engine, engine.train_step(seqs, prompts, pg_loss_mean, extra), seqs, prompts)
+
+    losses = set()
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        engine = TorchTrainEngine(copy.deepcopy(model), TrainSettings(lr=1e-3, model_dropout=True))
+        losses.add(engine.train_step(seqs, prompts, pg_loss_mean, extra)["loss"])
+    assert len(losses) == 2
+
+
 def test_checkpoint_restores_the_rng_so_dropout_draws_continue_the_same(make_model, tmp_path):
-    models = [make_model(0), make_model(0)]
-    for model in models:
-        for layer in model.model.layers:
-            layer.self_attn.attention_dropout = 0.5
-    first, second = (TorchTrainEngine(m, TrainSettings(lr=1e-3)) for m in models)
+    models = [with_dropout(make_model(0)), with_dropout(make_model(0))]
+    first, second = (TorchTrainEngine(m, TrainSettings(lr=1e-3, model_dropout=True)) for m in models)
     (seqs, prompts, extra), (seqs2, prompts2, extra2) = batch(0), batch(1)
     first.train_step(seqs, prompts, pg_loss_mean, extra)
     first.save(tmp_path / "ckpt", version=1)

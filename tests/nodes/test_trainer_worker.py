@@ -130,6 +130,12 @@ def test_reusing_the_proximal_forward_is_refused_where_the_trainer_runs_no_singl
     with pytest.raises(ValueError, match=r"reuse_proximal_forward=on .* minibatches=2 \(needs 1\), "
                                          r"objective=standard \(needs decoupled\)"):
         RunConfig(trainer={"reuse_proximal_forward": "on", "minibatches": 2, "objective": "standard"})
+    with pytest.raises(ValueError, match=r"model_dropout=True \(needs False\), lora.dropout=0.1 \(needs 0.0\)"):
+        RunConfig(trainer={"reuse_proximal_forward": "on", "model_dropout": True, "lora": {"rank": 4, "dropout": 0.1}})
+    # auto keeps its own forward where dropout acts in it: the proximal pass runs without dropout
+    assert not RunConfig(trainer={"model_dropout": True}).trainer.reuses_proximal_forward(on_cpu=True)
+    assert not RunConfig(trainer={"lora": {"rank": 4, "dropout": 0.1}}).trainer.reuses_proximal_forward(on_cpu=True)
+    assert RunConfig(trainer={"lora": {"rank": 0, "dropout": 0.1}}).trainer.reuses_proximal_forward(on_cpu=True)
 
 
 def test_an_advantage_that_overflows_the_loss_stops_the_update_naming_the_version(tmp_path):
