@@ -298,7 +298,8 @@ def eval_(
     task: str | None = typer.Option(
         None, "--task", metavar="NAME", help="reasoning-gym: the task set (chain_sum...); code-tasks, math-tasks: "
         "builtin:NAME or a JSONL file (default: a run directory's held-out set, else builtin:code or builtin:math)."),
-    count: int = typer.Option(100, "--count", metavar="N", help="reasoning-gym: tasks to generate."),
+    count: int | None = typer.Option(None, "--count", metavar="N",
+                                     help="reasoning-gym: tasks to generate (default 100)."),
     seed: int = typer.Option(0, "--seed", help="reasoning-gym tasks' seed, and the sampling seed."),
     option: list[str] = typer.Option([], "--option", metavar="KEY=VALUE",
                                      help="reasoning-gym: a task option, e.g. --option max_terms=2 (repeatable)."),

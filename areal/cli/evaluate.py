@@ -41,6 +41,13 @@ Progress = Callable[[str, int, int], None]
 TaskBuilder = Callable[[bool], tuple[list[dict[str, Any]], list[str]]]
 
 
+DEFAULT_COUNT = 100  # reasoning-gym tasks made when --count is not given
+# the options that act on some benchmarks only
+BENCHMARK_OPTIONS = {"--count": ("reasoning-gym",), "--option": ("reasoning-gym",),
+                     "--limit": ("humaneval", "code-tasks", "math-tasks"),
+                     "--task": ("reasoning-gym", "code-tasks", "math-tasks")}
+
+
 @dataclass(frozen=True)
 class EvalSettings:
     """What to score and how; the CLI's options, checked here so every caller gets the same errors."""
@@ -56,7 +63,7 @@ class EvalSettings:
     chat_template: str = "auto"  # or "off"
     limit: int | None = None  # humaneval, code-tasks, math-tasks: the first N problems
     task: str | None = None  # reasoning-gym: the dataset's name; code-tasks, math-tasks: builtin:NAME or a JSONL file
-    count: int = 100  # reasoning-gym: tasks generated
+    count: int | None = None  # reasoning-gym: tasks generated (DEFAULT_COUNT)
     options: dict[str, Any] = field(default_factory=dict)  # reasoning-gym: the dataset's config fields
     timeout_s: float = 3.0  # humaneval: one problem's test program; code-tasks: each test; math-tasks: each answer
     step: int | None = None  # a run directory's checkpoint
@@ -85,6 +92,26 @@ class EvalSettings:
             raise ConfigError(f"--chat-template {self.chat_template}: use auto or off")
         if self.max_batch < 1 or self.threads < 1 or (self.max_new_tokens is not None and self.max_new_tokens < 1):
             raise ConfigError("--max-batch, --threads and --max-new-tokens must be >= 1")
+        for option, n in (("--limit", self.limit), ("--count", self.count)):
+            if n is not None and n < 1:
+                raise ConfigError(f"{option} {n}: need at least 1 task")
+        self._check_benchmark_options()
+
+    def _check_benchmark_options(self) -> None:
+        """An option given to a benchmark it does nothing for is refused, not ignored: `--count 8` on code-tasks
+        would otherwise score every problem."""
+        given = {"--count": self.count is not None, "--option": bool(self.options), "--limit": self.limit is not None,
+                 "--task": self.task is not None}
+        for option, benchmarks in BENCHMARK_OPTIONS.items():
+            if given[option] and self.benchmark not in benchmarks:
+                swap = {"--count": f"; --limit N scores the first N problems of {self.benchmark}",
+                        "--limit": "; --count N sets how many tasks reasoning-gym makes"}.get(option, "")
+                raise ConfigError(f"{option} is for {', '.join(benchmarks)}, not {self.benchmark}{swap}")
+
+    @property
+    def tasks_made(self) -> int | None:
+        """How many tasks reasoning-gym makes (--count, else DEFAULT_COUNT); None for a benchmark that makes none."""
+        return (self.count or DEFAULT_COUNT) if self.benchmark == "reasoning-gym" else None
 
     @property
     def new_tokens(self) -> int:
@@ -176,7 +203,8 @@ def evaluate(model: str, settings: EvalSettings, out: Path | None = None,
         "checkpoint": loaded,
         "benchmark": settings.benchmark if settings.benchmark == "humaneval" else
         f"{settings.benchmark}/{settings.task}",
-        "settings": {**asdict(settings), "ks": list(settings.ks), "chat": chat, "max_new_tokens": settings.new_tokens},
+        "settings": {**asdict(settings), "count": settings.tasks_made, "ks": list(settings.ks), "chat": chat,
+                     "max_new_tokens": settings.new_tokens},
         "summary": summarise(judged, settings.ks, {"load_s": load_s, "generate_s": generate_s, "judge_s": judge_s,
                                                    "wall_s": time.perf_counter() - started}),
         "problems": [{"task_id": j.task_id, "n": len(j.rewards), "correct": j.correct, "prompt": j.prompt,
@@ -236,7 +264,7 @@ def _benchmark(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, Ev
     from areal.rewards.reasoning_gym import ReasoningGymScore
 
     assert settings.task is not None
-    tasks = list(reasoning_gym_tasks(settings.task, None, size=settings.count, seed=settings.seed,
+    tasks = list(reasoning_gym_tasks(settings.task, None, size=settings.tasks_made, seed=settings.seed,
                                      options=settings.options).tasks)
     return ReasoningGymScore(), lambda chat: (tasks, []), settings
 

@@ -119,6 +119,23 @@ def test_settings_are_checked_before_any_model_loads():
         parse_options(["max_terms"])
 
 
+@pytest.mark.parametrize(("given", "message"), [
+    ({"benchmark": "code-tasks", "count": 8}, "--count is for reasoning-gym, not code-tasks; --limit N scores the "
+                                              "first N problems of code-tasks"),
+    ({"benchmark": "reasoning-gym", "task": "chain_sum", "limit": 8},
+     "--limit is for humaneval, code-tasks, math-tasks, not reasoning-gym; --count N sets how many tasks"),
+    ({"benchmark": "math-tasks", "options": {"max_terms": 2}}, "--option is for reasoning-gym, not math-tasks$"),
+    ({"benchmark": "humaneval", "task": "chain_sum"}, "--task is for reasoning-gym, code-tasks, math-tasks, not hum"),
+    ({"benchmark": "humaneval", "limit": 0}, "--limit 0: need at least 1 task"),
+])
+def test_an_option_the_benchmark_does_nothing_with_is_refused_not_ignored(given, message):
+    with pytest.raises(ConfigError, match=message):
+        EvalSettings(**given).check()
+    EvalSettings(benchmark="reasoning-gym", task="chain_sum", count=8, options={"max_terms": 2}).check()
+    assert EvalSettings(benchmark="reasoning-gym", task="chain_sum").tasks_made == 100
+    assert EvalSettings(benchmark="math-tasks", limit=3).tasks_made is None
+
+
 def test_a_run_directory_is_scored_with_its_checkpoints_weights_and_a_step_elsewhere_is_refused(tmp_path):
     import torch
     from safetensors.torch import save_file
