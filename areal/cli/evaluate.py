@@ -246,7 +246,7 @@ def _benchmark(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, Ev
     if settings.benchmark in SCHEMAS:
         held = run_tasks(model, settings.benchmark, settings.task, settings.limit, settings.timeout_s)
         settings = replace(settings, task=held.named, max_new_tokens=settings.max_new_tokens or held.max_new_tokens)
-        return held.judge, lambda chat: (held.tasks, held.stops), settings
+        return held.judge, lambda chat: (held.tasks, held.stops(chat)), settings
     if settings.benchmark == "humaneval":
         from areal.data.humaneval import COMPLETION_STOPS, humaneval_problems, humaneval_tasks
         from areal.rewards.humaneval import HumanEvalTests

@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from areal.errors import ArealError, ConfigError
+
+if TYPE_CHECKING:
+    from areal.config import GenerationConfig
 
 SCHEMAS: dict[str, Literal["code", "math"]] = {"code-tasks": "code", "math-tasks": "math"}
 MAX_TASKS = 10_000  # without --limit: every held-out task (one pass of the set)
@@ -26,9 +29,15 @@ TELLING_FIELD = {"code": "tests", "math": "answer"}
 class HeldOutTasks:
     judge: Any  # a reward function, called as the run's reward node calls it
     tasks: list[dict[str, Any]]
-    stops: list[str]
+    generation: GenerationConfig  # the run's (else the defaults), tasks_stop these tasks' own
     named: str  # the set, as data.heldout_path would name it (builtin:NAME or a file)
-    max_new_tokens: int  # the run's, else generation's default
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.generation.max_new_tokens
+
+    def stops(self, chat: bool) -> list[str]:
+        return self.generation.stops(chat)
 
 
 def run_tasks(model: str, benchmark: str, task: str | None, limit: int | None, timeout_s: float) -> HeldOutTasks:
@@ -50,8 +59,7 @@ def run_tasks(model: str, benchmark: str, task: str | None, limit: int | None, t
     if declared is not None:  # the recipe's own held-out tasks (a file, a list): what the run's rounds scored
         tasks = first_pass(declared, limit or config.eval.tasks)
         named = str(getattr(declared, "path", "")) or f"the recipe's {len(tasks)} held-out tasks"
-        return HeldOutTasks(_judge(schema, timeout_s), tasks, config.generation.stops, named,
-                            config.generation.max_new_tokens)
+        return HeldOutTasks(_judge(schema, timeout_s), tasks, config.generation, named)
     if task:
         config = config.model_copy(update={"data": config.data.model_copy(update={"heldout_path": task})})
     heldout = ConfiguredTasks(schema, "test")
@@ -62,8 +70,8 @@ def run_tasks(model: str, benchmark: str, task: str | None, limit: int | None, t
     source = heldout.configure(config)  # a bad name or file is refused here, naming it
     rounds_read = config.eval.tasks if run and not task else 0  # a run's rounds scored its first eval.tasks
     tasks = first_pass(source, limit or rounds_read or MAX_TASKS)
-    stops = config.generation.stop if config.generation.stop is not None else task_stops(source, config)
-    return HeldOutTasks(_judge(schema, timeout_s), tasks, list(stops), named, config.generation.max_new_tokens)
+    generation = config.generation.model_copy(update={"tasks_stop": list(task_stops(source, config))})
+    return HeldOutTasks(_judge(schema, timeout_s), tasks, generation, named)
 
 
 def _declared_heldout(run_dir: Path) -> Any:

@@ -27,8 +27,12 @@ class GenerationConfig(Section):
         "log-prob is still the one it was drawn with)")
     stop: list[str] | None = Field(
         None, description="strings that end a completion (its text is cut before them); None: the training tasks' "
-        "own, set as the run starts (the built-in code tasks end a function body at the next def, comment, print "
-        "or blank line; a file of one's own and the math tasks have none: a completion ends at eos or the length)")
+        "own (tasks_stop) for a plain prompt's completion, none for a chat reply (it ends at its turn's end token)")
+    tasks_stop: list[str] = Field(
+        [], description="set as the run starts: the training tasks' own stop strings (the built-in code tasks end a "
+        "function body at the next def, comment, print or blank line; a file of one's own and the math tasks have "
+        "none), which end a plain prompt's completion where stop is None; a chat reply is no continuation of its "
+        "prompt, so they do not cut it")
     threads: PositiveInt = Field(1, description="torch threads of each generate worker")
     engine: Literal["torch", "vllm", "emulated"] = Field(
         "torch", description="torch: CPU or one GPU; vllm: vLLM on a CUDA GPU (pip install 'areal[gpu]'); "
@@ -75,11 +79,13 @@ class GenerationConfig(Section):
         """Whether running rows decode on over the old weights' KV after an update (on_new_weights=keep-kv)."""
         return self.on_new_weights == "keep-kv"
 
-    @property
-    def stops(self) -> list[str]:
-        """The stop strings a generator uses: the run's, settled as it starts (graph/settings.py); none for a config
-        that was never settled (a test's, the API's)."""
-        return list(self.stop or ())
+    def stops(self, chat: bool) -> list[str]:
+        """The stop strings a generator uses: the run's `stop`, else the training tasks' own (settled as the run
+        starts, graph/settings.py) for a plain prompt; a chat reply (`chat`: prompts go through the chat template)
+        ends at its turn's end token, not where a function body would."""
+        if self.stop is not None:
+            return list(self.stop)
+        return [] if chat else list(self.tasks_stop)
 
     @property
     def refill_rows(self) -> int:

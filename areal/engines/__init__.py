@@ -227,12 +227,14 @@ def _emulated_generation(config: RunConfig, checkpoint: Path | None, tokenizer: 
 
 def _sampling(config: RunConfig, tokenizer: Any, version: int, decode: Callable[[list[int]], str],
               checkpoint: Path | None) -> dict[str, Any]:
+    from areal.models.chat import uses_chat
     from areal.models.loading import end_token_ids, generation_eos
 
     gen = config.generation
     listed = generation_eos(checkpoint) if checkpoint is not None else None
+    stops = gen.stops(uses_chat(tokenizer, gen.chat_template))
     return dict(**ending(end_token_ids(tokenizer, listed)), max_new_tokens=gen.max_new_tokens,
-                temperature=gen.temperature, top_p=gen.top_p, stop_strings=gen.stops, decode=decode,
+                temperature=gen.temperature, top_p=gen.top_p, stop_strings=stops, decode=decode,
                 seed=config.seed, version=version)
 
 

@@ -51,7 +51,7 @@ def resolve_run_config(graph: Graph, config: RunConfig, overrides: tuple[str, ..
     if resolved.generation.stop is None:  # the training tasks' own (the built-in code tasks': a body's end)
         sources = [n.spec.instantiate() for n in graph.nodes.values() if n.kind == "source"]
         stops = list(dict.fromkeys(s for source in sources for s in task_stops(source, resolved)))
-        resolved = with_values(resolved, {"generation.stop": stops}, "the training tasks' stop strings")
+        resolved = with_values(resolved, {"generation.tasks_stop": stops}, "the training tasks' stop strings")
     for n in graph.nodes.values():
         seen = node_config(resolved, n)  # each node's view must validate too (a trainer's lr, its ranks and engine)
         trains = "trainer.microbatch_tokens" in n.spec.setting_paths.values()

@@ -130,6 +130,22 @@ def test_a_tokenizer_without_a_pad_token_generates_padded_rows_with_its_eos(tmp_
     assert sorted(r.request_id for r in done) == [0, 1] and all(len(r.output_ids) >= 1 for r in done)
 
 
+@pytest.mark.parametrize(("template", "stop", "engine_stops"), [
+    (None, None, ["\n\n"]),  # a plain prompt continued: the training tasks' own
+    ("{{ messages[0]['content'] }}", None, []),  # a chat reply ends at its turn's end token
+    ("{{ messages[0]['content'] }}", ["END"], ["END"]),  # what the run sets holds for both
+])
+def test_the_training_tasks_stop_strings_cut_a_continuation_but_not_a_chat_reply(tmp_path, template, stop,
+                                                                               engine_stops):
+    fast = _no_pad_checkpoint(tmp_path / "ckpt", "llama")
+    fast.chat_template = template
+    fast.save_pretrained(tmp_path / "ckpt")
+    config = RunConfig(model=str(tmp_path / "ckpt"), generation={"stop": stop, "tasks_stop": ["\n\n"]})
+    engine = generation_engine(config, tmp_path / "ckpt", load_tokenizer(tmp_path / "ckpt"), weights=None,
+                               version=0, decode=fast.decode)
+    assert engine.stop_strings == engine_stops
+
+
 def test_every_eos_the_generation_config_lists_ends_a_completion_in_the_run_and_in_eval(tmp_path):
     # Llama 3 instruct lists <|eot_id|> and <|eom_id|> beside the tokenizer's eos: a turn ending on either must end
     # the completion, as it does under Hugging Face's generate and vLLM

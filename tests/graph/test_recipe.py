@@ -16,8 +16,8 @@ def test_recipe_config_and_overrides_are_applied(write_recipe):
 
 def test_recipe_without_config_gets_defaults(write_recipe):
     loaded = load_recipe(write_recipe(recipes.GOOD))
-    # the defaults, with generation.stop resolved from the source's tasks (none: they are no built-in set)
-    assert loaded.config == RunConfig(generation={"stop": []}) and loaded.config.batch_size == 16
+    # the defaults: the source's tasks' stop strings are none (they are no built-in set)
+    assert loaded.config == RunConfig() and loaded.config.batch_size == 16
     assert loaded.graph.name == "ok"
 
 

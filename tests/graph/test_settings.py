@@ -180,5 +180,8 @@ def test_a_run_that_sets_no_stop_strings_gets_its_training_tasks_own(write_recip
                                                                        overrides, stops):
     text = STOPS_RECIPE.replace("SOURCE", source).replace("CONFIG", config).replace("GENERATE", generate)
     recipe = load_recipe(write_recipe(text), overrides)
-    assert recipe.config.generation.stop == stops
-    assert recipe.node_config("rollout").generation.stop == stops == recipe.config.generation.stops
+    settled = recipe.node_config("rollout").generation
+    assert settled.stops(chat=False) == stops == recipe.config.generation.stops(chat=False)
+    # a chat reply is no function body: the tasks' own do not cut it, what the run sets does
+    set_by_run = config or generate or any(o.startswith("generation.stop=") for o in overrides)
+    assert settled.stops(chat=True) == (stops if set_by_run else [])

@@ -138,11 +138,11 @@ def test_prompts_go_through_the_chat_template_of_a_model_that_has_one_unless_it_
 
     monkeypatch.setenv("AREAL_CACHE", str(tmp_path / "cache"))
     model = str(write_gguf(tiny_llama(), tmp_path / "tiny.gguf"))
-    prompts = {}
+    prompts, stops = {}, {}
     for setting in ("auto", "off"):
         node = GenerateNode()
-        config = RunConfig(model=model, group_size=1,
-                           generation=GenerationConfig(max_new_tokens=2, stop=[], chat_template=setting))
+        config = RunConfig(model=model, group_size=1, generation=GenerationConfig(
+            max_new_tokens=2, tasks_stop=["\n\n"], chat_template=setting))  # as a code run settles them
         node.setup(SimpleNamespace(config=config, run_dir=tmp_path, version=0, resume_dir=None, weights_group=None,
                                    published_weights=lambda version: tmp_path / "none", resumed_policy=lambda: None,
                                    note=lambda sample_ids, reasons: None, report=None))
@@ -152,7 +152,10 @@ def test_prompts_go_through_the_chat_template_of_a_model_that_has_one_unless_it_
         while node.pending():
             done += node.step()
         prompts[setting] = node.tokenizer.decode(done[0][0]["prompt_ids"].rows()[0].tolist())
+        stops[setting] = (node.stops, node.engine.stop_strings)
     assert prompts == {"auto": "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n", "off": "2+2?"}
+    # the tasks' stop strings end a plain prompt's continuation; a chat reply ends at its turn's end token
+    assert stops == {"auto": ([], []), "off": (["\n\n"], ["\n\n"])}
 
 
 def wire_report(kind: str, **fields) -> Message:

@@ -44,8 +44,8 @@ class PolicyCopy:
             from areal.engines.emulated.device import ByteTokenizer
 
             self.tokenizer = ByteTokenizer()
-        self.stops = config.generation.stops
         self.chat = uses_chat(self.tokenizer, config.generation.chat_template)
+        self.stops = config.generation.stops(self.chat)
         self.engine_name = config.generation.engine
         self.model_name = str(config.model)
         # the run's newest published weights (a restarted worker), else the checkpoint's (a resumed one)
