@@ -82,6 +82,8 @@ def summary_table(controller: Controller) -> Table:
     t.add_column("what", style="bold")
     t.add_column("value")
     t.add_row("run directory", str(controller.run_dir))
+    if controller.metrics.trackers:
+        t.add_row("trackers", "\n".join(tracker.where for tracker in controller.metrics.trackers))
     t.add_row("mode", f"{controller.config.mode} (η = {controller.config.effective_staleness})")
     t.add_row("policy versions", str(s.version))
     t.add_row("wall-clock", f"{controller._elapsed():.1f} s")

@@ -30,6 +30,7 @@ from areal.runtime.compiler.compile import compile_plan, side_branch_notes
 from areal.runtime.controller.controller import Controller
 from areal.runtime.controller.run_status import StatusWriter
 from areal.runtime.controller.signals import Stopped
+from areal.runtime.records.trackers import tracker_problems
 from areal.runtime.storage.resume import ResumePoint, check_changes, recipe_hash, resume_point
 from areal.runtime.storage.rundir import RunDirLock, claim_run_dir, writing
 
@@ -119,6 +120,8 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
                           "train on (areal eval scores its checkpoints)")
     _check_trains(recipe)
     _check_engines(recipe)
+    if missing := tracker_problems(recipe.config):  # the trackers run here, in the controller, on any backend
+        raise ConfigError("\n".join(missing))
     reports = _preflight(recipe)
     for report in reports:
         if console is not None and _first_on_this_machine(report):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from areal.config.section import Section
 
@@ -45,6 +45,20 @@ class RecordsConfig(Section):
                         "`areal view`")
     spans_max_mb: PositiveFloat = Field(16.0, description="the most one worker's span files hold (MB): the file is "
                                         "rotated at half of it and the older half dropped, so the newest spans stay")
+    trackers: list[Literal["tensorboard", "wandb"]] = Field(
+        [], description="experiment trackers that get each step's and held-out round's numbers at its version, "
+        "beside metrics.jsonl (pip install -c constraints.txt -e '.[track]'): tensorboard (tensorboard/ in the run "
+        "directory), wandb (a W&B run named after the run directory, continued on resume; WANDB_MODE, "
+        "WANDB_ENTITY as W&B reads them)")
+    wandb_project: str = Field("areal", min_length=1, description="the W&B project of records.trackers=wandb")
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _names_as_typed(cls, value: object) -> object:
+        """`--set records.trackers=wandb` or `=tensorboard,wandb` (or `[tensorboard,wandb]`) as the list it means."""
+        if isinstance(value, str):
+            return [name.strip() for name in value.strip("[] ").split(",") if name.strip()]
+        return value
 
 
 class CheckpointConfig(Section):

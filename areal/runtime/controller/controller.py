@@ -106,8 +106,7 @@ class Controller(WorkerReports, WorkerRecovery):
                         if heldout is not None and config.eval.tasks else None)
         self.state = RunState(version=start_version, steps=config.steps)
         self.wall_before = float(saved.get("wall_s", 0.0)) if saved else 0.0  # the run's seconds at its checkpoint
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl",
-                                     keep_lines=int(saved.get("metrics_lines", 0)) if saved else None)
+        self.metrics = MetricsWriter.for_run(self.run_dir, config, saved, start_version)
         # the samples' fate where the controller decides it: admitted, or dropped by the staleness policy
         self.sample_log = SampleLog(self.run_dir, "controller", config.records) if config.records.samples else None
         self.steps = StepRecorder(len(self.accounting.trained), config.group_size, len(self.trainers) > 1,
