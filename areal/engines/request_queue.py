@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NotRequired, Required, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import Tensor
 
 from areal.engines.generation import GenRequest, GenResult, InFlight
 from areal.engines.sampling import check_sampling, checked_request, request_stops, run_to_completion
+
+if TYPE_CHECKING:  # typing has them from Python 3.11; areal runs on 3.10
+    from typing_extensions import NotRequired, Required
 
 
 def split_newcomers(admit: Sequence[Any], kept: set[tuple[int, ...]]) -> tuple[list[Any], list[Any]]:

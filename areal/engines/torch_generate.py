@@ -48,7 +48,7 @@ import inspect
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -61,6 +61,7 @@ from areal.engines.sampling import finish_reason, request_uniforms, sample_token
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+    from typing_extensions import Unpack  # typing's from Python 3.11; areal runs on 3.10
 
 @dataclass(kw_only=True)
 class _Slot(InFlight):

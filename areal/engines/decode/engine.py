@@ -23,7 +23,7 @@ tokens are the same. What differs is where the rows live: each running request o
 from __future__ import annotations
 
 import time
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -37,6 +37,9 @@ from areal.engines.generation import FinishReason, GenRequest, GenResult
 from areal.engines.lists import list_tensor
 from areal.engines.request_queue import EngineSettings, QueuedEngine, split_newcomers
 from areal.engines.sampling import sample_tokens, uniform_stream
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11; areal runs on 3.10
 
 # the eager step's rows: the running slots, their requests, the slots as a tensor (or None), which share a prompt
 _Layout = tuple[list[int], list[Request], Tensor | None, Shared | None]

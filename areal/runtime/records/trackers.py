@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from areal.config import RunConfig
 
 log = logging.getLogger("areal.controller")
-PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 INSTALL = "pip install -c constraints.txt -e '.[track]'"
 WANDB_ID_FILE = "wandb-id"
 
@@ -40,9 +39,9 @@ class Tracker(Protocol):
 
 
 def tracker_problems(config: RunConfig) -> list[str]:
-    """Each asked-for tracker whose package this machine lacks, said before the run starts."""
-    return [f"records.trackers: {name} needs the '{PACKAGES[name]}' package ({INSTALL})"
-            for name in config.records.trackers if importlib.util.find_spec(PACKAGES[name]) is None]
+    """Each asked-for tracker whose package (named as the tracker) this machine lacks, said before the run starts."""
+    return [f"records.trackers: {name} needs the '{name}' package ({INSTALL})"
+            for name in config.records.trackers if importlib.util.find_spec(name) is None]
 
 
 def open_trackers(config: RunConfig, run_dir: Path, resumed_at: int | None) -> list[Tracker]:
