@@ -295,6 +295,37 @@ def test_a_run_shorter_than_its_lr_warmup_says_so_as_it_starts(tmp_path):
     assert "warmup" not in _said_at_start(tmp_path / "reached", "steps=4", "trainer.warmup_steps=4")  # lr at 4/4
 
 
+def test_a_large_model_trained_whole_at_the_built_in_models_lr_is_said_as_the_run_starts(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import areal.cli.run as run
+    from areal.models.loading import load_model, parameter_count
+    from tests.local_model import make_checkpoint
+
+    checkpoint = make_checkpoint(tmp_path / "ckpt")
+    params = parameter_count(checkpoint)
+    assert params == load_model(checkpoint).num_parameters()  # read from the headers, exactly
+    monkeypatch.setattr(run, "LARGE_MODEL_PARAMS", params)  # as though this one were 100M parameters
+
+    def said(folder: str, *settings: str) -> str:
+        out = io.StringIO()
+        tiny = Path(__file__).with_name("runtime") / "tiny_rl.py"
+        run.build_controller(tiny, [f"model={checkpoint}", *settings], tmp_path / folder,
+                             console=Console(file=out, width=400)).lock.release()
+        return out.getvalue()
+
+    assert (f"node 'actor' (ppo-update): trainer.lr=0.001 fine-tunes every weight of {checkpoint}, a model of "
+            f"{params / 1e6:.0f}M parameters, at an lr sized for the built-in models of under a million (the default "
+            "is 0.0003); RL on a model this size commonly takes 1e-6 to 1e-5: set trainer.lr"
+            ) in " ".join(said("recipe-lr").split())  # the recipe's 1e-3
+    for folder, setting in (("small-lr", "trainer.lr=1e-5"), ("lora", "trainer.lora.rank=4")):
+        assert "fine-tunes every weight" not in said(folder, setting)
+    monkeypatch.setattr(run, "LARGE_MODEL_PARAMS", params + 1)
+    assert "fine-tunes every weight" not in said("smaller")
+
+
 def test_a_run_sampling_from_the_nucleus_says_its_update_is_not_of_what_it_sampled(tmp_path):
     nucleus = _said_at_start(tmp_path / "nucleus", "generation.top_p=0.9")
     assert ("generation.top_p=0.9: tokens are drawn from the nucleus, but the trainer scores them under the whole "

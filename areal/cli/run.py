@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.live import Live
 
 from areal.cli.progress import ProgressLines, live_table, summary_table
+from areal.config import TrainerConfig
 from areal.data.sources import heldout_note
 from areal.engines import needs_model, require_engines
 from areal.errors import ArealError, ConfigError, RecipeError, RunError
@@ -35,6 +36,8 @@ from areal.runtime.storage.resume import ResumePoint, check_changes, recipe_hash
 from areal.runtime.storage.rundir import RunDirLock, claim_run_dir, writing
 
 log = logging.getLogger("areal")
+# a trainer of every weight of a model this large at an lr above this one is said as the run starts
+LARGE_MODEL_PARAMS, LARGE_MODEL_LR = 100_000_000, 5e-5
 
 
 def run_recipe(recipe_path: Path | str | None, *, overrides: list[str] | None = None, run_dir: Path | None = None,
@@ -152,6 +155,8 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
     for note in _short_of_warmup(recipe) + _nucleus(recipe):
         _note(console, note)
     _prepare_models(recipe)
+    for note in _lr_for_size(recipe):
+        _note(console, note)
     return controller
 
 
@@ -251,6 +256,25 @@ def _nucleus(recipe: Recipe) -> list[str]:
     return [f"generation.top_p={gen.top_p:g}: tokens are drawn from the nucleus, but the trainer scores them under "
             f"the whole tempered distribution (their behaviour log-probs are {behaviour}), so the update is not "
             "the policy gradient of what was sampled; top_p=1, the default, trains on exactly what it samples"]
+
+
+def _lr_for_size(recipe: Recipe) -> list[str]:
+    """Trainers that fine-tune every weight of a large model at the built-in models' lr: a step that size wrecks
+    it within a few versions, and the run only shows its reward falling."""
+    notes = []
+    for n in (n for n in _builtin_policy_nodes(recipe) if n.kind == "ppo-update"):
+        seen = recipe.node_config(n.name)
+        if seen.trainer.lora.rank or seen.trainer.lr <= LARGE_MODEL_LR or not needs_model(seen, generation=False):
+            continue
+        from areal.models.loading import checkpoint_dir, parameter_count
+
+        params = parameter_count(checkpoint_dir(seen.model)) or 0
+        if params >= LARGE_MODEL_PARAMS:
+            notes.append(f"{n.describe()}: trainer.lr={seen.trainer.lr:g} fine-tunes every weight of {seen.model}, "
+                         f"a model of {params / 1e6:.0f}M parameters, at an lr sized for the built-in models of "
+                         f"under a million (the default is {TrainerConfig.model_fields['lr'].default:g}); RL on a "
+                         "model this size commonly takes 1e-6 to 1e-5: set trainer.lr")
+    return notes
 
 
 def _builtin_policy_nodes(recipe: Recipe) -> list[Node]:

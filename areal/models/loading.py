@@ -10,6 +10,7 @@ says what exists and how to get out.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,21 @@ def checkpoint_dir(spec: str) -> Path:
             f"{', '.join(BUILTIN_PREFIX + b for b in BUILTINS)}."
         )
     return path
+
+
+def parameter_count(checkpoint: Path) -> int | None:
+    """The parameters a checkpoint's safetensors files hold, read from their headers (no tensor is loaded); None
+    for a checkpoint in another format."""
+    from safetensors import safe_open
+
+    files = sorted(checkpoint.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            total += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    return total
 
 
 def load_model(path: Path, *, dtype: str = "float32") -> PreTrainedModel:
