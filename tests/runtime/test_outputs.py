@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -40,12 +41,26 @@ def check(**out):
     (torch.zeros(3, 5), "output 'score' is declared float32[S], so it must be a tensor of shape [S]; got shape [3, 5]"),
     (torch.tensor(1.0), "output 'score' is declared float32[S], so it must be a tensor of shape [S]; got shape []"),
     (torch.zeros(4), "output 'score' has 4 rows for a batch of 3"),
-    ([0.0, 0.0, 0.0], "output 'score' is declared float32[S] and must be a tensor, got list "
-                      "(torch.as_tensor(value, dtype=torch.float32) makes one)"),
+    ("0.5", "output 'score' is declared float32[S] and must be a tensor (or a list or numpy array of one number a "
+            "sample), got str"),
+    ([0.5, "x", 1.0], "output 'score' is declared float32[S]: its list must hold numbers"),
+    ([0.5, 1.0], "output 'score' has 2 rows for a batch of 3"),
+    ([0.5, 1.5, 2.0], "output 'ids' is declared int64[S] but holds float32 values"),  # never truncated to ints
 ])
 def test_a_broken_contract_names_the_node_the_port_and_what_differs(value, says):
+    port = says.split("'")[1]
     with pytest.raises(NodeContractError, match=r"node 'scorer' \(custom\): " + re.escape(says)):
-        check(score=value)
+        check(**{port: value})
+
+
+def test_a_per_sample_output_may_be_a_list_or_numpy_array_of_numbers():
+    out, failed = check(score=np.array([0.25, 1.0, 2.0], dtype=np.float64), ids=[4, 5, 6])
+    assert out["score"].dtype == torch.float32 and out["score"].tolist() == [0.25, 1.0, 2.0]
+    assert out["ids"].dtype == torch.int64 and out["ids"].tolist() == [4, 5, 6] and failed == {}
+    for ints_or_bools in ([1, 0, 1], np.array([True, False, True])):  # as a reward function's are
+        out, _ = check(score=ints_or_bools)
+        assert out["score"].dtype == torch.float32 and out["score"].tolist() == [1.0, 0.0, 1.0]
+    assert check(score=[0.0, float("nan"), 1.0])[1] == {1: "output 'score' is nan"}
 
 
 @pytest.mark.parametrize(("value", "says"), [

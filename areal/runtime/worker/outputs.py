@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -72,6 +73,8 @@ def _cast(ptype: PortType, value: Any, rows: int) -> Any:
     token = ptype.level == "token"
     if token and isinstance(value, list):
         value = _rows_as_ragged(ptype, value)
+    elif not token and isinstance(value, (list, np.ndarray)):
+        value = _numbers_as_tensor(ptype, value)
     tensor = value.values if token and isinstance(value, Ragged) else value
     if token and not isinstance(value, Ragged):
         hint = (": a padded [samples, longest] tensor would count its padding as tokens" if isinstance(value, Tensor)
@@ -79,8 +82,8 @@ def _cast(ptype: PortType, value: Any, rows: int) -> Any:
         raise ValueError(f"is declared {ptype} (per token) and must be a Ragged or a list of each sample's values, "
                          f"got {type(value).__name__}{hint}; Ragged.from_rows(rows) makes one (areal.graph.batch)")
     if not isinstance(tensor, Tensor):
-        raise ValueError(f"is declared {ptype} and must be a tensor, got {type(value).__name__} "
-                         f"(torch.as_tensor(value, dtype={TORCH_DTYPES[ptype.dtype]}) makes one)")
+        raise ValueError(f"is declared {ptype} and must be a tensor (or a list or numpy array of one number a sample), "
+                         f"got {type(value).__name__}")
     fixed = [int(d) for d in ptype.dims if d.isdigit()]
     want_dims = 1 + len(fixed)  # S (or the packed tokens of a Ragged), then the fixed sizes
     if tensor.dim() != want_dims or list(tensor.shape[1:]) != fixed:
@@ -111,6 +114,18 @@ def _rows_as_ragged(ptype: PortType, rows: list[Any]) -> Ragged:
         raise ValueError(f"is declared {ptype} (per token): each sample's values must have one entry per token, got "
                          f"a {wrong[0]}-dimensional row")
     return Ragged.from_rows(tensors, dtype=None if tensors else TORCH_DTYPES[ptype.dtype])
+
+
+def _numbers_as_tensor(ptype: PortType, value: list[Any] | np.ndarray) -> Tensor:
+    """A list or numpy array of one value a sample as a tensor, checked as one below: ints and bools become floats
+    for a float port (as a reward function's do); a float is never truncated into an int port."""
+    try:
+        tensor = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"is declared {ptype}: its {type(value).__name__} must hold numbers ({err})") from None
+    if _family(TORCH_DTYPES[ptype.dtype]) == "float" and _family(tensor.dtype) in ("int", "bool"):
+        return tensor.to(TORCH_DTYPES[ptype.dtype])
+    return tensor
 
 
 def _rows(got: int, rows: int) -> None:
