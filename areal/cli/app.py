@@ -315,6 +315,10 @@ def eval_(
                                                    "math-tasks."),
     max_batch: int = typer.Option(16, "--max-batch", metavar="N", help="Sequences decoded together."),
     threads: int = typer.Option(1, "--threads", metavar="N", help="torch threads (1 suits a busy CPU)."),
+    device: str = typer.Option("auto", "--device", metavar="auto|cpu|cuda[:N]",
+                               help="Where the model generates: auto is a CUDA GPU when there is one."),
+    dtype: str = typer.Option("float32", "--dtype", metavar="float32|bfloat16|float16",
+                              help="The model's weights as it generates (bfloat16 halves a GPU's memory)."),
     chat_template: str = typer.Option("auto", "--chat-template", metavar="auto|off",
                                       help="auto: prompts become user messages when the tokenizer has a template."),
     step: int | None = typer.Option(None, "--step", metavar="N", help="A run directory's checkpoint (default newest)."),
@@ -352,7 +356,7 @@ def eval_(
         benchmark=benchmark, samples=samples, ks=tuple(sorted(set(k or {1, samples}))), temperature=temperature,
         top_p=top_p, max_new_tokens=max_new_tokens, max_batch=max_batch, seed=seed, chat_template=chat_template,
         limit=limit, task=task, count=count, options=parse_options(option), step=step, threads=threads,
-        trained=trained,
+        trained=trained, device=device, dtype=dtype,
     )
     out = out or Path("evals") / f"{benchmark}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     console = Console()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -29,6 +30,8 @@ import torch
 
 from areal.cli.eval_inputs import check_output, check_weights, write_results
 from areal.cli.run_tasks import SCHEMAS, run_tasks
+from areal.config.section import DEVICE_PATTERN
+from areal.engines.device import device_problem, torch_device
 from areal.errors import ConfigError
 from areal.graph.roles import Closes
 from areal.runtime.records.solved import solved
@@ -71,6 +74,8 @@ class EvalSettings:
     # torch threads. One by default: on a shared machine, a second thread that gets descheduled makes
     # the first spin at every op's barrier (measured on 2 busy cores: 1 thread generated 4.6x faster)
     threads: int = 1
+    device: str = "auto"  # where the policy generates: auto (a CUDA GPU when there is one), cpu, cuda, cuda:N
+    dtype: str = "float32"  # the policy's weights there (bfloat16 halves a GPU's memory and time)
 
     def check(self) -> None:
         if self.benchmark not in BENCHMARKS:
@@ -92,6 +97,14 @@ class EvalSettings:
             raise ConfigError(f"--chat-template {self.chat_template}: use auto or off")
         if self.max_batch < 1 or self.threads < 1 or (self.max_new_tokens is not None and self.max_new_tokens < 1):
             raise ConfigError("--max-batch, --threads and --max-new-tokens must be >= 1")
+        from areal.models.loading import DTYPES
+
+        if not re.fullmatch(DEVICE_PATTERN, self.device) or self.dtype not in DTYPES:
+            raise ConfigError(f"--device {self.device} / --dtype {self.dtype}: use auto, cpu, cuda or cuda:N and one "
+                              f"of {', '.join(DTYPES)}")
+        problem = device_problem("--device", self.device)
+        if problem:
+            raise ConfigError(problem)
         for option, n in (("--limit", self.limit), ("--count", self.count)):
             if n is not None and n < 1:
                 raise ConfigError(f"{option} {n}: need at least 1 task")
@@ -183,6 +196,9 @@ def evaluate(model: str, settings: EvalSettings, out: Path | None = None,
     started = time.perf_counter()
     judge, build_tasks, settings = _benchmark(model, settings)  # a bad task name or a missing sandbox is refused
     policy, tokenizer, loaded = load_for_eval(model, settings.step, settings.trained)
+    from areal.models.loading import DTYPES
+
+    policy = policy.to(device=torch_device(settings.device), dtype=DTYPES[settings.dtype])
     load_s = time.perf_counter() - started
     from areal.models.chat import uses_chat
 
@@ -204,6 +220,7 @@ def evaluate(model: str, settings: EvalSettings, out: Path | None = None,
         "benchmark": settings.benchmark if settings.benchmark == "humaneval" else
         f"{settings.benchmark}/{settings.task}",
         "settings": {**asdict(settings), "count": settings.tasks_made, "ks": list(settings.ks), "chat": chat,
+                     "device": str(torch_device(settings.device)),
                      "max_new_tokens": settings.new_tokens},
         "summary": summarise(judged, settings.ks, {"load_s": load_s, "generate_s": generate_s, "judge_s": judge_s,
                                                    "wall_s": time.perf_counter() - started}),

@@ -225,7 +225,8 @@ def eval_table(document: dict[str, Any]) -> Table:
         t.add_row(f"pass@{k}", f"{s[f'pass@{k}']:.4f}")
     t.add_row("mean reward", f"{s['reward_mean']:.4f}")
     t.add_row("failures", ", ".join(f"{k}: {v}" for k, v in s["failures"].items()) or "—")
-    t.add_row("generated", f"{s['generated_tokens']} tokens, {s['tokens_per_s']:.0f} tokens/s")
+    where = f" on {settings['device']} ({settings['dtype']})" if "device" in settings else ""  # older files: the CPU
+    t.add_row("generated", f"{s['generated_tokens']} tokens, {s['tokens_per_s']:.0f} tokens/s{where}")
     t.add_row("wall-clock", f"{s['wall_s']:.1f} s (load {s['load_s']:.1f}, generate {s['generate_s']:.1f}, "
               f"judge {s['judge_s']:.1f})")
     return t

@@ -127,8 +127,10 @@ def test_settings_are_checked_before_any_model_loads():
     ({"benchmark": "math-tasks", "options": {"max_terms": 2}}, "--option is for reasoning-gym, not math-tasks$"),
     ({"benchmark": "humaneval", "task": "chain_sum"}, "--task is for reasoning-gym, code-tasks, math-tasks, not hum"),
     ({"benchmark": "humaneval", "limit": 0}, "--limit 0: need at least 1 task"),
+    ({"device": "gpu"}, "--device gpu / --dtype float32: use auto, cpu, cuda or cuda:N and one of float32, bfloat16"),
+    ({"dtype": "fp8"}, "--device auto / --dtype fp8: use auto, cpu, cuda or cuda:N"),
 ])
-def test_an_option_the_benchmark_does_nothing_with_is_refused_not_ignored(given, message):
+def test_an_option_the_benchmark_does_nothing_with_or_cannot_take_is_refused_not_ignored(given, message):
     with pytest.raises(ConfigError, match=message):
         EvalSettings(**given).check()
     EvalSettings(benchmark="reasoning-gym", task="chain_sum", count=8, options={"max_terms": 2}).check()
@@ -321,6 +323,30 @@ def test_a_run_trained_on_a_file_alone_had_no_held_out_tasks_and_eval_asks_for_s
     tasks, _ = build(False)
     assert settings.task == "builtin:code" and len(tasks) == 5
     assert not {t["task_id"] for t in tasks} & {"adds-one", "returns-x"}
+
+
+def test_the_policy_generates_on_the_device_and_in_the_dtype_asked_and_cuda_is_refused_where_there_is_none(
+        tmp_path, monkeypatch):
+    import torch
+
+    import areal.cli.evaluate as evaluate_module
+
+    seen = []
+    generate = evaluate_module.generate_completions
+
+    def spy(policy, *args, **kwargs):
+        seen.append({(p.device.type, p.dtype) for p in policy.parameters()})
+        return generate(policy, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "generate_completions", spy)
+    document = evaluate_module.evaluate("builtin:tiny-coder", EvalSettings(benchmark="code-tasks", limit=2,
+                                                                           dtype="bfloat16"))
+    assert seen == [{("cpu", torch.bfloat16)}] and document["summary"]["generated_tokens"] > 0
+    assert (document["settings"]["device"], document["settings"]["dtype"]) == ("cpu", "bfloat16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r'--device="cuda" needs a CUDA GPU \(this process sees none\)'):
+        evaluate_module.evaluate("builtin:tiny-coder", EvalSettings(benchmark="code-tasks", device="cuda"))
+    assert len(seen) == 1  # refused before any model loaded
 
 
 def test_math_tasks_scores_the_shipped_mather_on_the_built_in_held_out_problems_with_the_math_judge(tmp_path):
