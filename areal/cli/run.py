@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from rich.live import Live
 from areal.cli.progress import ProgressLines, live_table, summary_table
 from areal.config import TrainerConfig
 from areal.data.sources import heldout_note
-from areal.engines import needs_model, require_engines
+from areal.engines import TrainSettings, needs_model, require_engines
 from areal.errors import ArealError, ConfigError, RecipeError, RunError
 from areal.graph.node import Node
 from areal.graph.recipe import Recipe, load_recipe
@@ -116,7 +117,7 @@ def build_controller(recipe_path: Path | str, overrides: list[str], run_dir: Pat
     notes = list(notes or [])
     recipe = load_recipe(recipe_path, overrides)
     if resume is not None and (changed := check_changes(resume.run_dir, recipe.config)):
-        notes.append(_report(console, "resuming with changed settings:", changed))
+        notes.append(_report(console, "resuming with changed settings:", changed + _lr_moves(recipe, resume)))
     if resume is not None and resume.saved and int(resume.saved["version"]) >= recipe.config.steps:
         raise ConfigError(f"{resume.run_dir} is at version {resume.saved['version']} and steps={recipe.config.steps}: "
                           f"nothing is left to train; resume with --set steps=N above {resume.saved['version']} to "
@@ -274,6 +275,23 @@ def _lr_for_size(recipe: Recipe) -> list[str]:
                          f"a model of {params / 1e6:.0f}M parameters, at an lr sized for the built-in models of "
                          f"under a million (the default is {TrainerConfig.model_fields['lr'].default:g}); RL on a "
                          "model this size commonly takes 1e-6 to 1e-5: set trainer.lr")
+    return notes
+
+
+def _lr_moves(recipe: Recipe, resume: ResumePoint) -> list[str]:
+    """A cosine schedule spans the run's steps: resumed with other steps, it is stretched or shrunk, and the lr of
+    the version it resumes at jumps (said, not refused: a run extended past its decay is a choice)."""
+    recorded = json.loads((resume.run_dir / "config.json").read_text())
+    steps, version = (int(recorded["steps"]), recipe.config.steps), int((resume.saved or {}).get("version", 0))
+    notes = []
+    for n in (n for n in recipe.graph.nodes.values() if n.kind == "ppo-update" and steps[0] != steps[1]):
+        t = recipe.node_config(n.name).trainer
+        if t.lr_schedule != "cosine" or min(steps) <= t.warmup_steps:
+            continue
+        lrs = [TrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, lr_schedule="cosine", total_steps=total).lr_at(
+            version) for total in steps]
+        notes.append(f"{n.describe()}: its cosine lr schedule now ends at step {steps[1]}, not {steps[0]}: the lr "
+                     f"at version {version} goes from {lrs[0]:.3g} to {lrs[1]:.3g}")
     return notes
 
 

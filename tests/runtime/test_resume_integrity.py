@@ -139,3 +139,18 @@ def test_resumed_metrics_do_not_repeat_steps_rates_count_only_new_work_and_keep_
     # checkpoint's, so a run's lines stay one curve against time)
     assert first["samples_per_s"] * (first["wall_s"] - resumed_at) == pytest.approx(B * G)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000006"]
+
+
+def test_a_cosine_schedule_resumed_with_other_steps_says_how_the_lr_of_its_version_jumps(tmp_path):
+    from types import SimpleNamespace
+
+    from areal.cli.run import _lr_moves
+
+    tiny = Path(__file__).with_name("tiny_rl.py")
+    cosine = ["trainer.lr_schedule=cosine", "trainer.warmup_steps=0"]
+    (tmp_path / "config.json").write_text(load_recipe(tiny, [*cosine, "steps=4"]).config.model_dump_json())
+    at_the_end = SimpleNamespace(run_dir=tmp_path, saved={"version": 4})  # where the 4-step schedule reached 0
+    [said] = _lr_moves(load_recipe(tiny, [*cosine, "steps=8"]), at_the_end)
+    assert said.endswith("tiny_rl.py:55: node 'actor' (ppo-update): its cosine lr schedule now ends at step 8, not 4: "
+                         "the lr at version 4 goes from 0 to 0.0005")  # 1e-3 · (1 + cos(π · 4/8)) / 2
+    assert _lr_moves(load_recipe(tiny, ["steps=8"]), at_the_end) == []  # a constant lr does not move
