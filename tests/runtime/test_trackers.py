@@ -35,8 +35,8 @@ class Recording:
             raise ConnectionError("the tracker's server is gone")
         self.logged.append((kind, version, values))
 
-    def close(self) -> None:
-        self.closed = True
+    def close(self, failed: bool) -> None:
+        self.closed = "failed" if failed else "ended"
 
 
 def test_step_and_eval_numbers_reach_each_tracker_at_their_version_and_a_failing_one_is_dropped(tmp_path, caplog):
@@ -46,10 +46,10 @@ def test_step_and_eval_numbers_reach_each_tracker_at_their_version_and_a_failing
         writer.write(STEP)
         writer.write({"kind": "failed", "version": 3, "sample_id": 7, "reason": "crash"})
         writer.write({"kind": "eval", "version": 4, "pass@1": 0.25, "tasks": 8})
-    writer.close()
+    writer.close(failed=True)
     # numbers only (a bool or a word is no scalar), the version as the axis, a failed sample's line is no curve
     assert kept.logged == [("step", 3, {"reward_mean": 0.5, "tokens": 40.0}), ("eval", 4, {"pass@1": 0.25, "tasks": 8})]
-    assert writer.trackers == [kept] and kept.closed
+    assert writer.trackers == [kept] and kept.closed == "failed"
     assert "tracker Recording failed (ConnectionError: the tracker's server is gone)" in caplog.text
     assert [r["kind"] for r in read_metrics(tmp_path / "metrics.jsonl")] == ["step", "failed", "eval"]  # nothing lost
 
@@ -96,6 +96,8 @@ def wandb_records(run_dir: Path) -> list[dict]:
                     config = {u.key: json.loads(u.value_json) for u in record.run.config.update}
                     out.append({"run": record.run.run_id, "name": record.run.display_name,
                                 "project": record.run.project, "config": config})
+                elif record.WhichOneof("record_type") == "exit":
+                    out.append({"exit_code": record.exit.exit_code})
                 elif record.WhichOneof("record_type") == "history":
                     out.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
                                 for i in record.history.item})
@@ -129,6 +131,7 @@ def test_a_run_and_its_resume_mirror_metrics_jsonl_into_tensorboard_and_one_wand
     assert len(runs) == 2 and {r["run"] for r in runs} == {(run / "wandb-id").read_text().strip()}  # one W&B run
     assert {(r["name"], r["project"]) for r in runs} == {("run", "mirror")}
     assert runs[0]["config"]["steps"] == 3 and runs[1]["config"]["steps"] == 5
+    assert [r["exit_code"] for r in records if "exit_code" in r] == [0, 0]
     rows = [r for r in records if "step/reward_mean" in r]
     assert [(r["version"], r["step/reward_mean"]) for r in rows] == [(r["version"], r["reward_mean"]) for r in steps]
 
@@ -166,3 +169,15 @@ def test_a_wandb_run_that_cannot_start_refuses_the_run_in_wandbs_words_with_the_
     assert str(info.value) == ("records.trackers=wandb: W&B did not start the run's W&B run (UsageError: No API key "
                                "configured. Use `wandb login` to log in.); log in (wandb login, or WANDB_API_KEY), or "
                                "set WANDB_MODE=offline to keep it under the run directory for wandb sync")
+
+
+@pytest.mark.track
+def test_a_run_that_fails_shows_as_failed_in_wandb(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="the 'track' extra")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("FAKE_SETUP_ERROR", "no tools here")
+    recipe = tmp_path / "fake_rl.py"
+    shutil.copy(RECIPE, recipe)
+    assert run_recipe(recipe, overrides=["steps=3", "records.trackers=wandb"], run_dir=tmp_path / "run",
+                      live=False) == 1
+    assert [r["exit_code"] for r in wandb_records(tmp_path / "run") if "exit_code" in r] == [1]

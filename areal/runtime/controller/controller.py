@@ -171,7 +171,7 @@ class Controller(WorkerReports, WorkerRecovery):
                 for outbox in self.source_out.values():
                     outbox.close()
                 self.control.close()
-                self.metrics.close()
+                self.metrics.close(failed=not (error is None or isinstance(error, KeyboardInterrupt)))
                 if self.sample_log is not None:
                     self.sample_log.close()
                 _remove_socket_files(self.plan)

@@ -62,16 +62,17 @@ class MetricsWriter:
                             type(tracker).__name__, type(err).__name__, err)
                 self.trackers.remove(tracker)
 
-    def close(self) -> None:
-        """Close the file and the trackers; a failure here is logged, not raised: every line was flushed as it was
-        written, and an error already on its way (a full disk) must not be hidden behind this one."""
+    def close(self, failed: bool = False) -> None:
+        """Close the file and the trackers (`failed`: the run ended on an error, which a tracker may show); a failure
+        here is logged, not raised: every line was flushed as it was written, and an error already on its way (a
+        full disk) must not be hidden behind this one."""
         try:
             self._file.close()
         except OSError as err:
             log.warning("closing %s: %s", self.path, err)
         for tracker in self.trackers:
             try:
-                tracker.close()
+                tracker.close(failed)
             except Exception as err:
                 log.warning("closing tracker %s: %s", type(tracker).__name__, err)
 

@@ -35,7 +35,7 @@ class Tracker(Protocol):
 
     def log(self, kind: str, version: int, values: dict[str, float]) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, failed: bool) -> None: ...
 
 
 def tracker_problems(config: RunConfig) -> list[str]:
@@ -68,7 +68,7 @@ class TensorBoardTracker:
             self.writer.add_scalar(f"{kind}/{key}", value, version)
         self.writer.flush()
 
-    def close(self) -> None:
+    def close(self, failed: bool) -> None:
         self.writer.close()
 
 
@@ -98,8 +98,8 @@ class WandbTracker:
     def log(self, kind: str, version: int, values: dict[str, float]) -> None:
         self.run.log({"version": version, **{f"{kind}/{key}": value for key, value in values.items()}})
 
-    def close(self) -> None:
+    def close(self, failed: bool) -> None:
         import wandb
 
-        self.run.finish()
+        self.run.finish(exit_code=1 if failed else 0)  # W&B shows a run that ended on an error as failed
         wandb.teardown()  # its service process ends with the run, not with the process that ran it (a test's)
