@@ -53,11 +53,13 @@ def test_a_rounds_error_counts_each_tasks_own_samples():
 
 
 @pytest.mark.parametrize(("rewards", "solved", "warned"), [
-    ([0.97, 0.4, 0.0, 0.0], [False] * 4, True),  # a combined reward that never reaches 1: pass@1 0, said
-    ([0.0] * 4, [False] * 4, False),  # nothing earned anything: a weak model, nothing to say
-    ([1.0, 0.4, 0.0, 0.0], [True, False, False, False], False),  # one solved
+    ([0.97, 0.4, 0.0, 0.0], [False] * 4, "none_solved"),  # a combined reward that never reaches 1: pass@1 0, said
+    ([0.0] * 4, [False] * 4, None),  # nothing earned anything: a weak model, nothing to say
+    ([1.0, 0.4, 0.0, 0.0], [True, False, False, False], None),  # one solved
+    ([1.1, 0.1, 1.0, 0.0], [True, False, True, False], None),  # a shaped reward: 1 and a bonus
+    ([7.5, 3.0, 1.0, 0.0], [True, True, True, False], "above_solved"),  # a 0-10 scale: 3 of 10 counted solved
 ])
-def test_a_round_that_solves_nothing_though_its_rewards_are_positive_says_what_counts_as_solved(rewards, solved,
+def test_a_round_whose_rewards_are_not_on_the_solved_scale_says_what_counts_as_solved(rewards, solved,
                                                                                                 warned):
     from areal.runtime.records.steps import StepRecorder
 
@@ -65,12 +67,17 @@ def test_a_round_that_solves_nothing_though_its_rewards_are_positive_says_what_c
     held.start(0, lambda tasks, groups: groups)
     record = held.scored(0, [-1, -2, -3, -4], rewards, solved) | {"wall_s": 1.0}
     assert record["reward_max"] == max(rewards)
-    said = StepRecorder(0, 8, False, "combine.reward ≥ 1").warnings(record)
-    assert bool(said) == warned
-    if warned:
+    recorder = StepRecorder(0, 8, False, ("combine.reward", 1.0))
+    said = recorder.warnings(record)
+    assert list(recorder.said) == ([warned] if warned else [])
+    if warned == "none_solved":
         assert said[0]["warning"].startswith("no sample of the held-out round at version 0 counted as solved "
                                              "(combine.reward ≥ 1), though its rewards reached 0.97")
         assert "eval.solved=NODE.PORT" in said[0]["warning"]
+    if warned == "above_solved":
+        assert said[0]["warning"].startswith("the held-out round at version 0 has rewards up to 7.5, several times the "
+                                             "1 from which a sample counts as solved (combine.reward ≥ 1): if the "
+                                             "reward's scale is not 0 to 1, set eval.solved_at")
 
 
 def _task_batch(tasks: list[dict], groups: list[int]):

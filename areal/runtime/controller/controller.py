@@ -110,7 +110,7 @@ class Controller(WorkerReports, WorkerRecovery):
         # the samples' fate where the controller decides it: admitted, or dropped by the staleness policy
         self.sample_log = SampleLog(self.run_dir, "controller", config.records) if config.records.samples else None
         self.steps = StepRecorder(len(self.accounting.trained), config.group_size, len(self.trainers) > 1,
-                                  f"{plan.solved_field} ≥ {plan.solved_at:g}")  # a resumed run's rates: its own work
+                                  (plan.solved_field, plan.solved_at))  # a resumed run's rates: its own work
         self.restarts = Restarts(config.faults, plan)
         self.workers: dict[str, WorkerProcess] = {}
         self.bad_tasks: list[str] = []

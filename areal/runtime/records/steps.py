@@ -16,11 +16,12 @@ log = logging.getLogger("areal.controller")
 
 
 class StepRecorder:
-    def __init__(self, trained_before: int, group_size: int, several_trainers: bool, solved_rule: str = "") -> None:
+    def __init__(self, trained_before: int, group_size: int, several_trainers: bool,
+                 solved: tuple[str, float] = ("", 1.0)) -> None:
         self.trained_before = trained_before
         self.group_size = group_size
         self.several_trainers = several_trainers
-        self.solved_rule = solved_rule  # "score.reward ≥ 1": what counts a sample solved, for a round none passed
+        self.solved_field, self.solved_at = solved  # ("score.reward", 1.0): a sample is solved from 1 on
         self.node_metrics: dict[str, list[float]] = {}
         self.said: dict[str, str] = {}  # the warnings said so far, by kind (each once a run; the summary lists them)
 
@@ -54,11 +55,17 @@ class StepRecorder:
     def warnings(self, record: dict[str, Any]) -> list[dict[str, Any]]:
         """Metrics lines for what a step or a held-out round says is wrong, each said once a run (logged too)."""
         version, found = record["version"], []
-        if record.get("kind") == "eval" and record["pass@1"] == 0 and (record.get("reward_max") or 0) > 0:
+        rule, top = f"{self.solved_field} ≥ {self.solved_at:g}", record.get("reward_max") or 0
+        if record.get("kind") == "eval" and record["pass@1"] == 0 and top > 0:
             found.append(("none_solved", f"no sample of the held-out round at version {version} counted as solved "
-                          f"({self.solved_rule}), though its rewards reached {record['reward_max']:.3g}: held-out "
-                          "pass@1 reads 0. If another output says a sample is solved (a reward before it was "
-                          "combined with others), name it with eval.solved=NODE.PORT, or set eval.solved_at"))
+                          f"({rule}), though its rewards reached {top:.3g}: held-out pass@1 reads 0. If another "
+                          "output says a sample is solved (a reward before it was combined with others), name it "
+                          "with eval.solved=NODE.PORT, or set eval.solved_at"))
+        if record.get("kind") == "eval" and self.solved_at > 0 and top >= 2 * self.solved_at:
+            found.append(("above_solved", f"the held-out round at version {version} has rewards up to {top:.3g}, "
+                          f"several times the {self.solved_at:g} from which a sample counts as solved ({rule}): "
+                          "if the reward's scale is not 0 to 1, set eval.solved_at to the score that means solved, "
+                          "or held-out pass@1 counts every sample at or above it"))
         if record.get("zero_advantage") == 1.0:
             why = ("group_size=1: a group-relative advantage is 0 for a group of one sample; sample more per prompt"
                    if self.group_size == 1 else "every group's samples had equal rewards: all solved or all failed?")
