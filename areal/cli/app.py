@@ -64,7 +64,9 @@ def run(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No live progress view; print the summary only."),
     view: bool = typer.Option(False, "--view", help="Serve the live view in a browser while it runs (areal view)."),
-    view_port: int = typer.Option(8765, "--view-port", metavar="PORT", help="The view's port on 127.0.0.1."),
+    view_port: int | None = typer.Option(None, "--view-port", metavar="PORT",
+                                         help="The view's port on 127.0.0.1 (default 8765, or any free one when "
+                                              "that is taken)."),
 ) -> None:
     """Train the graph a recipe declares.
 
@@ -102,7 +104,9 @@ def run(
 @app.command(name="view")
 def view_(
     run_dir: Path = typer.Argument(..., metavar="RUN_DIR", help="The run directory (running or finished)."),
-    port: int = typer.Option(8765, "--port", metavar="PORT", help="Port to serve on (0: any free one)."),
+    port: int | None = typer.Option(None, "--port", metavar="PORT",
+                                    help="Port to serve on (default 8765, or any free one when that is taken; 0: "
+                                         "any free one)."),
     host: str = typer.Option("127.0.0.1", "--host", metavar="ADDR", help="Address to bind (loopback by default)."),
 ) -> None:
     """Watch a run in the browser: its graph with each pool's, channel's, gate's and weights route's live numbers,

@@ -24,7 +24,7 @@ STOP_TIMEOUT_S = 5.0
 
 
 @contextmanager
-def view_beside(run_dir: Path, port: int, console: Console, host: str = "127.0.0.1") -> Iterator[str]:
+def view_beside(run_dir: Path, port: int | None, console: Console, host: str = "127.0.0.1") -> Iterator[str]:
     """Serve the view of `run_dir` from a child process while the block runs; the page's URL."""
     sock = listen(host, port)
     url = f"http://{host}:{sock.getsockname()[1]}/"

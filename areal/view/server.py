@@ -31,6 +31,7 @@ from areal.view.run_files import RunFiles
 
 STATIC = {"view.js": "text/javascript", "view.css": "text/css", "index.html": "text/html"}
 SAMPLE_LIMIT = 200
+DEFAULT_PORT = 8765  # the view's port unless one is asked for (taken: any free one)
 
 
 class ViewServer(ThreadingHTTPServer):
@@ -50,15 +51,20 @@ class ViewServer(ThreadingHTTPServer):
         return f"http://{host}:{port}/"
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (0: any free port); a taken port is a user error that names it."""
+def listen(host: str, port: int | None) -> socket.socket:
+    """A listening TCP socket on host:port (0: any free port; None: DEFAULT_PORT, else any free one when another
+    view or program holds it); a port asked for and taken is a user error that names it."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        sock.bind((host, DEFAULT_PORT if port is None else port))
     except OSError as err:
+        if port is None:  # a second run's view beside the first's: any free port, said in its URL
+            sock.close()
+            return listen(host, 0)
         sock.close()
-        raise ConfigError(f"cannot serve the view on {host}:{port}: {err.strerror}; choose another port") from None
+        raise ConfigError(f"cannot serve the view on {host}:{port}: {err.strerror}; choose another port (0: any free "
+                          "one)") from None
     sock.listen(16)
     return sock
 

@@ -295,3 +295,20 @@ def test_the_trace_has_a_track_per_worker_with_nested_ordered_spans(stopped, tmp
     assert {"wait", "step", "node", "publish"} <= by_worker["actor[0]"]
     steps = [e for e in spans[next(p for p, n in names.items() if n == "actor[0]")] if e["cat"] == "step"]
     assert [e["args"]["version"] for e in steps] == list(range(1, len(steps) + 1))
+
+
+def test_the_default_port_taken_by_another_view_gives_any_free_one_and_a_port_asked_for_is_refused(monkeypatch):
+    import socket
+
+    import areal.view.server as server
+    from areal.errors import ConfigError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(server, "DEFAULT_PORT", port)  # as though a first run's view held 8765
+        with contextlib.closing(server.listen("127.0.0.1", None)) as second:
+            assert second.getsockname()[1] not in (port, 0)
+        with pytest.raises(ConfigError, match=rf"cannot serve the view on 127.0.0.1:{port}: .*; choose another port"):
+            server.listen("127.0.0.1", port)
