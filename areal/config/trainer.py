@@ -26,6 +26,16 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: PositiveFloat = Field(1.0, description="max global grad norm")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip ε")
+    clip_eps_high: PositiveFloat | None = Field(
+        None, description="the clip's upper ε (DAPO's clip-higher: 0.28 beside clip_eps=0.2, so a token's "
+        "probability may rise further in a step than it may fall); None: clip_eps on both sides")
+    dual_clip: float | None = Field(None, gt=1, description="dual-clip PPO: a token with a negative advantage has its "
+                                    "objective floored at dual_clip · A (3.0 in Ye et al. 2020); None: off")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
+        "token-mean", description="how the loss averages: token-mean, every trained token of the batch alike (a long "
+        "sample weighs more); seq-mean-token-mean, each sample's mean, then their mean (every sample alike); "
+        "seq-mean-token-sum, each sample's sum over generation.max_new_tokens, then their mean (Dr. GRPO: no length "
+        "in the weight of a token)")
     behav_weight_cap: PositiveFloat | None = Field(5.0, description="cap on π_prox/π_behav; tokens over it are masked")
     truncated: Literal["train", "mask"] = Field(
         "train", description="an output cut at generation.max_new_tokens: train it like any other, or mask every "

@@ -42,14 +42,16 @@ def decoupled_ppo_loss(
     mask: Tensor,
     *,
     clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
     behav_weight_cap: float | None = 5.0,
     dual_clip: float | None = None,
     ref_logp: Tensor | None = None,
     kl_coef: float = 0.0,
 ) -> tuple[Tensor, PPOStats]:
-    """L = −Σ_t w_t · min(u_t A_t, clip(u_t, 1−ε, 1+ε) A_t) / (number of valid tokens).
+    """L = −Σ_t w_t · min(u_t A_t, clip(u_t, 1−ε, 1+ε_high) A_t) / (number of valid tokens).
 
-    w_t = π_prox / π_behav carries no gradient; tokens with w_t > behav_weight_cap are masked out
+    ε_high is `clip_eps_high` (DAPO's clip-higher: a token's probability may rise further than it may fall),
+    else ε. w_t = π_prox / π_behav carries no gradient; tokens with w_t > behav_weight_cap are masked out
     (not clipped) and counted. u_t = π_θ / π_prox. With dual_clip = c > 1, a token with A_t < 0
     has its objective floored at c·A_t, so its loss term is at most −c·A_t (Ye et al., 2020).
     With ref_logp, kl_coef · k3 is added, k3 = π_ref/π_θ − log(π_ref/π_θ) − 1 per valid token.
@@ -68,6 +70,8 @@ def decoupled_ppo_loss(
             raise ValueError(f"decoupled_ppo_loss: {name} has shape {tuple(t.shape)}, expected [N]={n} like logp")
     if not 0 < clip_eps < 1:
         raise ValueError(f"decoupled_ppo_loss: clip_eps must be in (0, 1), got {clip_eps}")
+    if clip_eps_high is not None and clip_eps_high <= 0:
+        raise ValueError(f"decoupled_ppo_loss: clip_eps_high must be > 0 or None, got {clip_eps_high}")
     if behav_weight_cap is not None and behav_weight_cap <= 0:
         raise ValueError(f"decoupled_ppo_loss: behav_weight_cap must be > 0 or None, got {behav_weight_cap}")
     if dual_clip is not None and dual_clip <= 1:
@@ -90,7 +94,7 @@ def decoupled_ppo_loss(
     log_u = torch.where(kept, logp - prox_logp, zero)
     u = torch.exp(log_u)
     unclipped = u * adv
-    clipped = torch.clamp(u, 1.0 - clip_eps, 1.0 + clip_eps) * adv
+    clipped = torch.clamp(u, 1.0 - clip_eps, 1.0 + (clip_eps if clip_eps_high is None else clip_eps_high)) * adv
     objective = torch.minimum(unclipped, clipped)
     dual_active = None
     if dual_clip is not None:
@@ -122,6 +126,26 @@ def decoupled_ppo_loss(
             kl_to_ref=kl_to_ref,
         )
     return loss, stats
+
+
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def sample_weights(tokens: Tensor, agg: str, max_tokens: int) -> Tensor:
+    """Each sample's weight on its tokens' terms, so the token-weighted mean a trainer takes is the `agg` mean.
+
+    `tokens`: each sample's trained tokens [S]. Over N = Σ tokens, a token-mean divides each term by N; weighing a
+    sample's terms by N / (S · n_i) gives the mean of the samples' means (seq-mean-token-mean), by N / (S · L)
+    the mean of their sums over L = `max_tokens` (seq-mean-token-sum, Dr. GRPO). S counts samples with tokens.
+    """
+    if agg not in LOSS_AGGREGATIONS:
+        raise ValueError(f"sample_weights: loss aggregation must be one of {LOSS_AGGREGATIONS}, got {agg!r}")
+    counted = int((tokens > 0).sum())
+    if agg == "token-mean" or counted == 0:
+        return torch.ones(tokens.shape, dtype=torch.float64)
+    per_sample = (tokens.clamp(min=1).to(torch.float64) if agg == "seq-mean-token-mean"
+                  else torch.full(tokens.shape, float(max_tokens), dtype=torch.float64))
+    return tokens.sum().to(torch.float64) / (counted * per_sample)
 
 
 def standard_ppo_loss(

@@ -8,7 +8,7 @@ import torch
 from areal.kernels.ppo import PPOStats, approx_prox_logp, decoupled_ppo_loss, standard_ppo_loss
 
 
-def reference(logp, prox, behav, adv, mask, *, eps, cap, dual_clip, ref_logp, kl_coef):
+def reference(logp, prox, behav, adv, mask, *, eps, cap, dual_clip, ref_logp, kl_coef, eps_high=None):
     """Token-by-token float64 loop: (loss, d loss / d logp) from the formula, gradient by hand."""
     n_valid = max(sum(bool(m) for m in mask.tolist()), 1)
     loss, grad, capped = 0.0, [0.0] * len(logp), 0
@@ -26,7 +26,7 @@ def reference(logp, prox, behav, adv, mask, *, eps, cap, dual_clip, ref_logp, kl
             capped += 1
             continue
         u = math.exp(lp - px)
-        clipped_u = min(max(u, 1 - eps), 1 + eps)
+        clipped_u = min(max(u, 1 - eps), 1 + (eps if eps_high is None else eps_high))
         obj, d_obj = (u * a, u * a) if u * a <= clipped_u * a else (clipped_u * a, 0.0)
         if dual_clip is not None and a < 0 and obj < dual_clip * a:
             obj, d_obj = dual_clip * a, 0.0
@@ -54,13 +54,15 @@ def random_inputs(n: int, seed: int):
         {"behav_weight_cap": None},
         {"clip_eps": 0.1, "dual_clip": 3.0},
         {"behav_weight_cap": 2.0, "kl_coef": 0.05, "use_ref": True},
+        {"clip_eps_high": 0.28},  # DAPO's clip-higher
+        {"clip_eps": 0.1, "clip_eps_high": 0.05, "dual_clip": 2.0},
     ],
 )
 def test_loss_and_gradient_match_float64_loop_reference(seed, options):
     opts = dict(options)
     logp, prox, behav, adv, mask, ref_logp = random_inputs(200, seed)
     ref_logp = ref_logp if opts.pop("use_ref", False) else None
-    kw = {"clip_eps": 0.2, "behav_weight_cap": 5.0, "dual_clip": None, "kl_coef": 0.0} | opts
+    kw = {"clip_eps": 0.2, "clip_eps_high": None, "behav_weight_cap": 5.0, "dual_clip": None, "kl_coef": 0.0} | opts
 
     loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, ref_logp=ref_logp, **kw)
     (grad,) = torch.autograd.grad(loss, logp)
@@ -71,6 +73,7 @@ def test_loss_and_gradient_match_float64_loop_reference(seed, options):
         adv,
         mask,
         eps=kw["clip_eps"],
+        eps_high=kw["clip_eps_high"],
         cap=kw["behav_weight_cap"],
         dual_clip=kw["dual_clip"],
         ref_logp=ref_logp,
@@ -189,3 +192,21 @@ def test_approx_prox_is_exact_when_logprobs_move_linearly_with_version():
 def test_approx_prox_rejects_tokens_newer_than_current_version():
     with pytest.raises(ValueError, match=r"1 token\(s\) carry version up to 6, newer than current_version=5"):
         approx_prox_logp(torch.zeros(2), torch.zeros(2), torch.tensor([5, 6]), current_version=5)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_sample_weights_turn_the_token_mean_into_each_aggregation(agg):
+    from areal.kernels.ppo import sample_weights
+
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.tensor([3, 9, 0, 1, 6])  # a sample of no tokens counts nowhere
+    terms = [torch.randn(int(n), generator=gen, dtype=torch.float64) for n in tokens]
+    weights = sample_weights(tokens, agg, max_tokens=12)
+    weighted = torch.cat([t * w for t, w in zip(terms, weights, strict=True)]).sum() / tokens.sum()
+    with_tokens = [t for t in terms if len(t)]
+    expected = {"token-mean": torch.cat(terms).mean(),
+                "seq-mean-token-mean": sum(t.mean() for t in with_tokens) / len(with_tokens),
+                "seq-mean-token-sum": sum(t.sum() / 12 for t in with_tokens) / len(with_tokens)}[agg]
+    assert float(weighted) == pytest.approx(float(expected), rel=1e-12)
+    with pytest.raises(ValueError, match="loss aggregation must be one of"):
+        sample_weights(tokens, "seq-sum", 12)

@@ -256,3 +256,47 @@ def test_a_steps_counts_are_sums_over_its_samples_and_its_maximum_the_largest_ov
     assert stats["valid_tokens"] == int(kept.sum())  # every mask-1 token of the step, counted once
     assert stats["capped_tokens"] == int((weights[kept] > 1.5).sum()) > 0
     assert stats["importance_weight_max"] == pytest.approx(float(weights[kept].max()), rel=1e-5)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_the_loss_averages_as_loss_agg_says_over_samples_of_different_lengths(tmp_path, agg):
+    """At the step's own weights (u = 1, nothing clipped) the loss is −mean of w·A as `agg` takes it, w the
+    importance weight π_prox/π_behav of each token: checked against float64 sums written out here."""
+    config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")), generation={"max_new_tokens": 12},
+                       trainer={"loss_agg": agg})
+    trainer, proximal = TrainerNode(), ProximalNode()
+    trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
+    proximal.setup(types.SimpleNamespace(config=config, pool=types.SimpleNamespace(name="actor")))
+    torch.manual_seed(1)
+    prompt, outputs = torch.randint(4, 90, (6,)), [torch.randint(4, 90, (n,)) for n in (2, 9, 5, 12)]
+    batch = _batch(prompt, outputs, Ragged.from_rows([torch.full((len(o),), -2.0) for o in outputs]))
+    prox = proximal(batch)["prox_logp"]
+    behav = Ragged.from_rows([p + 0.1 * torch.randn(len(p)) for p in prox.rows()])
+    batch = Batch({**{k: batch[k] for k in batch}, "prox_logp": prox, "behav_logp": behav})
+    terms = [torch.exp(p.double() - b.double()) * a for p, b, a in
+             zip(prox.rows(), behav.rows(), batch["advantage"].double(), strict=True)]
+    expected = {"token-mean": torch.cat(terms).mean(),
+                "seq-mean-token-mean": torch.stack([t.mean() for t in terms]).mean(),
+                "seq-mean-token-sum": torch.stack([t.sum() / 12 for t in terms]).mean()}[agg]
+    stats = trainer(batch)
+    assert stats["clip_fraction"] == 0.0 and stats["loss"] == pytest.approx(-float(expected), rel=1e-5)
+
+
+@pytest.mark.parametrize(("settings", "gap", "clipped", "dual"), [
+    ({}, 0.25, 0.5, None),  # u = e^0.25 ≈ 1.28: past 1 + 0.2 where A > 0 (half the tokens)
+    ({"clip_eps_high": 0.3}, 0.25, 0.0, None),  # clip-higher: inside 1 + 0.3
+    ({"dual_clip": 3.0}, 2.0, 0.5, 0.5),  # u = e^2 ≈ 7.4 where A < 0: floored at 3·A
+])
+def test_the_clip_settings_reach_the_loss(tmp_path, settings, gap, clipped, dual):
+    config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")), trainer=settings)
+    trainer, proximal = TrainerNode(), ProximalNode()
+    trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
+    proximal.setup(types.SimpleNamespace(config=config, pool=types.SimpleNamespace(name="actor")))
+    prompt, outputs = torch.randint(4, 90, (6,)), [torch.randint(4, 90, (5,)) for _ in range(4)]
+    batch = _batch(prompt, outputs, Ragged.from_rows([torch.full((5,), -2.0)] * 4))
+    now = proximal(batch)["prox_logp"]  # this step's own log-probs: u = π_θ/π_prox = e^gap below
+    older = Ragged(now.values - gap, now.offsets)
+    stats = trainer(Batch({**{k: batch[k] for k in batch}, "prox_logp": older, "behav_logp": older,
+                           "advantage": torch.tensor([-1.0, -0.5, 0.5, 1.0])}))
+    assert stats["clip_fraction"] == pytest.approx(clipped)
+    assert stats.get("dual_clip_fraction") == (None if dual is None else pytest.approx(dual))

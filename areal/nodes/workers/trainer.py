@@ -37,7 +37,8 @@ class TrainerNode:
         config = context.config  # this node's view: its own settings (ppo_update(..., lr=...)) on top
         require_engines(config, generation=False)  # before loading the model: the error comes in seconds
         t = config.trainer
-        self.clip_eps = t.clip_eps
+        self.clip_eps, self.clip_eps_high, self.dual_clip = t.clip_eps, t.clip_eps_high, t.dual_clip
+        self.loss_agg, self.max_tokens = t.loss_agg, config.generation.max_new_tokens
         self.objective = t.objective
         self.cap = t.behav_weight_cap
         self.minibatches = t.minibatches
@@ -78,7 +79,7 @@ class TrainerNode:
         return "full" if self.lora is None else "lora"
 
     def __call__(self, batch: Batch) -> dict[str, float]:
-        from areal.kernels.ppo import approx_prox_logp, decoupled_ppo_loss
+        from areal.kernels.ppo import approx_prox_logp, decoupled_ppo_loss, sample_weights
 
         sequences, prompt_lens = full_sequences(batch["prompt_ids"], batch["output_ids"])
         publishes = self.version + 1  # v_θ of the shortcut: the version this update publishes
@@ -97,8 +98,11 @@ class TrainerNode:
             else:
                 prox = mb["prox_logp"]
             advantages = mb["advantage"] if token_level else mb.per_token(mb["advantage"])
+            if "weight" in mb.fields:  # loss_agg: a sample's weight scales its terms (the objective is linear in A)
+                advantages = advantages * mb.per_token(mb["weight"])
             mask = mb["loss_mask"].bool() if masked else torch.ones_like(logp, dtype=torch.bool)
             loss, stats = decoupled_ppo_loss(logp, prox, behav, advantages, mask, clip_eps=self.clip_eps,
+                                             clip_eps_high=self.clip_eps_high, dual_clip=self.dual_clip,
                                              behav_weight_cap=self.cap)
             numbers = {k: STAT_KINDS.get(k, float)(v) for k, v in vars(stats).items()
                        if isinstance(v, (int, float)) and k != "loss"}
@@ -124,6 +128,10 @@ class TrainerNode:
             # the lr schedule runs over policy versions: every minibatch of this one shares its lr
             if masked:
                 trained_tokens[0] = int(sum(int(extra["loss_mask"][i].sum()) for i in index))
+            if self.loss_agg != "token-mean":
+                tokens = torch.tensor([int(extra["loss_mask"][i].sum()) if masked else len(extra["behav_logp"][i])
+                                       for i in index])
+                sub["weight"] = sample_weights(tokens, self.loss_agg, self.max_tokens).to(torch.float32)
             try:
                 stats = self.engine.train_step([sequences[i] for i in index], [prompt_lens[i] for i in index],
                                                loss_fn, sub, lr_step=self.version,
