@@ -50,7 +50,8 @@ class RecordsConfig(Section):
         "beside metrics.jsonl (pip install -c constraints.txt -e '.[track]'): tensorboard (tensorboard/ in the run "
         "directory), wandb (a W&B run named after the run directory, continued on resume; WANDB_MODE, "
         "WANDB_ENTITY as W&B reads them)")
-    wandb_project: str = Field("areal", min_length=1, description="the W&B project of records.trackers=wandb")
+    wandb_project: str | None = Field(None, min_length=1, description="the W&B project of records.trackers=wandb; "
+                                      "None: $WANDB_PROJECT, else areal")
 
     @field_validator("trackers", mode="before")
     @classmethod

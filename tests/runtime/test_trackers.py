@@ -181,3 +181,19 @@ def test_a_run_that_fails_shows_as_failed_in_wandb(tmp_path, monkeypatch):
     assert run_recipe(recipe, overrides=["steps=3", "records.trackers=wandb"], run_dir=tmp_path / "run",
                       live=False) == 1
     assert [r["exit_code"] for r in wandb_records(tmp_path / "run") if "exit_code" in r] == [1]
+
+
+@pytest.mark.track
+@pytest.mark.parametrize(("setting", "env", "project"), [(None, None, "areal"), (None, "sweep", "sweep"),
+                                                         ("mine", "sweep", "mine")])
+def test_the_wandb_project_is_the_runs_setting_else_wandbs_own_variable_else_areal(tmp_path, monkeypatch, setting,
+                                                                                   env, project):
+    pytest.importorskip("wandb", reason="the 'track' extra")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    if env is None:
+        monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_PROJECT", env)
+    [tracker] = open_trackers(RunConfig(records={"trackers": "wandb", "wandb_project": setting}), tmp_path, None)
+    tracker.close(failed=False)
+    assert [r["project"] for r in wandb_records(tmp_path) if "run" in r] == [project]

@@ -7,8 +7,9 @@ its policy version:
 - tensorboard: event files under the run directory's `tensorboard/`. A resumed run purges what its checkpoint
   rolled back (the versions after it), as it cuts metrics.jsonl, so a curve holds one point a version.
 - wandb: one W&B run per areal run, named after its directory, its id kept there (`wandb-id`) so a resume
-  continues it; the run's config as W&B's; plotted against `version`. Entity, mode and key come from W&B's own
-  environment (`WANDB_ENTITY`, `WANDB_MODE=offline` writes under the run directory for `wandb sync`). W&B has
+  continues it; the run's config as W&B's; plotted against `version`. Entity, group, tags, mode and key come from
+  W&B's own environment (`WANDB_ENTITY`, `WANDB_RUN_GROUP`, `WANDB_TAGS`, `WANDB_MODE=offline` writes under the
+  run directory for `wandb sync`), the project from `records.wandb_project`, else `WANDB_PROJECT`, else areal. W&B has
   no purge: a version a checkpoint rolled back shows both its points there.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -80,8 +82,9 @@ class WandbTracker:
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:16]
         id_file.write_text(run_id + "\n")
         quiet = wandb.Settings(console="off", silent=True, show_info=False)  # the run's own console is areal's
+        project = config.records.wandb_project or os.environ.get("WANDB_PROJECT") or "areal"
         try:
-            self.run: Any = wandb.init(project=config.records.wandb_project, name=run_dir.name, id=run_id,
+            self.run: Any = wandb.init(project=project, name=run_dir.name, id=run_id,
                                        resume="allow", dir=str(run_dir), config=config.model_dump(mode="json"),
                                        settings=quiet)
         except Exception as err:  # no key, no network, a project it may not write: W&B's own words
@@ -93,7 +96,7 @@ class WandbTracker:
             self.run.define_metric(f"{kind}/*", step_metric="version")
         self.where = (f"W&B offline run {run_id}: wandb sync {run_dir / 'wandb'}/offline-run-*" if self.run.offline
                       else f"W&B run {self.run.url}")
-        log.info("%s (project %s)", self.where, config.records.wandb_project)
+        log.info("%s (project %s)", self.where, project)
 
     def log(self, kind: str, version: int, values: dict[str, float]) -> None:
         self.run.log({"version": version, **{f"{kind}/{key}": value for key, value in values.items()}})
