@@ -280,6 +280,7 @@ def test_the_loss_averages_as_loss_agg_says_over_samples_of_different_lengths(tm
                 "seq-mean-token-sum": torch.stack([t.sum() / 12 for t in terms]).mean()}[agg]
     stats = trainer(batch)
     assert stats["clip_fraction"] == 0.0 and stats["loss"] == pytest.approx(-float(expected), rel=1e-5)
+    assert stats["entropy"] == pytest.approx(-float(behav.values.double().mean()), rel=1e-9)
 
 
 @pytest.mark.parametrize(("settings", "gap", "clipped", "dual"), [
@@ -300,3 +301,38 @@ def test_the_clip_settings_reach_the_loss(tmp_path, settings, gap, clipped, dual
                            "advantage": torch.tensor([-1.0, -0.5, 0.5, 1.0])}))
     assert stats["clip_fraction"] == pytest.approx(clipped)
     assert stats.get("dual_clip_fraction") == (None if dual is None else pytest.approx(dual))
+
+
+def test_the_steps_entropy_estimates_the_entropy_of_the_policy_that_drew_the_tokens(tmp_path):
+    """Tokens drawn by the generator at temperature 0.7: the mean of their −log π_behav, the step's `entropy`, is
+    within four standard errors of the tempered policy's exact entropy at the same positions (float64)."""
+    from areal.config import GenerationConfig
+    from areal.engines import torch_generation_engine
+    from areal.engines.generation import GenRequest
+    from areal.models.loading import load_model
+
+    model = load_model(make_checkpoint(tmp_path / "ckpt"))
+    engine = torch_generation_engine(model, GenerationConfig(max_batch=64), eos_token_id=None, pad_token_id=0,
+                                     max_new_tokens=12, temperature=0.7, seed=3)
+    prompt = [5, 17, 33, 8]
+    results = engine.generate([GenRequest(i, prompt) for i in range(64)])
+    drawn = torch.cat([r.logprobs.double() for r in results])
+    with torch.no_grad():
+        exact = []
+        for r in results:
+            logits = model.double()(torch.tensor([prompt + r.output_ids.tolist()])).logits[0, len(prompt) - 1 : -1]
+            p = torch.log_softmax(logits / 0.7, dim=-1)
+            exact.append(-(p.exp() * p).sum(-1))
+    exact = torch.cat(exact)
+    config = RunConfig(model=str(tmp_path / "ckpt"))
+    trainer = TrainerNode()
+    trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
+    logp = Ragged.from_rows([r.logprobs for r in results])
+    stats = trainer(Batch({"prompt_ids": Ragged.from_rows([torch.tensor(prompt)] * 64),
+                           "output_ids": Ragged.from_rows([r.output_ids for r in results]), "behav_logp": logp,
+                           "prox_logp": logp, "advantage": torch.zeros(64),
+                           "versions": Ragged.from_rows([torch.zeros(len(r.output_ids), dtype=torch.int32)
+                                                         for r in results])}))
+    error = float((-drawn - exact).std()) / len(drawn) ** 0.5
+    assert stats["entropy"] == pytest.approx(float(-drawn.mean()), rel=1e-6)
+    assert abs(stats["entropy"] - float(exact.mean())) < 4 * error

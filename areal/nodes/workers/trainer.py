@@ -143,6 +143,10 @@ class TrainerNode:
         self.version += 1
         # all zero (one sample per group, say): the step moved nothing, and the controller says so once
         totals["zero_advantage"] = float(((advantage.values if token_level else advantage) == 0).float().mean())
+        # each trained token was drawn from π_behav, so the mean of −log π_behav estimates its entropy per token: the
+        # number that falls when a policy stops exploring (a sample estimate, not the distributions' sum)
+        drawn = batch["behav_logp"].values[batch["loss_mask"].values.bool()] if masked else batch["behav_logp"].values
+        totals["entropy"] = float(-drawn.double().mean()) if drawn.numel() else 0.0
         return totals
 
     def empty_step(self) -> None:
