@@ -34,6 +34,7 @@ from areal.config.section import DEVICE_PATTERN
 from areal.engines.device import device_problem, torch_device
 from areal.errors import ConfigError
 from areal.graph.roles import Closes
+from areal.models.loading import DTYPES
 from areal.runtime.records.solved import solved
 
 BENCHMARKS = ("humaneval", "reasoning-gym", *SCHEMAS)
@@ -97,8 +98,6 @@ class EvalSettings:
             raise ConfigError(f"--chat-template {self.chat_template}: use auto or off")
         if self.max_batch < 1 or self.threads < 1 or (self.max_new_tokens is not None and self.max_new_tokens < 1):
             raise ConfigError("--max-batch, --threads and --max-new-tokens must be >= 1")
-        from areal.models.loading import DTYPES
-
         if not re.fullmatch(DEVICE_PATTERN, self.device) or self.dtype not in DTYPES:
             raise ConfigError(f"--device {self.device} / --dtype {self.dtype}: use auto, cpu, cuda or cuda:N and one "
                               f"of {', '.join(DTYPES)}")
@@ -196,8 +195,6 @@ def evaluate(model: str, settings: EvalSettings, out: Path | None = None,
     started = time.perf_counter()
     judge, build_tasks, settings = _benchmark(model, settings)  # a bad task name or a missing sandbox is refused
     policy, tokenizer, loaded = load_for_eval(model, settings.step, settings.trained)
-    from areal.models.loading import DTYPES
-
     policy = policy.to(device=torch_device(settings.device), dtype=DTYPES[settings.dtype])
     load_s = time.perf_counter() - started
     from areal.models.chat import uses_chat
@@ -262,8 +259,9 @@ def _benchmark(model: str, settings: EvalSettings) -> tuple[Any, TaskBuilder, Ev
     """
     if settings.benchmark in SCHEMAS:
         held = run_tasks(model, settings.benchmark, settings.task, settings.limit, settings.timeout_s)
-        settings = replace(settings, task=held.named, max_new_tokens=settings.max_new_tokens or held.max_new_tokens)
-        return held.judge, lambda chat: (held.tasks, held.stops(chat)), settings
+        new_tokens = settings.max_new_tokens or held.generation.max_new_tokens
+        settings = replace(settings, task=held.named, max_new_tokens=new_tokens)
+        return held.judge, lambda chat: (held.tasks, held.generation.stops(chat)), settings
     if settings.benchmark == "humaneval":
         from areal.data.humaneval import COMPLETION_STOPS, humaneval_problems, humaneval_tasks
         from areal.rewards.humaneval import HumanEvalTests

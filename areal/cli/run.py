@@ -23,7 +23,7 @@ from rich.live import Live
 from areal.cli.progress import ProgressLines, live_table, summary_table
 from areal.config import TrainerConfig
 from areal.data.sources import heldout_note
-from areal.engines import TrainSettings, needs_model, require_engines
+from areal.engines import needs_model, require_engines, train_settings
 from areal.errors import ArealError, ConfigError, RecipeError, RunError
 from areal.graph.node import Node
 from areal.graph.recipe import Recipe, load_recipe
@@ -285,11 +285,10 @@ def _lr_moves(recipe: Recipe, resume: ResumePoint) -> list[str]:
     steps, version = (int(recorded["steps"]), recipe.config.steps), int((resume.saved or {}).get("version", 0))
     notes = []
     for n in (n for n in recipe.graph.nodes.values() if n.kind == "ppo-update" and steps[0] != steps[1]):
-        t = recipe.node_config(n.name).trainer
-        if t.lr_schedule != "cosine" or min(steps) <= t.warmup_steps:
+        seen = recipe.node_config(n.name)
+        if seen.trainer.lr_schedule != "cosine" or min(steps) <= seen.trainer.warmup_steps:
             continue
-        lrs = [TrainSettings(lr=t.lr, warmup_steps=t.warmup_steps, lr_schedule="cosine", total_steps=total).lr_at(
-            version) for total in steps]
+        lrs = [train_settings(seen.model_copy(update={"steps": total})).lr_at(version) for total in steps]
         notes.append(f"{n.describe()}: its cosine lr schedule now ends at step {steps[1]}, not {steps[0]}: the lr "
                      f"at version {version} goes from {lrs[0]:.3g} to {lrs[1]:.3g}")
     return notes

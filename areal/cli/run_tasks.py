@@ -29,15 +29,8 @@ TELLING_FIELD = {"code": "tests", "math": "answer"}
 class HeldOutTasks:
     judge: Any  # a reward function, called as the run's reward node calls it
     tasks: list[dict[str, Any]]
-    generation: GenerationConfig  # the run's (else the defaults), tasks_stop these tasks' own
+    generation: GenerationConfig  # the run's (else the defaults): its length and stops, tasks_stop these tasks' own
     named: str  # the set, as data.heldout_path would name it (builtin:NAME or a file)
-
-    @property
-    def max_new_tokens(self) -> int:
-        return self.generation.max_new_tokens
-
-    def stops(self, chat: bool) -> list[str]:
-        return self.generation.stops(chat)
 
 
 def run_tasks(model: str, benchmark: str, task: str | None, limit: int | None, timeout_s: float) -> HeldOutTasks:

@@ -59,10 +59,9 @@ def listen(host: str, port: int | None) -> socket.socket:
     try:
         sock.bind((host, DEFAULT_PORT if port is None else port))
     except OSError as err:
-        if port is None:  # a second run's view beside the first's: any free port, said in its URL
-            sock.close()
-            return listen(host, 0)
         sock.close()
+        if port is None:  # a second run's view beside the first's: any free port, said in its URL
+            return listen(host, 0)
         raise ConfigError(f"cannot serve the view on {host}:{port}: {err.strerror}; choose another port (0: any free "
                           "one)") from None
     sock.listen(16)
