@@ -10,11 +10,13 @@ from areal.config.section import Section
 
 
 class DataConfig(Section):
-    path: str | None = Field(None, description="a JSONL file of training tasks, or builtin:NAME (builtin:chains: code "
-                             "answers with a heavy tail of lengths); None uses the recipe's built-in tasks")
-    heldout_path: str | None = Field(None, description="a JSONL file of held-out tasks for pass@1, or builtin:NAME; "
-                                     "None: the test split of data.path's built-in set, or of the recipe's "
-                                     "built-in tasks without data.path; none for a data.path file (no held-out rounds)")
+    path: str | None = Field(None, description="a JSONL or .parquet file of training tasks, or builtin:NAME "
+                             "(builtin:chains: code answers with a heavy tail of lengths); None uses the recipe's "
+                             "built-in tasks")
+    heldout_path: str | None = Field(None, description="a JSONL or .parquet file of held-out tasks for pass@1, or "
+                                     "builtin:NAME; None: the test split of data.path's built-in set, or of the "
+                                     "recipe's built-in tasks without data.path; none for a data.path file (no "
+                                     "held-out rounds)")
     seed: int = Field(0, description="task order (shuffling) seed")
 
 

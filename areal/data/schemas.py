@@ -5,6 +5,9 @@ Two task shapes leave this module, the same ones the built-in tasks and the rewa
     code: {"task_id", "prompt", "tests": {"kind": "call"|"stdio", "fn_name"?, "inputs", "outputs"}}
     math: {"task_id", "prompt", "answer"}
 
+Besides areal's own layouts (docs/data.md) a record may be in verl's: `prompt` a list of chat messages
+and the answer, or the tests as JSON, in `reward_model.ground_truth`, so data prepared for verl trains here as is.
+
 A record that cannot become a task raises `RecordError` with the first thing wrong with it; the
 caller adds the file and line. This module reads no files and keeps no state.
 """
@@ -21,7 +24,8 @@ ChatTemplate = Callable[[list[dict[str, Any]]], str]
 SCHEMAS = ("code", "math")
 FIELDS = {"code": ("task_id", "prompt", "tests"), "math": ("task_id", "prompt", "answer")}
 CODE_KEYS = ("inputs", "outputs", "input_output")
-MATH_KEYS = ("answer", "solution")
+MATH_KEYS = ("answer", "solution")  # verl's reward_model.ground_truth is read between them
+VERL_KEY = "reward_model"  # verl's {"style": "rule", "ground_truth": ...}
 _NEEDS = {"code": "a code task needs prompt, inputs, outputs", "math": "a math task needs a problem and an answer"}
 _PROMPT_KEYS = {"code": ("prompt", "question"), "math": ("problem", "question", "prompt")}
 
@@ -38,6 +42,12 @@ def detect_schema(record: Any) -> str | None:
         return "code"
     if any(k in record for k in MATH_KEYS):
         return "math"
+    if VERL_KEY in record:
+        try:
+            tests = _decode_input_output(_ground_truth(record), "'reward_model.ground_truth'")
+        except RecordError:
+            return "math"
+        return "code" if "inputs" in tests else "math"
     return None
 
 
@@ -68,23 +78,21 @@ def _task_id(record: dict[str, Any], default_id: str) -> str:
 
 
 def _prompt(record: dict[str, Any], schema: str, chat_template: ChatTemplate | None) -> str:
-    for key in _PROMPT_KEYS[schema]:
-        if key in record:
-            prompt = _nonempty_str(record, key, schema)
-            break
+    key = next((k for k in (*_PROMPT_KEYS[schema], "messages") if k in record), None)
+    if key is None:
+        keys = ", ".join(f"'{k}'" for k in (*_PROMPT_KEYS[schema], "messages"))
+        raise RecordError(f"missing a prompt: one of {keys} ({_NEEDS[schema]})")
+    if key == "messages" or isinstance(record[key], list):  # verl keeps chat messages under 'prompt'
+        prompt = _render(record[key], key, chat_template)
     else:
-        if "messages" not in record:
-            keys = ", ".join(f"'{k}'" for k in (*_PROMPT_KEYS[schema], "messages"))
-            raise RecordError(f"missing a prompt: one of {keys} ({_NEEDS[schema]})")
-        prompt = _render(record["messages"], chat_template)
+        prompt = _nonempty_str(record[key], key, schema)
     starter = record.get("starter_code") if schema == "code" else None
     if isinstance(starter, str) and starter.strip():
         prompt = f"{prompt.rstrip()}\n\n{starter}"
     return prompt
 
 
-def _nonempty_str(record: dict[str, Any], key: str, schema: str) -> str:
-    value = record[key]
+def _nonempty_str(value: Any, key: str, schema: str) -> str:
     if not isinstance(value, str):
         raise RecordError(f"'{key}' is {_kind(value)}, expected a string ({_NEEDS[schema]})")
     if not value.strip():
@@ -92,20 +100,20 @@ def _nonempty_str(record: dict[str, Any], key: str, schema: str) -> str:
     return value
 
 
-def _render(messages: Any, chat_template: ChatTemplate | None) -> str:
+def _render(messages: Any, key: str, chat_template: ChatTemplate | None) -> str:
     """A chat-message list as one prompt: the template's rendering, else the contents joined by blank lines."""
     if not isinstance(messages, list) or not messages:
-        raise RecordError("'messages' must be a non-empty list of {'role': ..., 'content': ...}")
+        raise RecordError(f"'{key}' must be a non-empty list of {{'role': ..., 'content': ...}}")
     for i, message in enumerate(messages):
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)
                 and isinstance(message.get("content"), str)):
-            raise RecordError(f"'messages'[{i}] must be {{'role': str, 'content': str}}, got {message!r:.80}")
+            raise RecordError(f"'{key}'[{i}] must be {{'role': str, 'content': str}}, got {message!r:.80}")
     if chat_template is None:
         return "\n\n".join(m["content"] for m in messages)
     try:
         rendered = chat_template(messages)
     except Exception as exc:  # a template that rejects one record (e.g. role order) must not stop the stream
-        raise RecordError(f"chat_template failed on 'messages': {type(exc).__name__}: {exc}") from exc
+        raise RecordError(f"chat_template failed on '{key}': {type(exc).__name__}: {exc}") from exc
     if not isinstance(rendered, str):
         raise RecordError(f"chat_template returned {_kind(rendered)}, expected a string")
     return rendered
@@ -113,8 +121,11 @@ def _render(messages: Any, chat_template: ChatTemplate | None) -> str:
 
 def _tests(record: dict[str, Any]) -> dict[str, Any]:
     source: dict[str, Any] = record
-    if "inputs" not in record and "outputs" not in record and "input_output" in record:
-        source = _decode_input_output(record["input_output"])
+    if "inputs" not in record and "outputs" not in record:
+        if "input_output" in record:
+            source = _decode_input_output(record["input_output"], "'input_output'")
+        elif VERL_KEY in record:
+            source = _decode_input_output(_ground_truth(record), "'reward_model.ground_truth'")
     for key in ("inputs", "outputs"):
         if key not in source:
             raise RecordError(f"missing '{key}' ({_NEEDS['code']})")
@@ -141,22 +152,35 @@ def _tests(record: dict[str, Any]) -> dict[str, Any]:
     return {"kind": "call", "fn_name": fn_name, "inputs": inputs, "outputs": outputs}
 
 
-def _decode_input_output(value: Any) -> dict[str, Any]:
+def _decode_input_output(value: Any, where: str) -> dict[str, Any]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except ValueError as exc:
-            raise RecordError(f"'input_output' is not valid JSON: {exc}") from None
+            raise RecordError(f"{where} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise RecordError(f"'input_output' holds {_kind(value)}, expected an object with inputs and outputs")
+        raise RecordError(f"{where} holds {_kind(value)}, expected an object with inputs and outputs")
     return value
 
 
+def _ground_truth(record: dict[str, Any]) -> Any:
+    """verl's `reward_model.ground_truth`: a final answer, or a code task's tests as JSON."""
+    holder = record[VERL_KEY]
+    if not isinstance(holder, dict) or "ground_truth" not in holder:
+        raise RecordError(f"'{VERL_KEY}' is {_kind(holder)} without 'ground_truth', expected verl's "
+                          "{'style': ..., 'ground_truth': ...}")
+    return holder["ground_truth"]
+
+
 def _answer(record: dict[str, Any]) -> str:
-    key = next((k for k in MATH_KEYS if k in record), None)
-    if key is None:
-        raise RecordError(f"missing 'answer' (or 'solution') ({_NEEDS['math']})")
-    value = record[key]
+    if "answer" in record:
+        key, value = "answer", record["answer"]
+    elif VERL_KEY in record:
+        key, value = "reward_model.ground_truth", _ground_truth(record)
+    elif "solution" in record:
+        key, value = "solution", record["solution"]
+    else:
+        raise RecordError(f"missing 'answer' (or 'solution', or verl's 'reward_model') ({_NEEDS['math']})")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
-    return _nonempty_str(record, key, "math")
+    return _nonempty_str(value, key, "math")

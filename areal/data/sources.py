@@ -2,7 +2,8 @@
 
 `code_tasks("train")` (or `math_tasks("train")`) stands in a recipe for "the training tasks":
 the runtime calls `configure(config)` before reading it, which returns a JSONL source of that
-schema when `data.path` (or `data.heldout_path` for the held-out split) is set, and the built-in
+schema when `data.path` (or `data.heldout_path` for the held-out split) is set (a Parquet source for a
+`.parquet` file), and the built-in
 tasks otherwise. `builtin:NAME` in either key names another built-in set of the same schema (`builtin:chains`:
 code answers with a heavy tail of lengths); the held-out split follows `data.path`'s set unless
 `data.heldout_path` names one. Training on a file of one's own with no `data.heldout_path` has no held-out
@@ -21,6 +22,7 @@ from areal.data.chain_tasks import builtin_chain_tasks
 from areal.data.code_tasks import builtin_code_tasks
 from areal.data.jsonl import jsonl_tasks
 from areal.data.math_tasks import builtin_math_tasks
+from areal.data.parquet import parquet_tasks
 from areal.data.schemas import FIELDS
 from areal.errors import ConfigError
 
@@ -75,10 +77,11 @@ class ConfiguredTasks:
             return None
         if path.startswith(BUILTIN_PREFIX):
             return self._named_builtin(key, path.removeprefix(BUILTIN_PREFIX), config.data.seed)
+        read = parquet_tasks if Path(path).suffix.lower() == ".parquet" else jsonl_tasks
         try:
-            return jsonl_tasks(path, schema=self.schema, seed=config.data.seed)
+            return read(path, schema=self.schema, seed=config.data.seed)
         except ConfigError as err:
-            raise ConfigError(f"data.{key}: {err}") from None  # every jsonl error names the file
+            raise ConfigError(f"data.{key}: {err}") from None  # every task-file error names the file
 
     def _named_builtin(self, key: str, name: str, seed: int) -> Any:
         sets = BUILTIN_SETS[self.schema]

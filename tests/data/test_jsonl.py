@@ -110,7 +110,7 @@ def test_every_malformed_record_is_named_by_line_counted_and_skipped(tmp_path, c
         records += [record, GOOD]
     path = write_jsonl(tmp_path / "tasks.jsonl", records)
     source = jsonl_tasks(path, schema="code", shuffle=False)
-    with caplog.at_level(logging.WARNING, logger="areal.data.jsonl"):
+    with caplog.at_level(logging.WARNING, logger="areal.data.task_file"):
         tasks = take(source, len(MALFORMED) + 1)
     assert [t["task_id"] for t in tasks] == [f"tasks.jsonl:{2 * i + 1}" for i in range(len(MALFORMED) + 1)]
     assert source.skipped == len(MALFORMED)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from areal import RunConfig
-from areal.data import BuiltinTaskSource, JsonlTaskSource, code_tasks, math_tasks
+from areal.data import BuiltinTaskSource, TaskFileSource, code_tasks, math_tasks
 from areal.data.sources import heldout_note
 from areal.errors import ConfigError
 
@@ -15,7 +15,7 @@ def test_math_tasks_read_data_path_with_the_math_schema_else_the_builtin_set(tmp
     data.write_text(json.dumps({"problem": "What is $1+1$?", "answer": 2}) + "\n")
     config = RunConfig(data={"path": str(data)})
     train = math_tasks("train").configure(config)
-    assert isinstance(train, JsonlTaskSource) and train.fields == math_tasks("train").fields
+    assert isinstance(train, TaskFileSource) and train.fields == math_tasks("train").fields
     assert next(iter(train)) == {"task_id": "problems.jsonl:1", "prompt": "What is $1+1$?", "answer": "2"}
     assert math_tasks("test").configure(config) is None  # a file of one's own and no data.heldout_path: none
     assert "data.heldout_path=builtin:math" in heldout_note(math_tasks("test"), config)
