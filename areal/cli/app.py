@@ -297,8 +297,8 @@ def eval_(
         ..., metavar="MODEL", help="builtin:NAME, a HF checkpoint dir, a .gguf file, package:NAME, a run directory, "
         "or a LoRA adapter directory (areal export of a LoRA run)."
     ),
-    benchmark: str = typer.Option("humaneval", "--benchmark", "-b",
-                                  metavar="humaneval|reasoning-gym|code-tasks|math-tasks"),
+    benchmark: str | None = typer.Option(None, "--benchmark", "-b", metavar="humaneval|reasoning-gym|code-tasks|"
+                                         "math-tasks", help="Default: humaneval (a math run's directory asks)."),
     task: str | None = typer.Option(
         None, "--task", metavar="NAME", help="reasoning-gym: the task set (chain_sum...); code-tasks, math-tasks: "
         "builtin:NAME or a JSONL file (default: a run directory's held-out set, else builtin:code or builtin:math)."),
@@ -354,15 +354,15 @@ def eval_(
 
     from areal.cli.evaluate import EvalSettings, evaluate, parse_options
     from areal.cli.progress import eval_progress, eval_table
+    from areal.cli.run_tasks import default_benchmark
     from areal.runtime.controller.signals import EndingSignals, Stopped
 
     settings = EvalSettings(
-        benchmark=benchmark, samples=samples, ks=tuple(sorted(set(k or {1, samples}))), temperature=temperature,
-        top_p=top_p, max_new_tokens=max_new_tokens, max_batch=max_batch, seed=seed, chat_template=chat_template,
-        limit=limit, task=task, count=count, options=parse_options(option), step=step, threads=threads,
-        trained=trained, device=device, dtype=dtype,
-    )
-    out = out or Path("evals") / f"{benchmark}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        benchmark=benchmark or default_benchmark(model), samples=samples, ks=tuple(sorted(set(k or {1, samples}))),
+        temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, max_batch=max_batch, seed=seed,
+        chat_template=chat_template, limit=limit, task=task, count=count, options=parse_options(option), step=step,
+        threads=threads, trained=trained, device=device, dtype=dtype)
+    out = out or Path("evals") / f"{settings.benchmark}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     console = Console()
     try:  # SIGTERM or SIGHUP stop it as Ctrl-C does, each said by its name; nothing is written
         with EndingSignals(stopping=lambda: False), eval_progress(console, quiet) as report:

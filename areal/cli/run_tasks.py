@@ -102,18 +102,40 @@ def _judge(schema: str, timeout_s: float) -> Any:
     return judge
 
 
+def _trained_fields(run_dir: Path) -> set[str]:
+    """The fields the run's task sources sent, by their names (none for a run directory without its plan)."""
+    plan_path = run_dir / "plan.json"
+    if not plan_path.is_file():
+        return set()
+    plan = json.loads(plan_path.read_text())
+    sources = {node for pool in plan["pools"] if pool["role"] == "source" for node in pool["nodes"]}
+    return {field.rpartition(".")[2] for c in plan["channels"] if c["src"] in sources for field in c["fields"]}
+
+
 def _check_trained_schema(run_dir: Path, schema: str) -> None:
     """Refuse a run whose task source sent the other schema's telling field (a graph of its own, or a run directory
     without its plan, is not judged)."""
-    plan_path = run_dir / "plan.json"
-    if not plan_path.is_file():
-        return
-    plan = json.loads(plan_path.read_text())
-    sources = {node for pool in plan["pools"] if pool["role"] == "source" for node in pool["nodes"]}
-    sent = {field.rpartition(".")[2] for c in plan["channels"] if c["src"] in sources for field in c["fields"]}
+    sent = _trained_fields(run_dir)
     trained = [s for s, field in TELLING_FIELD.items() if field in sent]
     if len(trained) == 1 and trained[0] != schema:
         right = next(b for b, s in SCHEMAS.items() if s == trained[0])
         raise ConfigError(f"{run_dir} trained on {trained[0]} tasks (its source sends "
                           f"'{TELLING_FIELD[trained[0]]}'): score it with -b {right}, or name a {schema} set with "
                           f"--task builtin:NAME or a JSONL file")
+
+
+def default_benchmark(model: str) -> str:
+    """What `areal eval` scores when no --benchmark is given: HumanEval, except for a run directory that trained on
+    answers rather than programs, which is refused naming the benchmarks of its tasks: HumanEval scored every math
+    run 0.000 on syntax errors, silently."""
+    from areal.cli.export import is_run_dir
+
+    path = Path(model).expanduser()
+    sent = _trained_fields(path) if path.is_dir() and is_run_dir(path) else set()
+    if "tests" in sent or not sent & {"answer", "rg"}:
+        return "humaneval"
+    kind, right, field = (("reasoning-gym", "-b reasoning-gym --task NAME", "rg") if "rg" in sent
+                          else ("math", "-b math-tasks", "answer"))
+    raise ConfigError(f"{model} trained on {kind} tasks (its source sends '{field}', not 'tests'), and the default "
+                      f"benchmark, HumanEval, scores code: score it with {right} (its held-out tasks), or give "
+                      "-b humaneval to score its code anyway")

@@ -412,3 +412,29 @@ def test_a_run_is_scored_on_the_held_out_tasks_its_recipe_declared_itself(tmp_pa
     document = evaluate(str(run), EvalSettings(benchmark="code-tasks", samples=2, temperature=1.0, ks=(1,)))
     assert [p["task_id"] for p in document["problems"]] == ["adds-two"] and document["summary"]["pass@1"] == 1.0
     assert document["benchmark"] == "code-tasks/the recipe's 1 held-out tasks"
+
+
+def test_a_math_run_asked_for_no_benchmark_is_refused_naming_its_own_not_scored_on_humaneval(tmp_path):
+    from areal.cli.run_tasks import default_benchmark
+    from areal.graph.recipe import load_recipe
+    from areal.runtime.compiler.compile import compile_plan
+
+    run = _run_scored_against_its_own_tasks(tmp_path)
+    assert default_benchmark(str(run)) == "humaneval"  # no plan: nothing tells what it trained on
+    for recipe, refused in (("code_rl.py", False), ("math_rl.py", True)):
+        loaded = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / recipe, [])
+        (run / "plan.json").write_text(compile_plan(loaded.graph, loaded.config, run_dir=run).to_json())
+        if not refused:
+            assert default_benchmark(str(run)) == "humaneval"
+            continue
+        done = areal("eval", str(run), "-q", cwd=tmp_path, cache=tmp_path / "cache")
+        assert done.returncode == 2 and done.stderr.startswith(
+            f"{run} trained on math tasks (its source sends 'answer', not 'tests'), and the default benchmark, "
+            "HumanEval, scores code: score it with -b math-tasks"), done.stderr
+        assert not (tmp_path / "evals").exists()
+    rg = {"pools": [{"role": "source", "nodes": ["tasks"]}],
+          "channels": [{"src": "tasks", "fields": ["tasks.prompt"]}, {"src": "tasks", "fields": ["tasks.rg"]}]}
+    (run / "plan.json").write_text(json.dumps(rg))  # the SmolLM2 recipe's source: reasoning-gym's tasks
+    with pytest.raises(ConfigError, match="trained on reasoning-gym tasks .* -b reasoning-gym --task NAME"):
+        default_benchmark(str(run))
+    assert default_benchmark("builtin:tiny-mather") == "humaneval"  # a checkpoint, not a run: the default stands
