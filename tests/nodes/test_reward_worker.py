@@ -14,8 +14,8 @@ import torch
 
 from areal.graph.batch import Batch
 from areal.graph.roles import FAILED
-from areal.nodes.workers.reward import RewardNode
-from areal.rewards import math_reward
+from areal.nodes.workers.reward import RewardNode, program_of
+from areal.rewards import CodeTests, math_reward
 
 
 @dataclass
@@ -83,6 +83,35 @@ def test_code_programs_are_prompt_plus_completion_and_named_inputs_are_passed():
             return [float(i) for i in ids.tolist()]
 
     assert RewardNode(ByName())(_batch(2))["reward"].tolist() == [0.0, 1.0]
+
+
+HEADER = "# how many times 6 is in nums\ndef f(nums):\n"
+STATEMENT = "Read two integers, print their sum.\n"
+SUM = "a, b = map(int, input().split())\nprint(a + b)\n"
+
+
+@pytest.mark.parametrize(("prompt", "completion", "program"), [
+    (HEADER, "    return nums.count(6)\n", HEADER + "    return nums.count(6)\n"),  # a body goes on from its header
+    (HEADER, "def f(nums):\n    return nums.count(6)", "def f(nums):\n    return nums.count(6)"),  # a chat reply
+    (STATEMENT, SUM, SUM),  # the answer to a problem stated in words
+    ("Like this:\n```python\nprint(1)\n```\nNow add two.\n", SUM, SUM),  # a prompt's fence is not the program
+    (HEADER, "Here:\n```python\ndef f(nums): ...\n```", "Here:\n```python\ndef f(nums): ...\n```"),
+    (HEADER, "    return nums.count(6\n", HEADER + "    return nums.count(6\n"),  # broken: fails as written
+    (STATEMENT, "print(1)\x00", STATEMENT + "print(1)\x00"),  # a null byte parses as nothing
+])
+def test_a_code_program_is_the_prompt_and_completion_where_they_read_as_one_else_the_completion(
+        prompt, completion, program):
+    assert program_of(prompt, completion) == program
+
+
+def test_a_program_answering_a_stated_problem_or_restating_its_function_passes_its_tests_in_the_sandbox():
+    stdio = {"kind": "stdio", "inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]}
+    call = {"kind": "call", "fn_name": "f", "inputs": [[[6, 6, 1]], [[1]]], "outputs": [2, 0]}
+    batch = Batch({"prompt": [STATEMENT, HEADER, HEADER],
+                   "completion": [SUM, "def f(nums):\n    return nums.count(6)\n", "    return nums.count(6)\n"],
+                   "tests": [stdio, call, call], "sample_id": torch.arange(3)})
+    scored = RewardNode(CodeTests(timeout_s=5.0))(batch)
+    assert scored["reward"].tolist() == [1.0, 1.0, 1.0] and not scored.get(FAILED)
 
 
 def test_the_math_reward_gets_completions_and_reference_answers():

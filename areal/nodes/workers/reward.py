@@ -9,6 +9,7 @@ is marked failed with its reason, counted and reported, never scored.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import inspect
 import logging
@@ -86,17 +87,36 @@ def _one_per_sample(returned: Any) -> bool:
 
 def call_reward(fn: Any, columns: Mapping[str, Any]) -> Any:
     """`fn`'s outcomes for these columns (a batch, or `areal eval`'s lists): the fields it names (`field_names`),
-    else a code reward's programs (the prompt, a function header, followed by the completion) and tests; an async
-    function's, awaited."""
+    else a code reward's programs (`program_of` each prompt and completion) and tests; an async function's, awaited."""
     names = field_names(fn)
     if names:
         returned = fn(*(columns[name] for name in names))
     else:
-        programs = [p + c for p, c in zip(columns["prompt"], columns["completion"])]
-        returned = fn(programs, columns["tests"])
+        returned = fn(list(map(program_of, columns["prompt"], columns["completion"])), columns["tests"])
     if inspect.isawaitable(returned):  # an `async def` reward (a judge model over HTTP): run to its end here
         returned = asyncio.run(_awaited(returned))
     return returned
+
+
+def program_of(prompt: str, completion: str) -> str:
+    """The program a code reward runs for one sample: the prompt followed by the completion where the prompt is code
+    the completion goes on with (a function header and its body); the completion alone where it holds a fenced block
+    (the reward reads the block) or where only it is Python: the answer to a problem stated in words, a chat reply
+    that restates the function. Both joined failed as syntax errors, whatever the program. Where neither parses, the
+    two joined, failing as written."""
+    if completion.count("```") >= 2:
+        return completion
+    joined = prompt + completion
+    return completion if not _parses(joined) and _parses(completion) else joined
+
+
+def _parses(source: str) -> bool:
+    """Whether `source` is Python; parsed only (an AST, nothing compiled or run), on the trusted side."""
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # ValueError: a null byte, before Python 3.12
+        return False
+    return True
 
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
