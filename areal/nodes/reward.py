@@ -5,11 +5,11 @@ object with `reward` and `reason`). A function that names its fields, in `input_
 reward: completion, answer) or as its required parameters (`def judge(completion, answer)`), gets
 exactly those, in that order, and the node declares them as its input ports, so the graph checks
 that something upstream produces them; one that names none, or asks for `(programs, tests)`, is a
-code reward and gets programs and tests: the prompt followed by the completion where the two read as one
-Python program (a header and its body), else the completion alone (a fenced reply, an answer to a problem in words). An outcome with a reason other
-than a plain wrong answer that comes from the reward machinery (`sandbox_error`), a NaN, or a
-raised exception makes the sample *failed*: counted and reported with its sample_id, never a
-silent 0.0.
+code reward and gets programs and tests: the prompt followed by the completion where the two read
+as one Python program (a header and its body), else the completion alone (a fenced reply, an answer
+to a problem in words). An outcome with a reason other than a plain wrong answer that comes from
+the reward machinery (`sandbox_error`), a NaN, or a raised exception makes the sample *failed*:
+counted and reported with its sample_id, never a silent 0.0.
 """
 
 from __future__ import annotations
