@@ -36,6 +36,10 @@ class TrainerConfig(Section):
         "sample weighs more); seq-mean-token-mean, each sample's mean, then their mean (every sample alike); "
         "seq-mean-token-sum, each sample's sum over generation.max_new_tokens, then their mean (Dr. GRPO: no length "
         "in the weight of a token)")
+    kl_coef: float = Field(0.0, ge=0, description="β of a KL loss to a frozen reference (GRPO's: k3 of π_θ against "
+                           "π_ref per trained token, with its gradient, a token mean whatever loss_agg); > 0 needs a "
+                           "`ref_logp` input from a "
+                           "compute_logprob(..., frozen=True, output='ref_logp') node; 0: none")
     behav_weight_cap: PositiveFloat | None = Field(5.0, description="cap on π_prox/π_behav; tokens over it are masked")
     truncated: Literal["train", "mask"] = Field(
         "train", description="an output cut at generation.max_new_tokens: train it like any other, or mask every "

@@ -12,6 +12,7 @@ PROMPT_IDS = Int["S", "T"]
 OUTPUT_IDS = Int["S", "T"]
 BEHAV_LOGP = Float["S", "T"]  # log π_behav of each output token, recorded while sampling
 PROX_LOGP = Float["S", "T"]  # log π_prox: the trainer's weights before this update
+REF_LOGP = Float["S", "T"]  # log π_ref: a frozen reference's (trainer.kl_coef's KL loss)
 VERSIONS = Int32["S", "T"]  # policy version that produced each output token
 LOSS_MASK = Int32["S", "T"]  # 1: the policy sampled the token (trained); 0: the environment wrote it (a tool's output)
 TRUNCATED = Int["S"]  # 1: the output was cut at max_new_tokens, not ended by the policy

@@ -35,10 +35,11 @@ def ppo_update(name: str, *, token_advantages: bool = False, **settings: Any) ->
             "advantage": ports.TOKEN_ADVANTAGE if token_advantages else ports.ADVANTAGE,
             "loss_mask": ports.LOSS_MASK,
             "truncated": ports.TRUNCATED,
+            "ref_logp": ports.REF_LOGP,
         },
         # loss_mask: produced by episodes (tool and environment tokens are not trained); truncated: by generate
-        # nodes (trainer.truncated=mask reads it)
-        optional=frozenset({"loss_mask", "truncated"}),
+        # nodes (trainer.truncated=mask reads it); ref_logp: by a frozen compute_logprob (trainer.kl_coef reads it)
+        optional=frozenset({"loss_mask", "truncated", "ref_logp"}),
         outputs={},
         factory=_factory,
         doc="decoupled PPO over batches of B groups; publishes weights as version + 1",

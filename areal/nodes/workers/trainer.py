@@ -38,6 +38,7 @@ class TrainerNode:
         require_engines(config, generation=False)  # before loading the model: the error comes in seconds
         t = config.trainer
         self.clip_eps, self.clip_eps_high, self.dual_clip = t.clip_eps, t.clip_eps_high, t.dual_clip
+        self.kl_coef = t.kl_coef  # > 0: the compiler checked a frozen reference feeds `ref_logp`
         self.loss_agg, self.max_tokens = t.loss_agg, config.generation.max_new_tokens
         self.objective = t.objective
         self.cap = t.behav_weight_cap
@@ -103,7 +104,8 @@ class TrainerNode:
             mask = mb["loss_mask"].bool() if masked else torch.ones_like(logp, dtype=torch.bool)
             loss, stats = decoupled_ppo_loss(logp, prox, behav, advantages, mask, clip_eps=self.clip_eps,
                                              clip_eps_high=self.clip_eps_high, dual_clip=self.dual_clip,
-                                             behav_weight_cap=self.cap)
+                                             behav_weight_cap=self.cap, kl_coef=self.kl_coef,
+                                             ref_logp=mb["ref_logp"] if self.kl_coef else None)
             numbers = {k: STAT_KINDS.get(k, float)(v) for k, v in vars(stats).items()
                        if isinstance(v, (int, float)) and k != "loss"}
             if masked:  # as a sum the engine divides by all output tokens: make it the mean over trained ones
@@ -119,6 +121,8 @@ class TrainerNode:
         }
         if masked:
             extra["loss_mask"] = batch["loss_mask"].rows()
+        if self.kl_coef:
+            extra["ref_logp"] = batch["ref_logp"].rows()
         steps: list[tuple[dict[str, float], float]] = []
         # a sample with no output tokens (an empty generation) has no term in the token mean: leave it out
         rows = [i for i, out in enumerate(batch["output_ids"].rows()) if len(out)]

@@ -79,6 +79,7 @@ def compile_plan(graph: Graph, config: RunConfig, *, recipe: str = "", overrides
     )
     _check_names(config, pools)
     _check_truncated(graph, config)
+    _check_kl_reference(graph, config)
     routes = tuple((pool_of[trainer], pool_of[n.name]) for n in order for trainer in [graph.model_of(n)]
                    if trainer is not None and pool_of[n.name] != pool_of[trainer])
     lora_rank = node_config(config, graph.nodes[policy]).trainer.lora.rank if policy in graph.nodes else 0
@@ -323,6 +324,27 @@ def _check_truncated(graph: Graph, config: RunConfig) -> None:
         if graph.resolve(n, "truncated") is None:
             raise ConfigError(f"trainer.truncated=mask: no node outputs `truncated` for {n.describe()} (generate "
                               "nodes do; an episode does not cut its turns that way)")
+
+
+def _check_kl_reference(graph: Graph, config: RunConfig) -> None:
+    """trainer.kl_coef > 0 is a KL loss to a reference: the trainer must read `ref_logp` from a frozen node, not
+    train without the term it was asked for, nor against its own policy (a KL of 0)."""
+    for n in graph.nodes.values():
+        if n.role != "trainer" or node_config(config, n).trainer.kl_coef == 0:
+            continue
+        how = ("add compute_logprob(\"reference\", frozen=True, output=\"ref_logp\") to the graph "
+               "(docs/trainer-nodes.md), or set trainer.kl_coef=0")
+        if "ref_logp" not in n.inputs:
+            raise ConfigError(f"trainer.kl_coef: {n.describe()} takes no `ref_logp` input, so no reference to keep "
+                              "its policy near; ppo_update takes one (optional), from a frozen compute_logprob")
+        found = graph.resolve(n, "ref_logp")
+        if found is None:
+            raise ConfigError(f"trainer.kl_coef={node_config(config, n).trainer.kl_coef}: no node outputs `ref_logp` "
+                              f"for {n.describe()}; {how}")
+        producer = found[0]
+        if producer.kind != "compute-logprob" or not producer.spec.params.get("frozen"):
+            raise ConfigError(f"trainer.kl_coef: {n.describe()} reads `ref_logp` from {producer.describe()}, which is "
+                              "no frozen reference (a KL to the policy being trained is 0); " + how)
 
 
 def _default_gpus(role: str, config: RunConfig) -> int:
