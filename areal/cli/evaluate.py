@@ -34,6 +34,7 @@ from areal.config.section import DEVICE_PATTERN
 from areal.engines.device import device_problem, torch_device
 from areal.errors import ConfigError
 from areal.graph.roles import Closes
+from areal.models.chat import Prompt
 from areal.models.loading import DTYPES
 from areal.runtime.records.solved import solved
 
@@ -137,7 +138,7 @@ class Judged:
     """One task's samples after scoring."""
 
     task_id: str
-    prompt: str
+    prompt: Prompt  # text, or chat messages
     completions: list[str]
     rewards: list[float]
     reasons: list[str | None]

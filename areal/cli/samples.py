@@ -16,6 +16,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from areal.models.chat import is_chat
 from areal.runtime.records.sample_records import STATUSES, SampleRecord
 
 TEXT_CHARS = 400  # of a text field kept before the terminal's edge cuts it: a line, never a page
@@ -67,8 +68,8 @@ def _line(text: str) -> Text:
 
 
 def _shown(value: object) -> bool:
-    """Text and numbers are shown; a per-token summary shows as its mean (or its length)."""
-    return isinstance(value, (str, int, float, dict))
+    """Text, chat messages and numbers are shown; a per-token summary shows as its mean (or its length)."""
+    return isinstance(value, (str, int, float, dict)) or is_chat(value)
 
 
 def _is_text(name: str, value: object) -> bool:
@@ -83,5 +84,7 @@ def _cell(value: object) -> str:
     if isinstance(value, dict):
         inner = value.get("mean", value.get("tokens"))
         return f"{inner:.4g}" if isinstance(inner, float) else str(inner)
+    if is_chat(value):  # a prompt of chat messages
+        value = "\n".join(f"{m['role']}: {m['content']}" for m in value)
     text = str(value).replace("\n", "⏎")
     return text if len(text) <= TEXT_CHARS else text[: TEXT_CHARS - 1] + "…"

@@ -65,7 +65,8 @@ def jsonl_tasks(
 ) -> TaskFileSource:
     """Tasks from a JSONL file (layouts in docs/data.md); "auto" takes the schema of the first valid record.
 
-    `chat_template` renders a record's `messages` list into the prompt, e.g.
+    A record's chat `messages` stay the task's prompt as a list, which a run's generator renders in its model's
+    chat template (roles kept); `chat_template` renders them into text here instead, e.g.
     `lambda m: tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True)`.
     """
     path = checked_task_file("jsonl_tasks", path, schema, shuffle_buffer, ".jsonl")

@@ -5,6 +5,8 @@ Two task shapes leave this module, the same ones the built-in tasks and the rewa
     code: {"task_id", "prompt", "tests": {"kind": "call"|"stdio", "fn_name"?, "inputs", "outputs"}}
     math: {"task_id", "prompt", "answer"}
 
+The prompt is text, or a record's chat messages as a list of {"role", "content"} (areal/models/chat.py).
+
 Besides areal's own layouts (docs/data.md) a record may be in verl's: `prompt` a list of chat messages
 and the answer, or the tests as JSON, in `reward_model.ground_truth`, so data prepared for verl trains here as is.
 
@@ -77,7 +79,7 @@ def _task_id(record: dict[str, Any], default_id: str) -> str:
     return str(value)
 
 
-def _prompt(record: dict[str, Any], schema: str, chat_template: ChatTemplate | None) -> str:
+def _prompt(record: dict[str, Any], schema: str, chat_template: ChatTemplate | None) -> str | list[dict[str, str]]:
     key = next((k for k in (*_PROMPT_KEYS[schema], "messages") if k in record), None)
     if key is None:
         keys = ", ".join(f"'{k}'" for k in (*_PROMPT_KEYS[schema], "messages"))
@@ -88,6 +90,9 @@ def _prompt(record: dict[str, Any], schema: str, chat_template: ChatTemplate | N
         prompt = _nonempty_str(record[key], key, schema)
     starter = record.get("starter_code") if schema == "code" else None
     if isinstance(starter, str) and starter.strip():
+        if isinstance(prompt, list):  # the chat's last message asks for it
+            last = prompt[-1]
+            return [*prompt[:-1], {**last, "content": f"{last['content'].rstrip()}\n\n{starter}"}]
         prompt = f"{prompt.rstrip()}\n\n{starter}"
     return prompt
 
@@ -100,8 +105,9 @@ def _nonempty_str(value: Any, key: str, schema: str) -> str:
     return value
 
 
-def _render(messages: Any, key: str, chat_template: ChatTemplate | None) -> str:
-    """A chat-message list as one prompt: the template's rendering, else the contents joined by blank lines."""
+def _render(messages: Any, key: str, chat_template: ChatTemplate | None) -> str | list[dict[str, str]]:
+    """A chat-message list as the prompt: the template's rendering, else the messages themselves (their role and
+    content), which the generator renders in its model's chat template, or joins for a model without one."""
     if not isinstance(messages, list) or not messages:
         raise RecordError(f"'{key}' must be a non-empty list of {{'role': ..., 'content': ...}}")
     for i, message in enumerate(messages):
@@ -109,7 +115,7 @@ def _render(messages: Any, key: str, chat_template: ChatTemplate | None) -> str:
                 and isinstance(message.get("content"), str)):
             raise RecordError(f"'{key}'[{i}] must be {{'role': str, 'content': str}}, got {message!r:.80}")
     if chat_template is None:
-        return "\n\n".join(m["content"] for m in messages)
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
     try:
         rendered = chat_template(messages)
     except Exception as exc:  # a template that rejects one record (e.g. role order) must not stop the stream

@@ -47,12 +47,17 @@ def test_nested_input_output_string_and_starter_code(tmp_path):
     path = write_jsonl(tmp_path / "apps.jsonl", [
         {"question": "Add one.", "input_output": nested, "starter_code": "def f(x):\n"},
         {"question": "Sum two numbers.", "input_output": stdio, "starter_code": ""},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add one.\n"}],
+         "input_output": nested, "starter_code": "def f(x):\n"},
     ])
-    assert take(jsonl_tasks(path, shuffle=False), 2) == [
+    assert take(jsonl_tasks(path, shuffle=False), 3) == [
         {"task_id": "apps.jsonl:1", "prompt": "Add one.\n\ndef f(x):\n",
          "tests": {"kind": "call", "fn_name": "f", "inputs": [[1]], "outputs": [2]}},
         {"task_id": "apps.jsonl:2", "prompt": "Sum two numbers.",
          "tests": {"kind": "stdio", "inputs": ["1 2\n"], "outputs": ["3\n"]}},
+        {"task_id": "apps.jsonl:3",  # the chat's last message asks for the starter code
+         "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add one.\n\ndef f(x):\n"}],
+         "tests": {"kind": "call", "fn_name": "f", "inputs": [[1]], "outputs": [2]}},
     ]
 
 
@@ -61,8 +66,8 @@ def test_stdio_records_and_chat_messages_with_and_without_a_template(tmp_path):
     path = write_jsonl(tmp_path / "stdio.jsonl", [
         {"task_id": "s1", "messages": messages, "inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]},
     ])
-    plain = next(jsonl_tasks(path))
-    assert plain == {"task_id": "s1", "prompt": "Be brief.\n\nAdd two numbers.",
+    plain = next(jsonl_tasks(path))  # the chat itself: the generator renders it in its model's template
+    assert plain == {"task_id": "s1", "prompt": messages,
                      "tests": {"kind": "stdio", "inputs": ["1 2\n", "5 5\n"], "outputs": ["3\n", "10\n"]}}
     templated = next(jsonl_tasks(path, chat_template=lambda ms: "".join(f"<{m['role']}>{m['content']}" for m in ms)))
     assert templated["prompt"] == "<system>Be brief.<user>Add two numbers."
@@ -81,7 +86,7 @@ def test_math_records_take_problem_question_or_prompt_and_answer_or_solution(tmp
         {"task_id": "math.jsonl:1", "prompt": "1+1?", "answer": "2"},
         {"task_id": "math.jsonl:2", "prompt": "Half of 1?", "answer": "0.5"},
         {"task_id": "math.jsonl:3", "prompt": "Solve 2x = 1.", "answer": r"So $x = \boxed{\frac12}$."},
-        {"task_id": "math.jsonl:4", "prompt": "3*3?", "answer": "9"},
+        {"task_id": "math.jsonl:4", "prompt": [{"role": "user", "content": "3*3?"}], "answer": "9"},
     ]
     assert jsonl_tasks(path).schema == "math"  # auto
 

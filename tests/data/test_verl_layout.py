@@ -27,8 +27,8 @@ def test_a_verl_math_row_is_a_math_task_with_its_ground_truth_and_its_prompt_mes
     source = jsonl_tasks(path, shuffle=False)
     assert source.schema == "math"
     assert take(source, 2) == [
-        {"task_id": "gsm8k.jsonl:1", "prompt": "Think.\n\nNatalia sold 48 clips ...", "answer": "72"},
-        {"task_id": "gsm8k.jsonl:2", "prompt": "Think.\n\nNatalia sold 48 clips ...", "answer": "5"},
+        {"task_id": "gsm8k.jsonl:1", "prompt": QUESTION, "answer": "72"},
+        {"task_id": "gsm8k.jsonl:2", "prompt": QUESTION, "answer": "5"},
     ]
     templated = next(jsonl_tasks(path, chat_template=lambda ms: "|".join(m["role"] for m in ms)))
     assert templated["prompt"] == "system|user"

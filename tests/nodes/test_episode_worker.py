@@ -90,6 +90,35 @@ def test_generate_appends_to_the_text_so_far_so_an_eos_that_ended_a_turn_is_not_
     assert [tok.decode(c) for c in contexts] == [tok.bos_token + r for r in read]
     assert tok.decode(batch["output_ids"][0].tolist()).endswith("done<eos>")
 
+def test_a_task_of_chat_messages_is_asked_with_llm_chat_and_llm_generate_on_it_says_so(tmp_path):
+    """A task file's chat messages reach an episode as the list: `llm.chat` renders them with their roles in the
+    model's template; `llm.generate` (which appends text) refuses them by name instead of failing on `str + list`."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q"}]
+
+    async def chats(task, llm):
+        await llm.chat(task["prompt"], max_new_tokens=2)
+        return 1.0
+
+    async def generates(task, llm):
+        await llm.generate(task["prompt"], max_new_tokens=2)
+        return 1.0
+
+    runner = runner_on(tmp_path, chats, chat=True)
+    tok = runner.policy.tokenizer
+    contexts = scripted(runner, [tok.encode("A", add_special_tokens=False) + [tok.eos_token_id]])
+    runner.submit(*group([messages]))
+    (batch, _), = run_all(runner)
+    assert batch[FAILED] == [None]
+    assert tok.decode(contexts[0], skip_special_tokens=False) == tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True)  # the system message is the system's
+
+    runner = runner_on(tmp_path, generates, chat=True)
+    runner.submit(*group([messages]))
+    (batch, _), = run_all(runner)
+    assert batch[FAILED][0].startswith("the episode raised ConversationError: llm.generate takes text; this prompt "
+                                       "is chat messages: ask with `await llm.chat(messages)`")
+
+
 def test_an_episode_that_raises_fails_its_own_sample_with_the_reason_and_its_siblings_train(tmp_path):
     async def flaky(task, llm):
         done = await llm.generate(task["prompt"], max_new_tokens=3)

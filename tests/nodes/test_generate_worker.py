@@ -128,7 +128,34 @@ def test_a_prompt_that_is_not_text_or_reads_as_no_tokens_fails_its_samples_and_t
     while node.pending():
         done += node.step()
     assert node.engine.queue == [] and len(done) == 1
-    assert done[0][0][FAILED] == [None, "its prompt is int 42, not text", "its prompt is empty"]
+    assert done[0][0][FAILED] == [
+        None, "its prompt is int 42, not text or chat messages [{'role': str, 'content': str}, ...]",
+        "its prompt is empty"]
+
+
+CHATML_LIKE = ("{% for m in messages %}{{ '<' + m['role'] + '>' + m['content'] + '\\n' }}{% endfor %}"
+               "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_a_prompt_of_chat_messages_keeps_its_roles_in_the_template_and_reads_as_its_text_without_one():
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "add 1"}]
+    read, failed = {}, {}
+    for uses_chat in (True, False):
+        node = GenerateNode()
+        node.engine, node.stops, node.note, node.chat = OneAtATime(), [], lambda *a: None, uses_chat
+        node.tokenizer = make_tokenizer(chat_template=CHATML_LIKE)
+        node._decode = lambda ids: ""
+        batch = Batch({"prompt": [chat, [{"role": "user"}]], "group_id": torch.tensor([-1, -2]),
+                       "sample_id": torch.tensor([-1, -2])})
+        node.submit(batch, GroupMeta(group=-1, samples=1, admitted_at=0, eval=True))
+        done = []
+        while node.pending():
+            done += node.step()
+        read[uses_chat] = node.tokenizer.decode(done[0][0]["prompt_ids"].rows()[0].tolist())
+        failed[uses_chat] = done[0][0][FAILED][1]
+    assert read == {True: "<system>Be brief.\n<user>add 1\n<assistant>", False: "<bos>Be brief.\n\nadd 1"}
+    assert failed[True] == failed[False] == (
+        "its prompt is list [{'role': 'user'}], not text or chat messages [{'role': str, 'content': str}, ...]")
 
 
 @pytest.mark.eval

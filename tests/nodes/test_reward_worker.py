@@ -114,6 +114,33 @@ def test_a_program_answering_a_stated_problem_or_restating_its_function_passes_i
     assert scored["reward"].tolist() == [1.0, 1.0, 1.0] and not scored.get(FAILED)
 
 
+def test_a_prompt_of_chat_messages_reaches_a_reward_as_its_text():
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": STATEMENT}]
+    seen = {}
+
+    def code(programs, tests):
+        seen["programs"] = programs
+        return [0.0] * len(programs)
+
+    class ReadsPrompts:
+        input_names = ("prompt",)
+
+        def __call__(self, prompts):
+            seen["prompts"] = prompts
+            return [0.0] * len(prompts)
+
+    batch = Batch({"prompt": [chat, HEADER], "completion": [SUM, "    return 1\n"], "tests": [{}, {}],
+                   "sample_id": torch.arange(2)})
+    RewardNode(code)(batch)
+    RewardNode(ReadsPrompts())(batch)
+    assert seen == {"programs": [SUM, HEADER + "    return 1\n"], "prompts": [f"Be brief.\n\n{STATEMENT}", HEADER]}
+    with math_reward(timeout_s=2.0, use_prompt=True) as fn:  # its rules read the prompt's text
+        chat = [{"role": "user", "content": "What is 1/2 as a common fraction?"}]
+        scored = RewardNode(fn)(Batch({"completion": ["\\boxed{0.5}", "\\boxed{\\frac{1}{2}}"], "answer": ["1/2"] * 2,
+                                       "prompt": [chat, chat], "sample_id": torch.arange(2)}))
+    assert scored["reward"].tolist() == [0.0, 1.0] and scored[FAILED] == {}
+
+
 def test_the_math_reward_gets_completions_and_reference_answers():
     completions = ["so \\boxed{0.5}", "\\boxed{3}", "no marked answer"]
     batch = Batch({"completion": completions, "answer": ["\\frac{1}{2}", "4", "4"], "sample_id": torch.arange(3)})

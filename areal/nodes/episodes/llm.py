@@ -6,7 +6,8 @@ then append both to the trajectory, so a turn cancelled half-way (an HTTP client
 episode past its time) leaves the trajectory as it was.
 
 - `generate(text)`: append `text` (tokenised on its own; the first one gets the tokenizer's <bos>)
-  and sample. The Python way: `await llm.generate(task["prompt"])`, then `await llm.generate(feedback)`.
+  and sample. The Python way: `await llm.generate(task["prompt"])`, then `await llm.generate(feedback)`
+  (a task whose prompt is chat messages asks with `llm.chat`).
 - `chat(messages)`: the whole conversation, as the OpenAI chat API sends it; the chat template is
   applied server-side, once, to find what is new.
 - `complete(prompt)`: the whole text (or ids) so far, as the OpenAI completions API sends it.
@@ -84,6 +85,9 @@ class EpisodeLLM:
     async def generate(self, text: str = "", *, max_new_tokens: int | None = None,
                        stop: list[str] | None = None) -> Completion:
         """Append `text` (the environment's) to the context, then sample the policy's continuation."""
+        if isinstance(text, list):  # a task's chat messages: the template, not concatenation, joins them
+            raise ConversationError("llm.generate takes text; this prompt is chat messages: ask with "
+                                    "`await llm.chat(messages)`, which renders them in the model's chat template")
         self._speaks("text")
         known = self._text.known or ""
         return await self.complete(known + text, max_new_tokens=max_new_tokens, stop=stop)

@@ -128,12 +128,13 @@ class GenerateNode:
         self._batches.append(entry)
 
     def _encoded(self, prompt: Any) -> tuple[list[int], str | None]:
-        """A prompt's token ids and, where it cannot be sampled, why: not text, nothing to read, or no room left in
-        the model's context."""
-        from areal.models.chat import encode_prompt
+        """A prompt's token ids and, where it cannot be sampled, why: neither text nor chat messages, nothing to read,
+        or no room left in the model's context."""
+        from areal.models.chat import encode_prompt, is_chat
 
-        if not isinstance(prompt, str):
-            return [], f"its prompt is {type(prompt).__name__} {prompt!r:.60}, not text"
+        if not (isinstance(prompt, str) or is_chat(prompt)):
+            return [], (f"its prompt is {type(prompt).__name__} {prompt!r:.60}, not text or chat messages "
+                        "[{'role': str, 'content': str}, ...]")
         prompt_ids = encode_prompt(self.tokenizer, prompt, self.chat)
         if not prompt_ids:
             return prompt_ids, "its prompt is empty"

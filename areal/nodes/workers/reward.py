@@ -24,6 +24,7 @@ import torch
 from areal.errors import raised_at
 from areal.graph.batch import Batch
 from areal.graph.roles import FAILED, NodeContext
+from areal.models.chat import prompt_text
 
 MACHINERY_FAILURES = ("sandbox_error", "check_failed")  # the checker broke, not the program
 CODE_CALL = ("programs", "tests")  # what a code reward is called with
@@ -87,7 +88,10 @@ def _one_per_sample(returned: Any) -> bool:
 
 def call_reward(fn: Any, columns: Mapping[str, Any]) -> Any:
     """`fn`'s outcomes for these columns (a batch, or `areal eval`'s lists): the fields it names (`field_names`),
-    else a code reward's programs (`program_of` each prompt and completion) and tests; an async function's, awaited."""
+    else a code reward's programs (`program_of` each prompt and completion) and tests; an async function's, awaited.
+    A prompt of chat messages reaches a reward as its text (`prompt_text`)."""
+    if "prompt" in columns:
+        columns = {**columns, "prompt": [prompt_text(p) for p in columns["prompt"]]}
     names = field_names(fn)
     if names:
         returned = fn(*(columns[name] for name in names))

@@ -288,6 +288,11 @@ function escapeHtml(text) {
   return String(text).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
 }
 
+// a prompt of chat messages ([{role, content}, ...]) as its lines, "role: content"
+function promptText(value) {
+  return Array.isArray(value) ? value.map((m) => `${m.role}: ${m.content}`).join("\n") : value;
+}
+
 // -- curves ---------------------------------------------------------------------------------------
 
 async function refreshMetrics() {
@@ -399,7 +404,7 @@ async function refreshSamples() {
     return `<tr title="${escapeHtml(JSON.stringify(r.fields))}"><td>${r.sample_id}</td><td>${r.group_id ?? "—"}</td>`
       + `<td class="status-${r.status}">${r.status}</td><td>${r.step ?? "—"}</td><td>${r.lag ?? "—"}</td>`
       + `<td>${has(r.fields[reward]) ? num(r.fields[reward], 3) : "—"}</td>`
-      + `<td class="text">${escapeHtml(prompt ? prompt[1] : "")}</td>`
+      + `<td class="text">${escapeHtml(prompt ? promptText(prompt[1]) : "")}</td>`
       + `<td class="text">${escapeHtml(completion ? completion[1] : "")}</td>`
       + `<td>${escapeHtml(r.reason ? `${r.node}: ${r.reason}` : "")}</td></tr>`;
   });
