@@ -217,7 +217,7 @@ def _train_once(model: str, rank: int, out: Any) -> None:
     """In a process of its own, one update as the trainer takes it (a kept forward, then its step): what the
     backward holds (the tensors autograd saved, parameters aside), what training keeps between updates (AdamW's
     moments and the gradients), and the peak RSS during the update."""
-    from areal.engines.torch_train import TorchTrainEngine, TrainSettings
+    from areal.engines.training.torch_train import TorchTrainEngine, TrainSettings
 
     torch.set_num_threads(1)
     policy = make_policy(model, rank).train()

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from areal.data.code_tasks import builtin_code_tasks
-from areal.engines.torch_train import CALL_COST_TOKENS, TorchTrainEngine
-from areal.engines.trainer_settings import TrainSettings
+from areal.engines.training.torch_train import CALL_COST_TOKENS, TorchTrainEngine
+from areal.engines.training.trainer_settings import TrainSettings
 from areal.kernels.packing import pack_microbatches, padded_microbatches
 from areal.kernels.shared_prefix import Unit, unit_length
 from areal.models.loading import load_policy

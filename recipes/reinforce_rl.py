@@ -14,7 +14,7 @@ from areal import Float, Graph, Int, Int32, RunConfig, node
 from areal.config import GenerationConfig
 from areal.data import code_tasks
 from areal.engines import train_settings
-from areal.engines.torch_train import TorchTrainEngine
+from areal.engines.training.torch_train import TorchTrainEngine
 from areal.kernels.advantage import group_normalise
 from areal.nodes import generate, reward
 from areal.nodes.workers.policy import full_sequences, load_run_policy, save_weights

@@ -32,8 +32,9 @@ from areal.config import GenerationConfig, RunConfig
 from areal.engines.device import device_problem, torch_device
 from areal.engines.generation import GenRequest, GenResult
 from areal.engines.torch_generate import TorchGenerationEngine
-from areal.engines.torch_train import LossFn, MicroBatch, TorchTrainEngine
-from areal.engines.trainer_settings import TrainSettings
+from areal.engines.training.micro_batch import LossFn, MicroBatch
+from areal.engines.training.torch_train import TorchTrainEngine
+from areal.engines.training.trainer_settings import TrainSettings
 from areal.engines.vllm.api import unsupported
 from areal.errors import ConfigError
 
@@ -249,7 +250,7 @@ def _torch_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> 
 
 
 def _fsdp_training(config: RunConfig, model: Callable[[], PreTrainedModel]) -> TrainEngine:
-    from areal.engines.fsdp_train import FSDPTrainEngine, join_process_group
+    from areal.engines.training.fsdp_train import FSDPTrainEngine, join_process_group
 
     device_type = join_process_group(torch_device(config.trainer.device).type)
     return FSDPTrainEngine(model(), train_settings(config), device=torch.device(device_type))

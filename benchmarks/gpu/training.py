@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from areal.engines.torch_train import MicroBatch, TorchTrainEngine
-from areal.engines.trainer_settings import TrainSettings
+from areal.engines.training.micro_batch import MicroBatch
+from areal.engines.training.torch_train import TorchTrainEngine
+from areal.engines.training.trainer_settings import TrainSettings
 from areal.kernels.ppo import decoupled_ppo_loss
 from areal.kernels.shared_prefix import row_positions
 from benchmarks.gpu.model import Shape, build, device_facts, mfu, peak_gib, reset_peak, shape_facts, timed
@@ -43,7 +44,7 @@ def make_engine(name: str, model: torch.nn.Module, device: torch.device, microba
     settings = TrainSettings(lr=1e-6, microbatch_tokens=microbatch_tokens, shared_prefixes=shared_prefixes)
     if name == "torch":
         return TorchTrainEngine(model, settings, device=device)
-    from areal.engines.fsdp_train import FSDPTrainEngine, join_process_group
+    from areal.engines.training.fsdp_train import FSDPTrainEngine, join_process_group
 
     return FSDPTrainEngine(model, settings, device=torch.device(join_process_group(device.type)))
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from areal.engines import GenRequest, TorchGenerationEngine
-from areal.engines.torch_train import MicroBatch, TorchTrainEngine
-from areal.engines.trainer_settings import TrainSettings
+from areal.engines.training.micro_batch import MicroBatch
+from areal.engines.training.torch_train import TorchTrainEngine
+from areal.engines.training.trainer_settings import TrainSettings
 from areal.kernels.ppo import decoupled_ppo_loss
 from areal.kernels.shared_prefix import row_positions
 from areal.nodes.workers.policy import load_weights, save_weights
@@ -118,7 +119,7 @@ def test_weights_published_from_cuda_are_host_files_with_tied_tensors_apart(tmp_
 
 
 def _fsdp_matches_torch_on_nccl(rank: int, sequences: list, prompt_lens: list, extra: dict) -> None:
-    from areal.engines.fsdp_train import FSDPTrainEngine, join_process_group
+    from areal.engines.training.fsdp_train import FSDPTrainEngine, join_process_group
 
     assert join_process_group("cuda") == "cuda"
     assert torch.distributed.get_backend() == "nccl"

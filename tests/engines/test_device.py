@@ -9,7 +9,8 @@ import torch
 from areal.config import RunConfig
 from areal.engines import engine_problems, train_engine
 from areal.engines.device import device_problem, torch_device
-from areal.engines.torch_train import MicroBatch, TorchTrainEngine
+from areal.engines.training.micro_batch import MicroBatch
+from areal.engines.training.torch_train import TorchTrainEngine
 from areal.errors import ConfigError
 from areal.overrides import apply_overrides
 from tests.engines.conftest import tiny_qwen2

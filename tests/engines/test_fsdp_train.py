@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from areal.engines.fsdp_train import FSDPTrainEngine, rank_microbatches
-from areal.engines.step_stats import Peak, Total
-from areal.engines.torch_train import TorchTrainEngine
-from areal.engines.trainer_settings import TrainSettings
+from areal.engines.training.fsdp_train import FSDPTrainEngine, rank_microbatches
+from areal.engines.training.step_stats import Peak, Total
+from areal.engines.training.torch_train import TorchTrainEngine
+from areal.engines.training.trainer_settings import TrainSettings
 from tests.spawned import free_port, run_spawned
 
 WORLD = 2

@@ -15,7 +15,7 @@ from areal.config import LoraConfig
 from areal.engines import TorchTrainEngine
 from areal.engines.lora import KIND, Merger, adapter_file, factor_pairs, is_adapter, save_adapter, write_peft_dir
 from areal.engines.lora.training import adapter_factors, base_sha256, with_adapters
-from areal.engines.trainer_settings import TrainSettings, enter_update_mode
+from areal.engines.training.trainer_settings import TrainSettings, enter_update_mode
 from areal.errors import ConfigError
 from areal.nodes.workers.trainer import BASE_FILE, TrainerNode
 from tests.engines.conftest import tiny_qwen2

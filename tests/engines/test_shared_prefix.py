@@ -11,7 +11,7 @@ from torch import Tensor
 
 from areal.config import RunConfig
 from areal.engines import MicroBatch, TorchTrainEngine, train_settings
-from areal.engines.trainer_settings import TrainSettings
+from areal.engines.training.trainer_settings import TrainSettings
 from areal.errors import ConfigError
 from areal.kernels.packing import PackingError
 from areal.kernels.shared_prefix import MIN_SHARED_TOKENS, prefix_units, row_positions, shares_prefixes, unit_length

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from areal.engines import MicroBatch, TorchTrainEngine
-from areal.engines.torch_train import CALL_COST_TOKENS, NonFiniteUpdate
-from areal.engines.trainer_settings import TrainSettings
+from areal.engines.training.torch_train import CALL_COST_TOKENS, NonFiniteUpdate
+from areal.engines.training.trainer_settings import TrainSettings
 from areal.graph.batch import Ragged
 from areal.kernels.packing import padded_microbatches
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from areal.config import RunConfig
-from areal.engines.torch_train import NonFiniteUpdate
+from areal.engines.training.torch_train import NonFiniteUpdate
 from areal.graph.batch import Batch, Ragged
 from areal.nodes.workers.policy import full_sequences
 from areal.nodes.workers.trainer import ProximalNode, TrainerNode

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from areal.engines.emulated.device import DeviceProfile, ModelledClock, token_logprobs
-from areal.engines.step_stats import Total, kinds_kept
-from areal.engines.torch_train import LossFn, MicroBatch
+from areal.engines.training.micro_batch import LossFn, MicroBatch
+from areal.engines.training.step_stats import Total, kinds_kept
 from areal.kernels.packing import balance_across_ranks
 
 CHECKPOINT_FORMAT = "emulated-1"
@@ -45,7 +45,7 @@ class EmulatedTrainEngine:
         if ranks > 1:
             import torch.distributed as dist
 
-            from areal.engines.fsdp_train import join_process_group
+            from areal.engines.training.fsdp_train import join_process_group
 
             # no model on a device: gloo; the trainer's rank orders (runtime/worker/ranks.py) travel in this group too
             join_process_group("cpu")

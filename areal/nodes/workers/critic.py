@@ -19,7 +19,7 @@ def _critic_engine(config: Any) -> Any:
     """The run's model turned critic (models/value.py), in a value engine with the trainer's settings."""
     from areal.engines import train_settings
     from areal.engines.device import torch_device
-    from areal.engines.value_train import ValueTrainEngine
+    from areal.engines.training.value_train import ValueTrainEngine
     from areal.models.value import value_model
 
     policy, _ = load_run_policy(config)

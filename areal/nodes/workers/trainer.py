@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from areal.engines.step_stats import Peak, Total, combined
-from areal.engines.torch_train import NonFiniteUpdate, TorchTrainEngine
-from areal.engines.trainer_settings import TrainSettings
+from areal.engines.training.step_stats import Peak, Total, combined
+from areal.engines.training.torch_train import NonFiniteUpdate, TorchTrainEngine
+from areal.engines.training.trainer_settings import TrainSettings
 from areal.errors import ConfigError
 from areal.graph.batch import Batch, Ragged
 from areal.nodes.workers.policy import full_sequences, load_run_policy, save_weights

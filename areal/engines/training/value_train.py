@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from areal.engines.torch_train import TorchTrainEngine
+from areal.engines.training.torch_train import TorchTrainEngine
 
 
 class ValueTrainEngine(TorchTrainEngine):

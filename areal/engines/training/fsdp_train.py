@@ -38,16 +38,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from areal.engines.step_stats import StepStats, Total
-from areal.engines.torch_train import (
-    ExtraField,
-    LossFn,
-    MicroBatch,
-    TorchTrainEngine,
-    read_trainer_state,
-    refuse_non_finite,
-)
-from areal.engines.trainer_settings import TrainSettings, enter_update_mode
+from areal.engines.training.micro_batch import ExtraField, LossFn, MicroBatch
+from areal.engines.training.step_stats import StepStats, Total
+from areal.engines.training.torch_train import TorchTrainEngine, read_trainer_state, refuse_non_finite
+from areal.engines.training.trainer_settings import TrainSettings, enter_update_mode
 from areal.kernels.packing import balance_across_ranks, pack_microbatches
 from areal.kernels.shared_prefix import members
 

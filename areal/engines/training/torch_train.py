@@ -31,18 +31,18 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 import safetensors.torch
 import torch
 from torch import Tensor
 
 from areal.engines.lora.training import is_lora, load_adapter_checkpoint
-from areal.engines.step_stats import StepStats, Total
-from areal.engines.trainer_settings import TrainSettings, enter_update_mode
+from areal.engines.training.micro_batch import ExtraField, KeptForward, LossFn, MicroBatch
+from areal.engines.training.step_stats import StepStats, Total
+from areal.engines.training.trainer_settings import TrainSettings, enter_update_mode
 from areal.kernels.logprob import token_logprobs
 from areal.kernels.packing import padded_microbatches
 from areal.kernels.shared_prefix import Unit, members, prefix_units, shares_prefixes, unit_length, unit_rows
@@ -50,67 +50,10 @@ from areal.kernels.shared_prefix import Unit, members, prefix_units, shares_pref
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-ExtraField = Union[Sequence[Tensor], Tensor]  # noqa: UP007 (a runtime alias: `|` fails on py3.10 generics)
-LossFn = Callable[[Tensor, "MicroBatch"], tuple[Tensor, dict[str, Union[float, Tensor]]]]  # noqa: UP007
 CHECKPOINT_FORMAT = 1
 # what one forward + backward call costs beyond its positions, in padded positions: measured on the tiny
 # coder on one CPU thread (benchmarks/bench_microbatches.py); a larger model makes it matter less
 CALL_COST_TOKENS = 64
-
-
-@dataclass(frozen=True)
-class MicroBatch:
-    """What `loss_fn` sees of one micro-batch, aligned with its packed `logp` [N_mb].
-
-    Per-token extras (given as a list of per-sample tensors, or a Ragged) arrive packed in the
-    same order as logp: `mb["advantage"]` is [N_mb]. Per-sample extras (given as a Tensor whose
-    first dim is S) arrive as [s], one row per sample of this micro-batch;
-    `mb.per_token(mb["reward"])` spreads one onto the tokens.
-    """
-
-    index: list[int]  # positions in the batch of this micro-batch's samples, in packed order
-    cu_seqlens: Tensor  # [s+1] int64: sample j owns logp[cu_seqlens[j]:cu_seqlens[j+1]]
-    fields: dict[str, Tensor]
-    batch_tokens: int  # output tokens in the whole batch (N of the token-weighted mean)
-
-    def __getitem__(self, name: str) -> Tensor:
-        return self.fields[name]
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.cu_seqlens[-1])
-
-    def per_token(self, per_sample: Tensor) -> Tensor:
-        """[s, ...] -> [N_mb, ...]: each sample's value repeated over its output tokens."""
-        counts = (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).to(per_sample.device)
-        return torch.repeat_interleave(per_sample, counts, dim=0)
-
-
-@dataclass(frozen=True)
-class _KeptForward:
-    """A `sequence_logprobs` forward kept with its graph: log π_θ of tokens 1..L-1 per micro-batch (its rows, logp,
-    cu_seqlens), valid for a train_step over the same sequences at the same optimizer step."""
-
-    step: int
-    sequences: list[Tensor]
-    parts: list[tuple[list[Unit], Tensor, Tensor]]
-
-    def serves(self, step: int, sequences: Sequence[Tensor]) -> bool:
-        """Whether a train_step over `sequences` at `step` may backpropagate through this forward."""
-        return step == self.step and len(sequences) == len(self.sequences) and all(
-            a is b or torch.equal(torch.as_tensor(a), torch.as_tensor(b))
-            for a, b in zip(sequences, self.sequences, strict=True))
-
-    def output_logprobs(self, n: int, prompt_lens: Sequence[int]) -> tuple[Tensor, Tensor]:
-        """Micro-batch n's log-probs of the output tokens only (positions >= prompt_len), and their cu_seqlens."""
-        units, logp, cu = self.parts[n]
-        index = members(units)
-        starts = [int(cu[j]) + prompt_lens[i] - 1 for j, i in enumerate(index)]
-        ends = [int(cu[j + 1]) for j in range(len(index))]
-        counts = torch.tensor([e - s for s, e in zip(starts, ends, strict=True)], dtype=torch.int64)
-        out_cu = torch.zeros(len(index) + 1, dtype=torch.int64)
-        out_cu[1:] = counts.cumsum(0)
-        return torch.cat([logp[s:e] for s, e in zip(starts, ends, strict=True)]), out_cu
 
 
 class TorchTrainEngine:
@@ -127,7 +70,7 @@ class TorchTrainEngine:
         self.optimizer = torch.optim.AdamW([p for _, p in self._named_params], lr=self.settings.lr,
                                            betas=self.settings.betas, weight_decay=self.settings.weight_decay)
         self.step = 0  # optimizer steps taken (the policy version is the trainer node's, not the engine's)
-        self._kept: _KeptForward | None = None  # a forward sequence_logprobs kept for the next train_step
+        self._kept: KeptForward | None = None  # a forward sequence_logprobs kept for the next train_step
         # a prompt shared by a group runs once a step, not once a sample (shared_prefix.py); `False` for plain rows
         self.shared_prefixes = self.settings.shared_prefixes and shares_prefixes(self.model)
 
@@ -152,7 +95,7 @@ class TorchTrainEngine:
                 rows = logp.detach().cpu() if no_grad else logp
                 for j, i in enumerate(members(units)):
                     out[i] = rows[int(cu[j]) : int(cu[j + 1])]
-        self._kept = _KeptForward(self.step, list(sequences), parts) if keep_for_update else None
+        self._kept = KeptForward(self.step, list(sequences), parts) if keep_for_update else None
         return out
 
     def _units(self, sequences: Sequence[Tensor], index: Sequence[int]) -> list[Unit]:
