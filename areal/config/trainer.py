@@ -40,6 +40,9 @@ class TrainerConfig(Section):
                            "π_ref per trained token, with its gradient, a token mean whatever loss_agg); > 0 needs a "
                            "`ref_logp` input from a "
                            "compute_logprob(..., frozen=True, output='ref_logp') node; 0: none")
+    entropy_coef: float = Field(0.0, ge=0, description="an entropy bonus: coef · H(π_θ) per trained token, with its "
+                                "gradient, is subtracted from the loss (a token mean whatever loss_agg), against a "
+                                "policy collapsing onto one answer; 0: none. The entropy is reported either way")
     behav_weight_cap: PositiveFloat | None = Field(5.0, description="cap on π_prox/π_behav; tokens over it are masked")
     truncated: Literal["train", "mask"] = Field(
         "train", description="an output cut at generation.max_new_tokens: train it like any other, or mask every "
@@ -96,6 +99,9 @@ class TrainerConfig(Section):
             raise ValueError(f"ranks={self.ranks} trains data-parallel, which needs engine=fsdp (engine={self.engine})")
         if self.lora.rank and self.engine != "torch":
             raise ValueError(f"lora.rank={self.lora.rank} trains adapters on engine=torch only (engine={self.engine})")
+        if self.entropy_coef and self.engine == "emulated":
+            raise ValueError(f"entropy_coef={self.entropy_coef}: the emulated engine has no distributions to take an "
+                             "entropy of (engine=torch or fsdp)")
         return self
 
     @model_validator(mode="after")

@@ -285,7 +285,7 @@ def train_settings(config: RunConfig) -> TrainSettings:
                          lr_schedule=t.lr_schedule, total_steps=config.steps,
                          temperature=config.generation.temperature,
                          shared_prefixes=t.shares_prefixes(on_cpu=torch_device(t.device).type == "cpu"),
-                         model_dropout=t.model_dropout)
+                         model_dropout=t.model_dropout, token_entropy=True)
 
 
 def _has_package(name: str) -> bool:

@@ -32,6 +32,7 @@ class PPOStats:
     valid_tokens: int = 0
     dual_clip_fraction: float | None = None  # None unless dual_clip is set
     kl_to_ref: float | None = None  # mean k3 KL(π_θ ‖ π_ref) over valid tokens; None without ref_logp
+    entropy: float | None = None  # mean entropy of π_θ over valid tokens; None without `entropy`
 
 
 def decoupled_ppo_loss(
@@ -47,6 +48,8 @@ def decoupled_ppo_loss(
     dual_clip: float | None = None,
     ref_logp: Tensor | None = None,
     kl_coef: float = 0.0,
+    entropy: Tensor | None = None,
+    entropy_coef: float = 0.0,
 ) -> tuple[Tensor, PPOStats]:
     """L = −Σ_t w_t · min(u_t A_t, clip(u_t, 1−ε, 1+ε_high) A_t) / (number of valid tokens).
 
@@ -55,17 +58,15 @@ def decoupled_ppo_loss(
     (not clipped) and counted. u_t = π_θ / π_prox. With dual_clip = c > 1, a token with A_t < 0
     has its objective floored at c·A_t, so its loss term is at most −c·A_t (Ye et al., 2020).
     With ref_logp, kl_coef · k3 is added, k3 = π_ref/π_θ − log(π_ref/π_θ) − 1 per valid token.
-    Gradients flow through logp only.
+    With `entropy` (π_θ's at each token, with its gradient), entropy_coef · H is subtracted per valid token: a
+    bonus that keeps the policy from collapsing onto one answer. Gradients flow through logp and entropy only.
     """
     if logp.dim() != 1:
         raise ValueError(f"decoupled_ppo_loss: logp must be per-token [N], got shape {tuple(logp.shape)}")
     n = logp.shape[0]
-    for name, t in (
-        ("prox_logp", prox_logp),
-        ("behav_logp", behav_logp),
-        ("advantages", advantages),
-        ("mask", mask),
-    ) + ((("ref_logp", ref_logp),) if ref_logp is not None else ()):
+    optional = (("ref_logp", ref_logp), ("entropy", entropy))
+    for name, t in (("prox_logp", prox_logp), ("behav_logp", behav_logp), ("advantages", advantages), ("mask", mask),
+                    *((k, v) for k, v in optional if v is not None)):
         if t.shape != logp.shape:
             raise ValueError(f"decoupled_ppo_loss: {name} has shape {tuple(t.shape)}, expected [N]={n} like logp")
     if not 0 < clip_eps < 1:
@@ -110,6 +111,13 @@ def decoupled_ppo_loss(
         loss = loss + kl_coef * kl_sum / denom
         kl_to_ref = float(kl_sum.detach()) / max(int(n_valid), 1)
 
+    mean_entropy = None
+    if entropy is not None:
+        entropy_sum = torch.where(valid, entropy.to(logp.dtype), zero).sum()
+        if entropy_coef:
+            loss = loss - entropy_coef * entropy_sum / denom
+        mean_entropy = float(entropy_sum.detach()) / max(int(n_valid), 1)
+
     with torch.no_grad():
         n_kept = max(int(kept.sum()), 1)
         n_valid_int = int(n_valid)
@@ -124,6 +132,7 @@ def decoupled_ppo_loss(
             valid_tokens=n_valid_int,
             dual_clip_fraction=int((kept & dual_active).sum()) / n_kept if dual_active is not None else None,
             kl_to_ref=kl_to_ref,
+            entropy=mean_entropy,
         )
     return loss, stats
 

@@ -66,9 +66,11 @@ def _batch(seed: int, lengths: list[int]) -> tuple[list[torch.Tensor], list[int]
 
 
 def _loss(logp, mb):
-    """A policy-gradient loss, a mean over the micro-batch's tokens, with a mean, a count and a maximum."""
-    return -(mb.per_token(mb["advantage"]) * logp).mean(), {
-        "logp_mean": logp.detach().mean(), "below_minus_4": Total(int((logp < -4).sum())),
+    """A policy-gradient loss with an entropy bonus, a mean over the micro-batch's tokens, with means, a count and a
+    maximum."""
+    return -(mb.per_token(mb["advantage"]) * logp + 0.1 * mb["entropy"]).mean(), {
+        "logp_mean": logp.detach().mean(), "entropy": mb["entropy"].detach().mean(),
+        "below_minus_4": Total(int((logp < -4).sum())),
         "logp_max": Peak(float(logp.detach().max()))}
 
 
@@ -81,7 +83,7 @@ def _steps(engine) -> list[dict]:
     return stats
 
 
-SETTINGS = TrainSettings(lr=1e-2, grad_clip=1.0, microbatch_tokens=BUDGET)
+SETTINGS = TrainSettings(lr=1e-2, grad_clip=1.0, microbatch_tokens=BUDGET, token_entropy=True)
 
 
 def _rank_main(rank: int, port: int, out: str) -> None:
@@ -124,7 +126,8 @@ def test_two_rank_fsdp_steps_equal_the_single_process_steps(tmp_path):
         torch.testing.assert_close(weights[name], value, rtol=0, atol=TOL, msg=name)
     stats = json.loads((tmp_path / "stats.json").read_text())
     for got, want in zip(stats, ref_stats, strict=True):
-        for key in ("loss", "logp_mean", "below_minus_4", "logp_max", "grad_norm", "lr", "tokens", "sequences"):
+        for key in ("loss", "logp_mean", "entropy", "below_minus_4", "logp_max", "grad_norm", "lr", "tokens",
+                    "sequences"):
             assert got[key] == pytest.approx(want[key], rel=1e-9, abs=1e-12), key
     reloaded = load_file(str(tmp_path / "reloaded.safetensors"))
     for name, value in TinyLM(0).double().state_dict().items():

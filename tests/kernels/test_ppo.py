@@ -8,10 +8,13 @@ import torch
 from areal.kernels.ppo import PPOStats, approx_prox_logp, decoupled_ppo_loss, standard_ppo_loss
 
 
-def reference(logp, prox, behav, adv, mask, *, eps, cap, dual_clip, ref_logp, kl_coef, eps_high=None):
-    """Token-by-token float64 loop: (loss, d loss / d logp) from the formula, gradient by hand."""
+def reference(logp, prox, behav, adv, mask, *, eps, cap, dual_clip, ref_logp, kl_coef, eps_high=None, entropy=None,
+              entropy_coef=0.0):
+    """Token-by-token float64 loop: (loss, d loss / d logp, d loss / d entropy) from the formula, gradients by
+    hand."""
     n_valid = max(sum(bool(m) for m in mask.tolist()), 1)
     loss, grad, capped = 0.0, [0.0] * len(logp), 0
+    grad_entropy = [0.0] * len(logp)
     for t, (lp, px, bh, a, m) in enumerate(
         zip(logp.tolist(), prox.tolist(), behav.tolist(), adv.tolist(), mask.tolist(), strict=True)
     ):
@@ -21,6 +24,9 @@ def reference(logp, prox, behav, adv, mask, *, eps, cap, dual_clip, ref_logp, kl
             d = ref_logp[t].item() - lp
             loss += kl_coef * (math.exp(d) - d - 1) / n_valid
             grad[t] += kl_coef * (1 - math.exp(d)) / n_valid
+        if entropy is not None:  # the bonus: −coef · H per valid token, capped or not
+            loss -= entropy_coef * entropy[t].item() / n_valid
+            grad_entropy[t] = -entropy_coef / n_valid
         w = math.exp(px - bh)
         if cap is not None and w > cap:
             capped += 1
@@ -32,7 +38,7 @@ def reference(logp, prox, behav, adv, mask, *, eps, cap, dual_clip, ref_logp, kl
             obj, d_obj = dual_clip * a, 0.0
         loss -= w * obj / n_valid
         grad[t] -= w * d_obj / n_valid
-    return loss, torch.tensor(grad, dtype=torch.float64), capped
+    return loss, torch.tensor(grad, dtype=torch.float64), capped, torch.tensor(grad_entropy, dtype=torch.float64)
 
 
 def random_inputs(n: int, seed: int):
@@ -56,17 +62,24 @@ def random_inputs(n: int, seed: int):
         {"behav_weight_cap": 2.0, "kl_coef": 0.05, "use_ref": True},
         {"clip_eps_high": 0.28},  # DAPO's clip-higher
         {"clip_eps": 0.1, "clip_eps_high": 0.05, "dual_clip": 2.0},
+        {"entropy_coef": 0.01, "use_entropy": True},
+        {"behav_weight_cap": 2.0, "entropy_coef": 0.3, "use_entropy": True, "kl_coef": 0.05, "use_ref": True},
+        {"use_entropy": True},  # reported, not in the loss
     ],
 )
 def test_loss_and_gradient_match_float64_loop_reference(seed, options):
     opts = dict(options)
     logp, prox, behav, adv, mask, ref_logp = random_inputs(200, seed)
     ref_logp = ref_logp if opts.pop("use_ref", False) else None
-    kw = {"clip_eps": 0.2, "clip_eps_high": None, "behav_weight_cap": 5.0, "dual_clip": None, "kl_coef": 0.0} | opts
+    entropy = (torch.rand(200, generator=torch.Generator().manual_seed(seed + 100), dtype=torch.float64) * 3
+               ).requires_grad_() if opts.pop("use_entropy", False) else None
+    kw = {"clip_eps": 0.2, "clip_eps_high": None, "behav_weight_cap": 5.0, "dual_clip": None, "kl_coef": 0.0,
+          "entropy_coef": 0.0} | opts
 
-    loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, ref_logp=ref_logp, **kw)
-    (grad,) = torch.autograd.grad(loss, logp)
-    ref_loss, ref_grad, ref_capped = reference(
+    loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, ref_logp=ref_logp, entropy=entropy, **kw)
+    grads = torch.autograd.grad(loss, [logp] if entropy is None else [logp, entropy], allow_unused=True)
+    grad = grads[0]
+    ref_loss, ref_grad, ref_capped, ref_grad_entropy = reference(
         logp.detach(),
         prox,
         behav,
@@ -78,8 +91,16 @@ def test_loss_and_gradient_match_float64_loop_reference(seed, options):
         dual_clip=kw["dual_clip"],
         ref_logp=ref_logp,
         kl_coef=kw["kl_coef"],
+        entropy=entropy,
+        entropy_coef=kw["entropy_coef"],
     )
     assert loss.item() == pytest.approx(ref_loss, rel=1e-12, abs=1e-12)
+    if entropy is not None:
+        grad_entropy = torch.zeros_like(ref_grad_entropy) if grads[1] is None else grads[1]  # None: unused
+        torch.testing.assert_close(grad_entropy, ref_grad_entropy, rtol=1e-10, atol=1e-12)
+        assert stats.entropy == pytest.approx(float(entropy.detach()[mask].mean()), rel=1e-12)
+    else:
+        assert stats.entropy is None
     torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-12)
     assert stats.capped_tokens == ref_capped and stats.valid_tokens == int(mask.sum())
     assert (stats.dual_clip_fraction is None) == (kw["dual_clip"] is None)

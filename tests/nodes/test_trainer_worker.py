@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import types
@@ -12,6 +13,7 @@ import torch
 from areal.config import RunConfig
 from areal.engines.training.torch_train import NonFiniteUpdate
 from areal.graph.batch import Batch, Ragged
+from areal.models.loading import load_model
 from areal.nodes.workers.policy import full_sequences
 from areal.nodes.workers.trainer import ProximalNode, TrainerNode
 from tests.local_model import make_checkpoint
@@ -111,7 +113,7 @@ def test_the_update_reuses_the_proximal_forward_as_set_and_moves_the_weights_the
 
     def step(reuse: str) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
         config = RunConfig(model=str(checkpoint), trainer={"reuse_proximal_forward": reuse,
-                                                           "minibatches": minibatches})
+                                                           "minibatches": minibatches, "entropy_coef": 0.5})
         trainer, proximal = TrainerNode(), ProximalNode()
         trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
         proximal.setup(types.SimpleNamespace(config=config, pool=types.SimpleNamespace(name="actor")))
@@ -121,7 +123,8 @@ def test_the_update_reuses_the_proximal_forward_as_set_and_moves_the_weights_the
 
     stats, weights = step(setting)
     assert stats["reused_forward"] == float(reused)
-    _, own_forward = step("off")
+    own_stats, own_forward = step("off")  # the entropy bonus's gradient too, through a kept forward or its own
+    assert stats["entropy"] == pytest.approx(own_stats["entropy"], rel=1e-6)
     for name, tensor in own_forward.items():
         torch.testing.assert_close(weights[name], tensor, atol=1e-6, rtol=0, msg=name)
 
@@ -280,7 +283,6 @@ def test_the_loss_averages_as_loss_agg_says_over_samples_of_different_lengths(tm
                 "seq-mean-token-sum": torch.stack([t.sum() / 12 for t in terms]).mean()}[agg]
     stats = trainer(batch)
     assert stats["clip_fraction"] == 0.0 and stats["loss"] == pytest.approx(-float(expected), rel=1e-5)
-    assert stats["entropy"] == pytest.approx(-float(behav.values.double().mean()), rel=1e-9)
 
 
 @pytest.mark.parametrize(("settings", "gap", "clipped", "dual"), [
@@ -303,13 +305,25 @@ def test_the_clip_settings_reach_the_loss(tmp_path, settings, gap, clipped, dual
     assert stats.get("dual_clip_fraction") == (None if dual is None else pytest.approx(dual))
 
 
-def test_the_steps_entropy_estimates_the_entropy_of_the_policy_that_drew_the_tokens(tmp_path):
-    """Tokens drawn by the generator at temperature 0.7: the mean of their −log π_behav, the step's `entropy`, is
-    within four standard errors of the tempered policy's exact entropy at the same positions (float64)."""
+def _tempered_entropy(model: torch.nn.Module, prompt: list[int], outputs: list[torch.Tensor], temperature: float):
+    """float64: the entropy of softmax(logits / temperature) at each output token's position, sample by sample."""
+    with torch.no_grad():
+        model = copy.deepcopy(model).double()
+        rows = []
+        for out in outputs:
+            logits = model(torch.tensor([prompt + out.tolist()])).logits[0, len(prompt) - 1 : -1]
+            p = torch.log_softmax(logits / temperature, dim=-1)
+            rows.append(-(p.exp() * p).sum(-1))
+    return torch.cat(rows)
+
+
+def test_the_steps_entropy_is_the_policys_own_over_the_trained_tokens_and_the_drawn_tokens_agree(tmp_path):
+    """Tokens drawn by the generator at temperature 0.7: the step's `entropy` is the tempered policy's exact entropy
+    at their positions (float64, from the update's own forward); the drawn tokens' mean −log π_behav estimates the
+    same number within four standard errors."""
     from areal.config import GenerationConfig
     from areal.engines import torch_generation_engine
     from areal.engines.generation import GenRequest
-    from areal.models.loading import load_model
 
     model = load_model(make_checkpoint(tmp_path / "ckpt"))
     engine = torch_generation_engine(model, GenerationConfig(max_batch=64), eos_token_id=None, pad_token_id=0,
@@ -317,14 +331,8 @@ def test_the_steps_entropy_estimates_the_entropy_of_the_policy_that_drew_the_tok
     prompt = [5, 17, 33, 8]
     results = engine.generate([GenRequest(i, prompt) for i in range(64)])
     drawn = torch.cat([r.logprobs.double() for r in results])
-    with torch.no_grad():
-        exact = []
-        for r in results:
-            logits = model.double()(torch.tensor([prompt + r.output_ids.tolist()])).logits[0, len(prompt) - 1 : -1]
-            p = torch.log_softmax(logits / 0.7, dim=-1)
-            exact.append(-(p.exp() * p).sum(-1))
-    exact = torch.cat(exact)
-    config = RunConfig(model=str(tmp_path / "ckpt"))
+    exact = _tempered_entropy(model, prompt, [r.output_ids for r in results], 0.7)
+    config = RunConfig(model=str(tmp_path / "ckpt"), generation={"temperature": 0.7})
     trainer = TrainerNode()
     trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
     logp = Ragged.from_rows([r.logprobs for r in results])
@@ -333,6 +341,37 @@ def test_the_steps_entropy_estimates_the_entropy_of_the_policy_that_drew_the_tok
                            "prox_logp": logp, "advantage": torch.zeros(64),
                            "versions": Ragged.from_rows([torch.zeros(len(r.output_ids), dtype=torch.int32)
                                                          for r in results])}))
+    assert stats["entropy"] == pytest.approx(float(exact.mean()), rel=1e-5)
     error = float((-drawn - exact).std()) / len(drawn) ** 0.5
-    assert stats["entropy"] == pytest.approx(float(-drawn.mean()), rel=1e-6)
-    assert abs(stats["entropy"] - float(exact.mean())) < 4 * error
+    assert abs(float(-drawn.mean()) - float(exact.mean())) < 4 * error
+
+
+@pytest.mark.parametrize("coef", [0.0, 0.3])
+def test_the_entropy_bonus_is_coef_times_the_mean_entropy_of_the_trained_tokens_taken_from_the_loss(tmp_path, coef):
+    """With no policy-gradient term (advantages 0) the loss is −coef · H over the loss-mask tokens (float64), and the
+    bonus's gradient raises the entropy at those positions (one step, lr 1e-2, the bonus alone; at temperature 0.5,
+    where the random model is a little further from uniform)."""
+    checkpoint = make_checkpoint(tmp_path / "ckpt")
+    config = RunConfig(model=str(checkpoint), trainer={"entropy_coef": coef, "lr": 1e-2},
+                       generation={"temperature": 0.5})
+    trainer, proximal = TrainerNode(), ProximalNode()
+    trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
+    proximal.setup(types.SimpleNamespace(config=config, pool=types.SimpleNamespace(name="actor")))
+    torch.manual_seed(2)
+    prompt, outputs = torch.randint(4, 90, (6,)), [torch.randint(4, 90, (n,)) for n in (4, 7, 5)]
+    mask = [torch.tensor([1, 1, 0, 0]), torch.tensor([0, 1, 1, 1, 0, 1, 1]), torch.ones(5, dtype=torch.int64)]
+    batch = _batch(prompt, outputs, Ragged.from_rows([torch.full((len(o),), -2.0) for o in outputs]))
+    batch = Batch({**{k: batch[k] for k in batch}, "advantage": torch.zeros(3), "loss_mask": Ragged.from_rows(mask)})
+    batch = Batch({**{k: batch[k] for k in batch}, "prox_logp": proximal(batch)["prox_logp"]})
+    trained = torch.cat(mask).bool()
+    before = _tempered_entropy(trainer.engine.model, prompt.tolist(), outputs, 0.5)[trained].mean()
+    stats = trainer(batch)
+    assert stats["entropy"] == pytest.approx(float(before), rel=1e-5)
+    assert stats["loss"] == pytest.approx(-coef * float(before), rel=1e-5, abs=1e-9)
+    after = _tempered_entropy(trainer.engine.model, prompt.tolist(), outputs, 0.5)[trained].mean()
+    assert float(after - before) > 1e-3 if coef else float(after - before) == 0.0
+
+
+def test_an_entropy_bonus_is_refused_on_the_emulated_engine_which_has_no_distributions():
+    with pytest.raises(ValueError, match=r"entropy_coef=0.01: the emulated engine has no distributions"):
+        RunConfig(trainer={"engine": "emulated", "entropy_coef": 0.01})

@@ -124,7 +124,7 @@ class FSDPTrainEngine:
             for k in range(steps):
                 units = self.local._units(sequences, mine[k] if k < len(mine) else [0])  # [0]: a padding forward
                 index = members(units)  # keeps the collectives in step
-                logp, cu = self.local._logprobs(sequences, [1] * len(sequences), units)
+                logp, _, cu = self.local._logprobs(sequences, [1] * len(sequences), units)
                 if k < len(mine):
                     for j, i in enumerate(index):
                         local[i] = logp[int(cu[j]) : int(cu[j + 1])]
@@ -175,9 +175,10 @@ class FSDPTrainEngine:
             real = k < len(mine)
             units = self.local._units(sequences, mine[k] if real else [0])  # padding: a real sequence, weighted 0
             index = members(units)
-            logp, cu = self.local._logprobs(sequences, prompt_lens, units)
+            logp, entropy, cu = self.local._logprobs(sequences, prompt_lens, units, entropy=self.settings.token_entropy)
             device = logp.device
             fields = {name: torch.cat([rows[i] for i in index]).to(device) for name, rows in per_token.items()}
+            fields |= {} if entropy is None else {"entropy": entropy}
             fields |= {name: v[index].to(device) for name, v in per_sample.items()}
             mb = MicroBatch(index=list(index), cu_seqlens=cu, fields=fields, batch_tokens=total)
             loss, stats = loss_fn(logp, mb)

@@ -25,7 +25,9 @@ class MicroBatch:
     Per-token extras (given as a list of per-sample tensors, or a Ragged) arrive packed in the
     same order as logp: `mb["advantage"]` is [N_mb]. Per-sample extras (given as a Tensor whose
     first dim is S) arrive as [s], one row per sample of this micro-batch;
-    `mb.per_token(mb["reward"])` spreads one onto the tokens.
+    `mb.per_token(mb["reward"])` spreads one onto the tokens. With `TrainSettings.token_entropy`,
+    `mb["entropy"]` [N_mb] is the entropy of π_θ (at the settings' temperature) at each output token, with its
+    gradient.
     """
 
     index: list[int]  # positions in the batch of this micro-batch's samples, in packed order
@@ -49,11 +51,12 @@ class MicroBatch:
 @dataclass(frozen=True)
 class KeptForward:
     """A `sequence_logprobs` forward kept with its graph: log π_θ of tokens 1..L-1 per micro-batch (its rows, logp,
-    cu_seqlens), valid for a train_step over the same sequences at the same optimizer step."""
+    the entropy when the update takes it, cu_seqlens), valid for a train_step over the same sequences at the same
+    optimizer step."""
 
     step: int
     sequences: list[Tensor]
-    parts: list[tuple[list[Unit], Tensor, Tensor]]
+    parts: list[tuple[list[Unit], Tensor, Tensor | None, Tensor]]
 
     def serves(self, step: int, sequences: Sequence[Tensor]) -> bool:
         """Whether a train_step over `sequences` at `step` may backpropagate through this forward."""
@@ -61,13 +64,16 @@ class KeptForward:
             a is b or torch.equal(torch.as_tensor(a), torch.as_tensor(b))
             for a, b in zip(sequences, self.sequences, strict=True))
 
-    def output_logprobs(self, n: int, prompt_lens: Sequence[int]) -> tuple[Tensor, Tensor]:
-        """Micro-batch n's log-probs of the output tokens only (positions >= prompt_len), and their cu_seqlens."""
-        units, logp, cu = self.parts[n]
+    def output_logprobs(self, n: int, prompt_lens: Sequence[int]) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Micro-batch n's log-probs (and entropies) of the output tokens only (positions >= prompt_len), and their
+        cu_seqlens."""
+        units, logp, entropy, cu = self.parts[n]
         index = members(units)
         starts = [int(cu[j]) + prompt_lens[i] - 1 for j, i in enumerate(index)]
         ends = [int(cu[j + 1]) for j in range(len(index))]
         counts = torch.tensor([e - s for s, e in zip(starts, ends, strict=True)], dtype=torch.int64)
         out_cu = torch.zeros(len(index) + 1, dtype=torch.int64)
         out_cu[1:] = counts.cumsum(0)
-        return torch.cat([logp[s:e] for s, e in zip(starts, ends, strict=True)]), out_cu
+        spans = list(zip(starts, ends, strict=True))
+        return (torch.cat([logp[s:e] for s, e in spans]),
+                None if entropy is None else torch.cat([entropy[s:e] for s, e in spans]), out_cu)

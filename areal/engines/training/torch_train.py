@@ -86,12 +86,13 @@ class TorchTrainEngine:
         one forward fewer per step, for holding the whole batch's activations in between."""
         self.model.eval()
         out: list[Tensor] = [torch.empty(0)] * len(sequences)
-        parts: list[tuple[list[Unit], Tensor, Tensor]] = []
+        parts: list[tuple[list[Unit], Tensor, Tensor | None, Tensor]] = []
         with torch.set_grad_enabled(keep_for_update or not no_grad):
             for units in self._microbatches(sequences):
-                logp, cu = self._logprobs(sequences, [1] * len(sequences), units)
+                logp, entropy, cu = self._logprobs(sequences, [1] * len(sequences), units,
+                                                   entropy=keep_for_update and self.settings.token_entropy)
                 if keep_for_update:
-                    parts.append((units, logp, cu))
+                    parts.append((units, logp, entropy, cu))
                 rows = logp.detach().cpu() if no_grad else logp
                 for j, i in enumerate(members(units)):
                     out[i] = rows[int(cu[j]) : int(cu[j + 1])]
@@ -112,9 +113,10 @@ class TorchTrainEngine:
         return [[units[u] for u in b] for b in padded_microbatches(lengths, self.settings.microbatch_tokens,
                                                                      CALL_COST_TOKENS)]
 
-    def _logprobs(self, sequences: Sequence[Tensor], starts: Sequence[int], units: list[Unit]) -> tuple[Tensor, Tensor]:
-        """Packed log π_θ of tokens starts[i]..L_i-1 of each sequence of `units`, in `members(units)` order, and
-        their cu_seqlens."""
+    def _logprobs(self, sequences: Sequence[Tensor], starts: Sequence[int], units: list[Unit],
+                  entropy: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
+        """Packed log π_θ of tokens starts[i]..L_i-1 of each sequence of `units`, in `members(units)` order, π_θ's
+        entropy at each when asked (else None), and their cu_seqlens."""
         index = members(units)
         rows = unit_rows(sequences, units, {i: starts[i] for i in index}, self._dtype)
         shared = {} if rows.mask is None else {"attention_mask": rows.mask.to(self.device),
@@ -127,14 +129,19 @@ class TorchTrainEngine:
         cu = torch.zeros(len(index) + 1, dtype=torch.int64)
         cu[1:] = counts.cumsum(0)
         flat = logits.flatten(0, 1)[predict.to(self.device)]
-        return self._score(flat, targets.to(self.device)), cu
+        return (*self._score(flat, targets.to(self.device), entropy), cu)
 
-    def _score(self, flat: Tensor, targets: Tensor) -> Tensor:
+    def _score(self, flat: Tensor, targets: Tensor, entropy: bool) -> tuple[Tensor, Tensor | None]:
         """What the engine trains per output token, from the model's outputs at the positions before it:
-        log π_θ(token) here; a value model's engine (value_train.py) reads its value head instead."""
+        log π_θ(token) and, with `entropy`, π_θ's entropy there; a value model's engine (value_train.py) reads its
+        value head instead."""
+        if entropy:
+            logp, token_entropy = token_logprobs(flat, targets, temperature=self.settings.temperature,
+                                                 with_entropy=True)
+            return logp, token_entropy
         logp = token_logprobs(flat, targets, temperature=self.settings.temperature)
         assert isinstance(logp, Tensor)
-        return logp
+        return logp, None
 
     # ---- training ---------------------------------------------------------------------------------
 
@@ -168,11 +175,13 @@ class TorchTrainEngine:
         kept, self._kept = self._kept, None
         if kept is not None and not kept.serves(self.step, sequences):
             kept = None  # of other sequences or older weights: this step runs its own forward
-        microbatches = [units for units, _, _ in kept.parts] if kept else self._microbatches(sequences)
+        microbatches = [units for units, *_ in kept.parts] if kept else self._microbatches(sequences)
         for n, units in enumerate(microbatches):
             index = members(units)
-            logp, cu = kept.output_logprobs(n, prompt_lens) if kept else self._logprobs(sequences, prompt_lens, units)
+            logp, entropy, cu = (kept.output_logprobs(n, prompt_lens) if kept else
+                                 self._logprobs(sequences, prompt_lens, units, entropy=self.settings.token_entropy))
             fields = {k: torch.cat([rows[i] for i in index]).to(self.device) for k, rows in per_token.items()}
+            fields |= {} if entropy is None else {"entropy": entropy}
             fields |= {k: v[index].to(self.device) for k, v in per_sample.items()}
             mb = MicroBatch(index=list(index), cu_seqlens=cu, fields=fields, batch_tokens=total)
             loss, stats = loss_fn(logp, mb)
@@ -209,6 +218,8 @@ class TorchTrainEngine:
                 f"train_step: need one prompt_len per sequence and at least one sequence, "
                 f"got {len(sequences)} sequences and {len(prompt_lens)} prompt_lens"
             )
+        if self.settings.token_entropy and "entropy" in extra:
+            raise ValueError("train_step: extra['entropy'] is a name the engine gives (TrainSettings.token_entropy)")
         for i, (s, p) in enumerate(zip(sequences, prompt_lens, strict=True)):
             if not 1 <= p < len(s):
                 raise ValueError(

@@ -28,6 +28,7 @@ class TrainSettings:
     temperature: float = 1.0
     shared_prefixes: bool = True  # a group's prompt once a row where the model allows (kernels/shared_prefix.py)
     model_dropout: bool = False  # the model's own dropout acts in the update (a LoRA adapter's always does)
+    token_entropy: bool = False  # an update's forward also gives π_θ's entropy at each output token: mb["entropy"]
 
     def __post_init__(self) -> None:
         if self.lr_schedule not in ("constant", "cosine"):

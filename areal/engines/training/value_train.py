@@ -16,8 +16,8 @@ from areal.engines.training.torch_train import TorchTrainEngine
 class ValueTrainEngine(TorchTrainEngine):
     """`loss_fn` receives V(s_t) for each output token t: the value of the state just before it."""
 
-    def _score(self, flat: Tensor, targets: Tensor) -> Tensor:
-        return flat.squeeze(-1).float()  # the head's one output per position; the tokens do not matter
+    def _score(self, flat: Tensor, targets: Tensor, entropy: bool) -> tuple[Tensor, None]:
+        return flat.squeeze(-1).float(), None  # the head's one output per position; no tokens, no entropy
 
     def sequence_values(self, sequences: Sequence[Tensor]) -> list[Tensor]:
         """For each sequence, V of the state before each token t = 1..L-1: [L-1] float32, no gradient."""

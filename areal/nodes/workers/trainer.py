@@ -39,6 +39,7 @@ class TrainerNode:
         t = config.trainer
         self.clip_eps, self.clip_eps_high, self.dual_clip = t.clip_eps, t.clip_eps_high, t.dual_clip
         self.kl_coef = t.kl_coef  # > 0: the compiler checked a frozen reference feeds `ref_logp`
+        self.entropy_coef = t.entropy_coef
         self.loss_agg, self.max_tokens = t.loss_agg, config.generation.max_new_tokens
         self.objective = t.objective
         self.cap = t.behav_weight_cap
@@ -102,10 +103,12 @@ class TrainerNode:
             if "weight" in mb.fields:  # loss_agg: a sample's weight scales its terms (the objective is linear in A)
                 advantages = advantages * mb.per_token(mb["weight"])
             mask = mb["loss_mask"].bool() if masked else torch.ones_like(logp, dtype=torch.bool)
+            entropy = mb.fields.get("entropy")  # the torch and FSDP engines' (the config refuses a bonus without)
             loss, stats = decoupled_ppo_loss(logp, prox, behav, advantages, mask, clip_eps=self.clip_eps,
                                              clip_eps_high=self.clip_eps_high, dual_clip=self.dual_clip,
                                              behav_weight_cap=self.cap, kl_coef=self.kl_coef,
-                                             ref_logp=mb["ref_logp"] if self.kl_coef else None)
+                                             ref_logp=mb["ref_logp"] if self.kl_coef else None,
+                                             entropy=entropy, entropy_coef=self.entropy_coef)
             numbers = {k: STAT_KINDS.get(k, float)(v) for k, v in vars(stats).items()
                        if isinstance(v, (int, float)) and k != "loss"}
             if masked:  # as a sum the engine divides by all output tokens: make it the mean over trained ones
@@ -147,10 +150,11 @@ class TrainerNode:
         self.version += 1
         # all zero (one sample per group, say): the step moved nothing, and the controller says so once
         totals["zero_advantage"] = float(((advantage.values if token_level else advantage) == 0).float().mean())
-        # each trained token was drawn from π_behav, so the mean of −log π_behav estimates its entropy per token: the
-        # number that falls when a policy stops exploring (a sample estimate, not the distributions' sum)
-        drawn = batch["behav_logp"].values[batch["loss_mask"].values.bool()] if masked else batch["behav_logp"].values
-        totals["entropy"] = float(-drawn.double().mean()) if drawn.numel() else 0.0
+        if "entropy" not in totals:  # an engine without distributions (emulated): each trained token was drawn
+            # from π_behav, so the mean of −log π_behav estimates its entropy per token
+            drawn = batch["behav_logp"].values
+            drawn = drawn[batch["loss_mask"].values.bool()] if masked else drawn
+            totals["entropy"] = float(-drawn.double().mean()) if drawn.numel() else 0.0
         return totals
 
     def empty_step(self) -> None:
