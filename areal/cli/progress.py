@@ -99,6 +99,8 @@ def summary_table(controller: Controller) -> Table:
         t.add_row("held-out pass@1", " → ".join(f"{_pass(e)}@v{e['version']}" for e in s.evals))
         if len(s.evals) > 1:
             t.add_row("held-out gain", verdict(s.evals[0], s.evals[-1]))
+    if s.first_entropy is not None and "entropy" in step:  # a policy that stops exploring shows here first
+        t.add_row("policy entropy", f"{s.first_entropy:.3f} → {step['entropy']:.3f} nats per trained token")
     t.add_row("staleness", staleness_line(controller))
     t.add_row("staleness histogram", ", ".join(f"lag {k}: {v}" for k, v in sorted(s.staleness.items())) or "—")
     acc = controller.accounting.summary()

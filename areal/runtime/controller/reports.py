@@ -98,6 +98,8 @@ class WorkerReports:
                    "cpu_s": {w.worker_id: round(w.cpu_total, 2) for w in self.workers.values()}}
         record["wall_s"] = self._wall(elapsed)  # the run's seconds; its rates are over this process's own
         self.state.last_step = record
+        if self.state.first_entropy is None:
+            self.state.first_entropy = record.get("entropy")
         for line in [record, *self.steps.warnings(record)]:
             self.metrics.write(line)
 

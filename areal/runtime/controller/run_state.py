@@ -49,6 +49,7 @@ class RunState:
     steps: int = 0
     started_at: float = field(default_factory=time.monotonic)
     last_step: dict[str, Any] = field(default_factory=dict)  # the policy trainer's newest step record
+    first_entropy: float | None = None  # the policy's entropy at this start's first step (the summary's "from")
     evals: list[dict[str, Any]] = field(default_factory=list)
     staleness: Counter[int] = field(default_factory=Counter)
     trained_tokens: int = 0
