@@ -61,6 +61,9 @@ class TrainerConfig(Section):
         "models keep a row a sample); auto: on when the trainer runs on the CPU (on an H200 the masked rows kept "
         "SDPA off its fastest kernel: 0.97x a row a sample; docs/benchmarks.md); true/false read as on/off")
     minibatches: PositiveInt = Field(1, description="optimizer steps per batch (PPO minibatches); one version")
+    epochs: PositiveInt = Field(1, description="passes over each batch, each of `minibatches` optimizer steps, all "
+                                "one version (PPO epochs; GRPO's μ, TRL's num_iterations): from the second pass on "
+                                "π_θ has left π_prox and the clip acts; the step's counts add up over the passes")
     reuse_proximal_forward: Literal["auto", "on", "off"] = Field(
         "auto", description="with one minibatch, the update backpropagates through the proximal pass's forward "
         "(the same weights, the same micro-batches) instead of running its own: one forward fewer a step, for "

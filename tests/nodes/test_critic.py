@@ -73,3 +73,31 @@ def test_the_critic_learns_the_returns_publishes_weights_its_values_node_loads_a
     resumed.setup(_context(config, tmp_path, resume_dir=tmp_path, version=12))
     same = zip(resumed.policy_weights().values(), trainer.policy_weights().values())
     assert all(torch.equal(a, b) for a, b in same)
+
+
+def test_the_critic_takes_the_trainers_minibatches_and_epochs_as_a_version_of_steps_on_the_same_values(tmp_path):
+    """2 minibatches x 2 epochs: 4 optimizer steps, one version; the weights are two one-pass versions' on the same
+    batch (the same old values, a constant lr)."""
+    checkpoint = make_checkpoint(tmp_path / "ckpt")
+    torch.manual_seed(1)
+    outputs = [torch.randint(4, 90, (n,)) for n in (5, 4, 6)]
+    batch = Batch({"prompt_ids": Ragged.from_rows([torch.randint(4, 90, (6,))] * 3),
+                   "output_ids": Ragged.from_rows(outputs),
+                   "values": Ragged.from_rows([torch.zeros(len(o)) for o in outputs]),
+                   "returns": Ragged.from_rows([torch.full((len(o),), r) for o, r in zip(outputs, (1.0, -1.0, 0.5))])})
+
+    def trainer_with(epochs: int) -> ValueTrainerNode:
+        config = RunConfig(model=str(checkpoint), trainer={"lr": 3e-3, "warmup_steps": 0, "minibatches": 2,
+                                                           "epochs": epochs})
+        trainer = ValueTrainerNode(value_clip=0.2)
+        trainer.setup(_context(config, tmp_path))
+        return trainer
+
+    twice, once = trainer_with(2), trainer_with(1)
+    stats = twice(batch)
+    once(batch)
+    once(batch)
+    assert (twice.engine.step, twice.version, once.engine.step, once.version) == (4, 1, 4, 2)
+    for name, tensor in once.engine.model.state_dict().items():
+        torch.testing.assert_close(twice.engine.model.state_dict()[name], tensor, atol=1e-6, rtol=0, msg=name)
+    assert stats["tokens"] == 2 * sum(map(len, outputs))  # counts add up over the passes

@@ -88,6 +88,42 @@ def test_the_minibatches_of_one_version_share_its_lr_and_the_schedule_spans_the_
     assert second["lr"] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))  # version 1 of 2
 
 
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_epochs_pass_over_the_batch_again_within_one_version_as_a_second_version_on_it_would(tmp_path, minibatches):
+    """trainer.epochs=2: 2 x `minibatches` optimizer steps, one version; the weights are those of two versions of one
+    pass each on the same batch (the same π_prox, a constant lr). With one minibatch the first pass's ratio is 1, so
+    the clip acts only in the second, where π_θ has left π_prox; counts add up over the passes."""
+    checkpoint = make_checkpoint(tmp_path / "ckpt")
+    torch.manual_seed(3)
+    prompt, outputs = torch.randint(4, 90, (6,)), [torch.randint(4, 90, (n,)) for n in (5, 7, 3, 6)]
+    batch = _batch(prompt, outputs, Ragged.from_rows([torch.full((len(o),), -2.0) for o in outputs]))
+
+    def trainer_with(epochs: int) -> TrainerNode:
+        config = RunConfig(model=str(checkpoint), trainer={"epochs": epochs, "minibatches": minibatches, "lr": 0.05,
+                                                           "warmup_steps": 0})
+        trainer = TrainerNode()
+        trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor",
+                                            run_dir=tmp_path))
+        return trainer
+
+    twice, once = trainer_with(2), trainer_with(1)
+    proximal = ProximalNode()  # π_prox = π_behav = the starting policy's own: the first step's ratio is 1
+    proximal.setup(types.SimpleNamespace(config=RunConfig(model=str(checkpoint)),
+                                         pool=types.SimpleNamespace(name="actor")))
+    now = proximal(batch)["prox_logp"]
+    batch = Batch({**{k: batch[k] for k in batch}, "prox_logp": now, "behav_logp": now})
+    stats = twice(batch)
+    first, second = once(batch), once(batch)
+    steps = 2 * minibatches
+    assert (twice.engine.step, twice.version) == (steps, 1) and (once.engine.step, once.version) == (steps, 2)
+    for name, tensor in once.engine.model.state_dict().items():
+        torch.testing.assert_close(twice.engine.model.state_dict()[name], tensor, atol=1e-6, rtol=0, msg=name)
+    if minibatches == 1:
+        assert first["clip_fraction"] == 0.0 < second["clip_fraction"]
+    assert stats["valid_tokens"] == first["valid_tokens"] + second["valid_tokens"] == 2 * sum(map(len, outputs))
+    assert stats["clip_fraction"] == pytest.approx((first["clip_fraction"] + second["clip_fraction"]) / 2)
+
+
 @pytest.mark.parametrize(("objective", "forward"), [("decoupled", True), ("standard", False)])
 def test_the_proximal_pass_follows_the_trainers_own_objective(tmp_path, objective, forward):
     # the run's section says the opposite: the node's setting is the one that counts

@@ -8,11 +8,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from areal.engines.training.step_stats import combined
 from areal.errors import ConfigError
 from areal.graph.batch import Batch, Ragged
 from areal.graph.roles import METRICS
 from areal.nodes.workers.policy import full_sequences, load_run_policy
-from areal.nodes.workers.trainer import TrainerNode
+from areal.nodes.workers.trainer import TrainerNode, update_steps
 
 
 def _critic_engine(config: Any) -> Any:
@@ -89,8 +90,11 @@ class ValueTrainerNode(TrainerNode):
         if not rows:
             self.empty_step()
             return {}
-        extra = {"values": [batch["values"][i] for i in rows], "returns": [batch["returns"][i] for i in rows]}
-        stats = self.engine.train_step([sequences[i] for i in rows], [prompt_lens[i] for i in rows], loss_fn,
-                                       extra, lr_step=self.version)
+        steps = []
+        for index in update_steps(rows, self.minibatches, self.epochs):  # as the policy's, all at this version's lr
+            extra = {"values": [batch["values"][i] for i in index], "returns": [batch["returns"][i] for i in index]}
+            stats = self.engine.train_step([sequences[i] for i in index], [prompt_lens[i] for i in index], loss_fn,
+                                           extra, lr_step=self.version)
+            steps.append((stats, stats["tokens"]))
         self.version += 1
-        return stats
+        return {name: float(value) for name, value in combined(steps).items()}

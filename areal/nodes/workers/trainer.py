@@ -30,6 +30,13 @@ BASE_FILE = "lora_base.json"  # a LoRA trainer's checkpoint part names its base 
 STAT_KINDS = {"valid_tokens": Total, "capped_tokens": Total, "importance_weight_max": Peak}
 
 
+def update_steps(rows: list[int], minibatches: int, epochs: int) -> list[list[int]]:
+    """The batch rows of each optimizer step of one version: `epochs` passes over the same `minibatches` (every
+    minibatches-th row, so each holds samples of every length)."""
+    parts = [p for p in (rows[i :: minibatches] for i in range(minibatches)) if p]
+    return [p for _ in range(epochs) for p in parts]
+
+
 class TrainerNode:
     def setup(self, context: Any) -> None:
         from areal.engines import require_engines
@@ -43,7 +50,7 @@ class TrainerNode:
         self.loss_agg, self.max_tokens = t.loss_agg, config.generation.max_new_tokens
         self.objective = t.objective
         self.cap = t.behav_weight_cap
-        self.minibatches = t.minibatches
+        self.minibatches, self.epochs = t.minibatches, t.epochs
         self.lora = t.lora if t.lora.rank else None  # trains adapters: they alone are published and checkpointed
         self.base_sha256 = ""  # LoRA: the hash of the base the adapters sit on
         self.engine = self._engine(config)
@@ -129,8 +136,7 @@ class TrainerNode:
         steps: list[tuple[dict[str, float], float]] = []
         # a sample with no output tokens (an empty generation) has no term in the token mean: leave it out
         rows = [i for i, out in enumerate(batch["output_ids"].rows()) if len(out)]
-        parts = [rows[i :: self.minibatches] for i in range(self.minibatches)]
-        for index in (p for p in parts if p):
+        for index in update_steps(rows, self.minibatches, self.epochs):
             sub = {k: (v[index] if isinstance(v, Tensor) else [v[i] for i in index]) for k, v in extra.items()}
             # the lr schedule runs over policy versions: every minibatch of this one shares its lr
             if masked:
@@ -146,7 +152,7 @@ class TrainerNode:
             except NonFiniteUpdate as err:
                 raise NonFiniteUpdate(f"training version {self.version + 1}: {err}") from None
             steps.append((stats, stats["tokens"]))
-        totals = {name: float(value) for name, value in combined(steps).items()}  # the minibatches', by kind
+        totals = {name: float(value) for name, value in combined(steps).items()}  # the optimizer steps', by kind
         self.version += 1
         # all zero (one sample per group, say): the step moved nothing, and the controller says so once
         totals["zero_advantage"] = float(((advantage.values if token_level else advantage) == 0).float().mean())
