@@ -31,6 +31,10 @@ class TrainerConfig(Section):
         "probability may rise further in a step than it may fall); None: clip_eps on both sides")
     dual_clip: float | None = Field(None, gt=1, description="dual-clip PPO: a token with a negative advantage has its "
                                     "objective floored at dual_clip · A (3.0 in Ye et al. 2020); None: off")
+    ratio: Literal["token", "sequence"] = Field(
+        "token", description="the clipped ratio π_θ/π_prox: per token (PPO, GRPO), or per sample (GSPO, Zheng et al. "
+        "2025: the geometric mean over a sample's trained tokens, clipped as one; its paper's range is far narrower, "
+        "clip_eps=3e-4 and clip_eps_high=4e-4, with loss_agg=seq-mean-token-mean)")
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
         "token-mean", description="how the loss averages: token-mean, every trained token of the batch alike (a long "
         "sample weighs more); seq-mean-token-mean, each sample's mean, then their mean (every sample alike); "

@@ -50,6 +50,7 @@ def decoupled_ppo_loss(
     kl_coef: float = 0.0,
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
+    cu_seqlens: Tensor | None = None,
 ) -> tuple[Tensor, PPOStats]:
     """L = −Σ_t w_t · min(u_t A_t, clip(u_t, 1−ε, 1+ε_high) A_t) / (number of valid tokens).
 
@@ -60,6 +61,9 @@ def decoupled_ppo_loss(
     With ref_logp, kl_coef · k3 is added, k3 = π_ref/π_θ − log(π_ref/π_θ) − 1 per valid token.
     With `entropy` (π_θ's at each token, with its gradient), entropy_coef · H is subtracted per valid token: a
     bonus that keeps the policy from collapsing onto one answer. Gradients flow through logp and entropy only.
+    With `cu_seqlens` [S+1] (sample j's tokens are cu_seqlens[j]:cu_seqlens[j+1]) the ratio is GSPO's, one per
+    sample: u_t = s_j · π_θ(t)/sg[π_θ(t)], s_j = exp(mean over j's kept tokens of log π_θ/π_prox) (Zheng et al.
+    2025, GSPO-token); clipped as a sample, its gradient still each token's.
     """
     if logp.dim() != 1:
         raise ValueError(f"decoupled_ppo_loss: logp must be per-token [N], got shape {tuple(logp.shape)}")
@@ -93,6 +97,9 @@ def decoupled_ppo_loss(
     # mask with torch.where BEFORE exp and products: a masked token's ratio may overflow to inf, and
     # where() backward would still send 0 · inf = nan into logp
     log_u = torch.where(kept, logp - prox_logp, zero)
+    token_log_u = log_u.detach()
+    if cu_seqlens is not None:
+        log_u = torch.where(kept, _sample_mean(token_log_u, kept, cu_seqlens) + logp - logp.detach(), zero)
     u = torch.exp(log_u)
     unclipped = u * adv
     clipped = torch.clamp(u, 1.0 - clip_eps, 1.0 + (clip_eps if clip_eps_high is None else clip_eps_high)) * adv
@@ -128,13 +135,26 @@ def decoupled_ppo_loss(
             importance_weight_mean=float(w_valid.mean()) if n_valid_int else 0.0,
             importance_weight_max=float(w_valid.max()) if n_valid_int else 0.0,
             capped_tokens=int(capped.sum()),
-            approx_kl=float(-log_u.sum()) / n_kept,
+            approx_kl=float(-token_log_u.sum()) / n_kept,
             valid_tokens=n_valid_int,
             dual_clip_fraction=int((kept & dual_active).sum()) / n_kept if dual_active is not None else None,
             kl_to_ref=kl_to_ref,
             entropy=mean_entropy,
         )
     return loss, stats
+
+
+def _sample_mean(values: Tensor, kept: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Each token's sample's mean of `values` over its kept tokens (0 where a sample keeps none), per token [N]."""
+    if cu_seqlens.dim() != 1 or int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != values.shape[0]:
+        raise ValueError(f"decoupled_ppo_loss: cu_seqlens must run from 0 to N={values.shape[0]}, got "
+                         f"{cu_seqlens.tolist()[:8]}")
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).to(values.device)
+    sample = torch.repeat_interleave(torch.arange(len(lengths), device=values.device), lengths)
+    zeros = torch.zeros(len(lengths), dtype=values.dtype, device=values.device)
+    sums = zeros.index_add(0, sample, values)
+    counts = zeros.index_add(0, sample, kept.to(values.dtype))
+    return (sums / counts.clamp(min=1))[sample]
 
 
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -9,12 +10,21 @@ from areal.kernels.ppo import PPOStats, approx_prox_logp, decoupled_ppo_loss, st
 
 
 def reference(logp, prox, behav, adv, mask, *, eps, cap, dual_clip, ref_logp, kl_coef, eps_high=None, entropy=None,
-              entropy_coef=0.0):
+              entropy_coef=0.0, lengths=None):
     """Token-by-token float64 loop: (loss, d loss / d logp, d loss / d entropy) from the formula, gradients by
-    hand."""
+    hand. With `lengths` (the samples' token counts) the ratio is GSPO's: a sample's geometric mean over its kept
+    tokens, whose gradient at token t (GSPO-token) is the ratio times that of log π_θ(t) alone."""
     n_valid = max(sum(bool(m) for m in mask.tolist()), 1)
     loss, grad, capped = 0.0, [0.0] * len(logp), 0
     grad_entropy = [0.0] * len(logp)
+    sample_ratio = {}
+    if lengths is not None:
+        starts = [sum(lengths[:j]) for j in range(len(lengths))]
+        for start, n in zip(starts, lengths, strict=True):
+            logs = [logp[t].item() - prox[t].item() for t in range(start, start + n)
+                    if mask[t] and (cap is None or math.exp(prox[t].item() - behav[t].item()) <= cap)]
+            for t in range(start, start + n):
+                sample_ratio[t] = math.exp(sum(logs) / len(logs)) if logs else 1.0
     for t, (lp, px, bh, a, m) in enumerate(
         zip(logp.tolist(), prox.tolist(), behav.tolist(), adv.tolist(), mask.tolist(), strict=True)
     ):
@@ -31,7 +41,7 @@ def reference(logp, prox, behav, adv, mask, *, eps, cap, dual_clip, ref_logp, kl
         if cap is not None and w > cap:
             capped += 1
             continue
-        u = math.exp(lp - px)
+        u = sample_ratio[t] if lengths is not None else math.exp(lp - px)
         clipped_u = min(max(u, 1 - eps), 1 + (eps if eps_high is None else eps_high))
         obj, d_obj = (u * a, u * a) if u * a <= clipped_u * a else (clipped_u * a, 0.0)
         if dual_clip is not None and a < 0 and obj < dual_clip * a:
@@ -65,6 +75,9 @@ def random_inputs(n: int, seed: int):
         {"entropy_coef": 0.01, "use_entropy": True},
         {"behav_weight_cap": 2.0, "entropy_coef": 0.3, "use_entropy": True, "kl_coef": 0.05, "use_ref": True},
         {"use_entropy": True},  # reported, not in the loss
+        {"lengths": [37, 1, 60, 2, 100]},  # GSPO's sequence ratio
+        {"lengths": [50, 50, 100], "clip_eps": 0.05, "dual_clip": 3.0, "behav_weight_cap": 2.0},
+        {"lengths": [200], "clip_eps": 3e-4, "clip_eps_high": 4e-4},  # GSPO's own range: most samples clipped
     ],
 )
 def test_loss_and_gradient_match_float64_loop_reference(seed, options):
@@ -73,10 +86,13 @@ def test_loss_and_gradient_match_float64_loop_reference(seed, options):
     ref_logp = ref_logp if opts.pop("use_ref", False) else None
     entropy = (torch.rand(200, generator=torch.Generator().manual_seed(seed + 100), dtype=torch.float64) * 3
                ).requires_grad_() if opts.pop("use_entropy", False) else None
+    lengths = opts.pop("lengths", None)
     kw = {"clip_eps": 0.2, "clip_eps_high": None, "behav_weight_cap": 5.0, "dual_clip": None, "kl_coef": 0.0,
           "entropy_coef": 0.0} | opts
+    cu = None if lengths is None else torch.tensor([0, *itertools.accumulate(lengths)])
 
-    loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, ref_logp=ref_logp, entropy=entropy, **kw)
+    loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, ref_logp=ref_logp, entropy=entropy,
+                                     cu_seqlens=cu, **kw)
     grads = torch.autograd.grad(loss, [logp] if entropy is None else [logp, entropy], allow_unused=True)
     grad = grads[0]
     ref_loss, ref_grad, ref_capped, ref_grad_entropy = reference(
@@ -93,6 +109,7 @@ def test_loss_and_gradient_match_float64_loop_reference(seed, options):
         kl_coef=kw["kl_coef"],
         entropy=entropy,
         entropy_coef=kw["entropy_coef"],
+        lengths=lengths,
     )
     assert loss.item() == pytest.approx(ref_loss, rel=1e-12, abs=1e-12)
     if entropy is not None:

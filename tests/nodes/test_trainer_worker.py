@@ -341,6 +341,32 @@ def test_the_clip_settings_reach_the_loss(tmp_path, settings, gap, clipped, dual
     assert stats.get("dual_clip_fraction") == (None if dual is None else pytest.approx(dual))
 
 
+@pytest.mark.parametrize("ratio", ["token", "sequence"])
+def test_a_sequence_ratio_clips_samples_where_a_token_ratio_clips_tokens(tmp_path, ratio):
+    """π_θ/π_prox at e^+0.5 and e^-0.5 on alternate tokens: per token, the tokens past 1 ± 0.2 in the advantage's
+    direction clip; per sample (GSPO) each sample's ratio is e^0 = 1 and nothing clips, so the loss is −mean(A)
+    over the tokens (float64)."""
+    config = RunConfig(model=str(make_checkpoint(tmp_path / "ckpt")), trainer={"ratio": ratio})
+    trainer, proximal = TrainerNode(), ProximalNode()
+    trainer.setup(types.SimpleNamespace(config=config, resume_dir=None, version=0, node="actor", run_dir=tmp_path))
+    proximal.setup(types.SimpleNamespace(config=config, pool=types.SimpleNamespace(name="actor")))
+    prompt, outputs = torch.randint(4, 90, (6,)), [torch.randint(4, 90, (n,)) for n in (4, 6, 2, 8)]
+    batch = _batch(prompt, outputs, Ragged.from_rows([torch.full((len(o),), -2.0) for o in outputs]))
+    now = proximal(batch)["prox_logp"]
+    gaps = Ragged.from_rows([torch.tensor([0.5, -0.5] * (len(o) // 2)) for o in outputs])
+    older = Ragged(now.values - gaps.values, now.offsets)  # log u = gap, token by token
+    advantage = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    stats = trainer(Batch({**{k: batch[k] for k in batch}, "prox_logp": older, "behav_logp": older,
+                           "advantage": advantage}))
+    per_token = torch.cat([torch.full((len(o),), float(a)) for o, a in zip(outputs, advantage)]).double()
+    if ratio == "sequence":
+        assert stats["clip_fraction"] == 0.0
+        assert stats["loss"] == pytest.approx(-float(per_token.mean()), rel=1e-5, abs=1e-7)
+    else:  # A > 0 clips where u = e^0.5 > 1.2, A < 0 where u = e^-0.5 < 0.8: half of every sample's tokens
+        assert stats["clip_fraction"] == pytest.approx(0.5)
+    assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-6)  # the tokens' mean log π_prox/π_θ either way
+
+
 def _tempered_entropy(model: torch.nn.Module, prompt: list[int], outputs: list[torch.Tensor], temperature: float):
     """float64: the entropy of softmax(logits / temperature) at each output token's position, sample by sample."""
     with torch.no_grad():

@@ -45,6 +45,7 @@ class TrainerNode:
         require_engines(config, generation=False)  # before loading the model: the error comes in seconds
         t = config.trainer
         self.clip_eps, self.clip_eps_high, self.dual_clip = t.clip_eps, t.clip_eps_high, t.dual_clip
+        self.sample_ratio = t.ratio == "sequence"  # GSPO's: one clipped ratio per sample
         self.kl_coef = t.kl_coef  # > 0: the compiler checked a frozen reference feeds `ref_logp`
         self.entropy_coef = t.entropy_coef
         self.loss_agg, self.max_tokens = t.loss_agg, config.generation.max_new_tokens
@@ -115,7 +116,8 @@ class TrainerNode:
                                              clip_eps_high=self.clip_eps_high, dual_clip=self.dual_clip,
                                              behav_weight_cap=self.cap, kl_coef=self.kl_coef,
                                              ref_logp=mb["ref_logp"] if self.kl_coef else None,
-                                             entropy=entropy, entropy_coef=self.entropy_coef)
+                                             entropy=entropy, entropy_coef=self.entropy_coef,
+                                             cu_seqlens=mb.cu_seqlens if self.sample_ratio else None)
             numbers = {k: STAT_KINDS.get(k, float)(v) for k, v in vars(stats).items()
                        if isinstance(v, (int, float)) and k != "loss"}
             if masked:  # as a sum the engine divides by all output tokens: make it the mean over trained ones
