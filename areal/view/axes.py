@@ -53,6 +53,8 @@ def chart_axes(lines: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str,
                    "y": axis([m.get("pass@1") for m in evals], fraction=True)},
         "c-rate": {"x": axis(versions, floor=0, whole=True),
                    "y": axis([m.get("samples_per_s") for m in steps], floor=0)},
+        "c-entropy": {"x": axis(versions, floor=0, whole=True),
+                      "y": axis([m.get("entropy") for m in steps], floor=0)},
         "c-lag": {"x": axis([m.get("version") for m in lagged], floor=0, whole=True),
                   "y": axis([0, *(sum(m["staleness"].values()) for m in lagged)], floor=0, whole=True)},
     }

@@ -28,6 +28,13 @@ def test_the_lag_histograms_count_axis_has_whole_ticks_from_0():
     assert small["labels"] == ["0", "1", "2", "3"]  # 3 samples: 0, 1, 2, 3, never 1.5
 
 
+def test_the_entropy_curve_holds_the_steps_entropies_and_nothing_below_0():
+    steps = [{"kind": "step", "version": v, "entropy": e} for v, e in ((1, 1.15), (2, 1.85), (3, 3.10))]
+    assert chart_axes(steps)["c-entropy"]["y"]["labels"] == ["1", "2", "3", "4"]
+    one = chart_axes([{"kind": "step", "version": 1, "entropy": 0.05}])["c-entropy"]["y"]
+    assert one["min"] == 0 and one["max"] > 0.05
+
+
 def test_axes_hold_their_data_at_round_steps():
     assert axis([0.12, 0.43])["labels"] == ["0.0", "0.2", "0.4", "0.6"]
     assert axis([-0.3, 0.9])["labels"] == ["-0.5", "0.0", "0.5", "1.0"]
@@ -57,8 +64,9 @@ const ctx = { console, setTimeout, Number, Math, Promise, JSON, Object, String, 
   fetch: async () => ({ ok: true, json: async () => JSON.parse(fs.readFileSync(answer, "utf8")) }) };
 vm.createContext(ctx);
 vm.runInContext(fs.readFileSync(script, "utf8").replace(/\\nstart\\(\\);\\s*$/, "\\n"), ctx);
-vm.runInContext(`refreshMetrics().then(() => console.log(JSON.stringify(Object.fromEntries(["c-pass", "c-lag"].map(
-  (id) => [id, [...document.getElementById(id).innerHTML.matchAll(/>([-0-9.]+)<\\\\/text>/g)].map((m) => m[1])])))))`,
+vm.runInContext(`refreshMetrics().then(() => console.log(JSON.stringify(Object.fromEntries(
+  ["c-pass", "c-lag", "c-entropy"].map((id) =>
+    [id, [...document.getElementById(id).innerHTML.matchAll(/>([-0-9.]+)<\\\\/text>/g)].map((m) => m[1])])))))`,
   ctx);
 """
 
@@ -69,7 +77,7 @@ def test_the_page_draws_the_ticks_the_server_sent(tmp_path):
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed (apt-get install nodejs)")
-    lines = [{"kind": "step", "version": 1, "staleness": {"0": 2, "1": 1}},
+    lines = [{"kind": "step", "version": 1, "staleness": {"0": 2, "1": 1}, "entropy": 0.43},
              {"kind": "eval", "version": 1, "pass@1": 0.25}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     (tmp_path / "answer.json").write_text(json.dumps(RunFiles(tmp_path).metrics_since(0, 0)))
@@ -80,3 +88,4 @@ def test_the_page_draws_the_ticks_the_server_sent(tmp_path):
     drawn = json.loads(done.stdout)
     assert drawn["c-pass"] == ["0.0", "0.5", "1.0", "0", "1", "2"]  # y from 0 to 1, then the whole versions
     assert drawn["c-lag"] == ["0", "1", "2", "3", "0", "1", "2"]  # whole counts
+    assert drawn["c-entropy"] == ["0.0", "0.5", "1.0", "0", "1", "2"]  # the policy's entropy, never below 0

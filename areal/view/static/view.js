@@ -316,6 +316,8 @@ async function refreshMetrics() {
     [{ name: "pass@1", colour: "#8e24aa", points: evals.map((m) => [m.version, m["pass@1"]]) }], "version");
   lineChart($("c-rate"), charts["c-rate"],
     [{ name: "samples/s", colour: "#fb8c00", points: steps.map((m) => [m.version, m.samples_per_s]) }], "version");
+  lineChart($("c-entropy"), charts["c-entropy"],
+    [{ name: "entropy", colour: "#00897b", points: steps.map((m) => [m.version, m.entropy]) }], "version");
   lagChart($("c-lag"), charts["c-lag"], steps);
 }
 
