@@ -176,11 +176,7 @@ class FSDPTrainEngine:
             units = self.local._units(sequences, mine[k] if real else [0])  # padding: a real sequence, weighted 0
             index = members(units)
             logp, entropy, cu = self.local._logprobs(sequences, prompt_lens, units, entropy=self.settings.token_entropy)
-            device = logp.device
-            fields = {name: torch.cat([rows[i] for i in index]).to(device) for name, rows in per_token.items()}
-            fields |= {} if entropy is None else {"entropy": entropy}
-            fields |= {name: v[index].to(device) for name, v in per_sample.items()}
-            mb = MicroBatch(index=list(index), cu_seqlens=cu, fields=fields, batch_tokens=total)
+            mb = MicroBatch.gathered(index, cu, per_token, per_sample, entropy, total, logp.device)
             loss, stats = loss_fn(logp, mb)
             share = 1.0 / total if loss_reduction == "sum" else mb.n_tokens / total
             # × W: FSDP's reduce-scatter averages the ranks' gradients, and we want their sum

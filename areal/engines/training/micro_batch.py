@@ -35,6 +35,17 @@ class MicroBatch:
     fields: dict[str, Tensor]
     batch_tokens: int  # output tokens in the whole batch (N of the token-weighted mean)
 
+    @classmethod
+    def gathered(cls, index: list[int], cu_seqlens: Tensor, per_token: dict[str, list[Tensor]],
+                 per_sample: dict[str, Tensor], entropy: Tensor | None, batch_tokens: int,
+                 device: torch.device) -> MicroBatch:
+        """The micro-batch of batch rows `index`: their per-token extras packed, the forward's entropy where it
+        gave one, their per-sample extras taken; on `device`."""
+        fields = {k: torch.cat([rows[i] for i in index]).to(device) for k, rows in per_token.items()}
+        fields |= {} if entropy is None else {"entropy": entropy}
+        fields |= {k: v[index].to(device) for k, v in per_sample.items()}
+        return cls(index=list(index), cu_seqlens=cu_seqlens, fields=fields, batch_tokens=batch_tokens)
+
     def __getitem__(self, name: str) -> Tensor:
         return self.fields[name]
 

@@ -180,10 +180,7 @@ class TorchTrainEngine:
             index = members(units)
             logp, entropy, cu = (kept.output_logprobs(n, prompt_lens) if kept else
                                  self._logprobs(sequences, prompt_lens, units, entropy=self.settings.token_entropy))
-            fields = {k: torch.cat([rows[i] for i in index]).to(self.device) for k, rows in per_token.items()}
-            fields |= {} if entropy is None else {"entropy": entropy}
-            fields |= {k: v[index].to(self.device) for k, v in per_sample.items()}
-            mb = MicroBatch(index=list(index), cu_seqlens=cu, fields=fields, batch_tokens=total)
+            mb = MicroBatch.gathered(index, cu, per_token, per_sample, entropy, total, self.device)
             loss, stats = loss_fn(logp, mb)
             weight = 1.0 / total if loss_reduction == "sum" else mb.n_tokens / total
             (loss * weight).backward()
